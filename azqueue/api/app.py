@@ -1,0 +1,72 @@
+"""The aiohttp application and the lifecycles it owns.
+
+Cleanup contexts run in registration order and are torn down in reverse: the storage
+account first, then the queue service on it, then the background resolvers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from aiohttp import web
+
+from azqueue.api.middleware import error_middleware
+from azqueue.api.routes import SERVICE_KEY, STARTED_KEY, dispatch
+from azqueue.background import claims, deadlines
+from azqueue.config import Settings
+from azqueue.service.queue import QueueService
+from azqueue.storage.account import StorageAccount
+
+log = logging.getLogger(__name__)
+
+SETTINGS_KEY = web.AppKey("settings", Settings)
+MAX_BODY = 2 * 1024 * 1024
+STOP_TIMEOUT = 10.0
+
+
+async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
+    account = StorageAccount(app[SETTINGS_KEY].storage)
+    try:
+        service = QueueService(app[SETTINGS_KEY], account)
+        await service.setup()
+        app[SERVICE_KEY] = service
+        if account.account_key is None:
+            log.warning("no storage account key: pollTaskUrls cannot sign queue SAS URLs and "
+                        "will answer 503")
+        yield
+    finally:
+        await account.close()
+
+
+def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event], Awaitable[None]],
+                interval: Callable[[Settings], float]
+                ) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        stop = asyncio.Event()
+        task = asyncio.create_task(loop(app[SERVICE_KEY], interval(app[SETTINGS_KEY]), stop),
+                                   name=name)
+        log.info("%s started", name)
+        yield
+        stop.set()
+        try:
+            await asyncio.wait_for(task, STOP_TIMEOUT)
+        except TimeoutError:
+            log.warning("%s did not stop within %.0fs; cancelled", name, STOP_TIMEOUT)
+    return ctx
+
+
+def create_app(settings: Settings) -> web.Application:
+    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
+    app[SETTINGS_KEY] = settings
+    app[STARTED_KEY] = time.monotonic()
+    app.cleanup_ctx.append(_service_ctx)
+    if settings.run_resolvers:
+        app.cleanup_ctx.append(_background(
+            "claim resolver", claims.run, lambda s: s.claim_resolver_interval))
+        app.cleanup_ctx.append(_background(
+            "deadline resolver", deadlines.run, lambda s: s.deadline_resolver_interval))
+    app.router.add_route("*", "/{tail:.*}", dispatch)
+    return app

@@ -1,0 +1,60 @@
+"""Errors rendered at the boundary: ours as Taskcluster's ``{code, message, requestInfo}``,
+anything unexpected as a 500 with an incident id that is also in the log."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from azqueue import errors
+from azqueue.model import timeutil
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+PARAMS_KEY = "azqueue.params"
+PAYLOAD_KEY = "azqueue.payload"
+
+
+def error_response(request: web.Request, status: int, code: str, message: str) -> web.Response:
+    body: dict[str, Any] = {
+        "code": code,
+        "message": message,
+        "requestInfo": {
+            "method": request.method,
+            "params": request.get(PARAMS_KEY, {}),
+            "payload": request.get(PAYLOAD_KEY, {}),
+            "time": timeutil.fmt(timeutil.utcnow()),
+        },
+    }
+    return web.json_response(body, status=status)
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except errors.QueueError as e:
+        if e.status >= 500:
+            incident = uuid.uuid4().hex
+            log.error("incident %s: %s %s: %s", incident, request.method, request.path, e.message,
+                      exc_info=e.__cause__ or e)
+            return error_response(request, e.status, e.code,
+                                  f"{e.message} (incident {incident})")
+        return error_response(request, e.status, e.code, e.message)
+    except web.HTTPRequestEntityTooLarge as e:
+        return error_response(request, 413, "InputTooLarge",
+                              f"the request body is too large: {e.text}")
+    except web.HTTPException:
+        raise
+    except Exception:
+        incident = uuid.uuid4().hex
+        log.exception("incident %s: %s %s failed", incident, request.method, request.path)
+        return error_response(request, 500, "InternalServerError",
+                              f"the server failed on this request; the operators can find it in "
+                              f"the log as incident {incident}")

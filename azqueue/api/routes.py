@@ -1,0 +1,225 @@
+"""Routes of the Taskcluster Queue v1 API, matched on the raw path.
+
+Taskcluster clients percent-encode every path parameter (``/`` in a taskQueueId becomes
+``%2F``), so routes match the raw, still-encoded path and parameters are decoded after.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from azqueue import __version__, errors
+from azqueue.api import validation
+from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
+from azqueue.model.task import ReasonResolved, RunState
+from azqueue.service.queue import QueueService, TipClaim
+
+API = "/api/queue/v1"
+SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$")
+IDENTIFIER = re.compile(r"^[a-zA-Z0-9_-]{1,38}$")
+MAX_RUN_ID = 1000
+
+SERVICE_KEY = web.AppKey("service", QueueService)
+STARTED_KEY = web.AppKey("started", float)
+
+RouteHandler = Callable[[web.Request, dict[str, Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    method: str
+    pattern: re.Pattern[str]
+    handler: RouteHandler
+
+
+ROUTES: list[Route] = []
+
+
+def route(method: str, path: str) -> Callable[[RouteHandler], RouteHandler]:
+    """Register ``handler`` for ``path``, whose ``<name>`` parts match one raw segment."""
+    regex = re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", re.escape(path).replace(r"\<", "<").replace(r"\>", ">"))
+
+    def register(handler: RouteHandler) -> RouteHandler:
+        ROUTES.append(Route(method, re.compile(f"^{regex}$"), handler))
+        return handler
+
+    return register
+
+
+def _param(params: dict[str, str], name: str, pattern: re.Pattern[str], rule: str) -> str:
+    value = params[name]
+    if not pattern.match(value):
+        raise errors.InputError(f"path parameter `{name}` is {value!r}; it must be {rule}")
+    return value
+
+
+def _task_id(params: dict[str, str]) -> str:
+    return _param(params, "taskId", SLUGID, "a slugid (22 characters of URL-safe base64)")
+
+
+def _run_id(params: dict[str, str]) -> int:
+    raw = params["runId"]
+    if not raw.isdigit() or int(raw) > MAX_RUN_ID:
+        raise errors.InputError(f"path parameter `runId` is {raw!r}; it must be an integer "
+                                f"from 0 to {MAX_RUN_ID}")
+    return int(raw)
+
+
+def _identifier(params: dict[str, str], name: str) -> str:
+    return _param(params, name, IDENTIFIER, "1-38 characters of [a-zA-Z0-9_-]")
+
+
+async def _body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
+    raw = await request.read()
+    if not raw.strip():
+        body: Any = {}
+    else:
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise errors.MalformedPayload(f"the request body is not valid JSON: {e}") from None
+    request[PAYLOAD_KEY] = body
+    validation.validate(schema, body, what)
+    assert isinstance(body, dict)
+    return body
+
+
+def _service(request: web.Request) -> QueueService:
+    return request.app[SERVICE_KEY]
+
+
+# -- meta -------------------------------------------------------------------------------
+
+
+@route("GET", f"{API}/ping")
+async def ping(request: web.Request, params: dict[str, str]) -> Any:
+    return {"alive": True, "uptime": time.monotonic() - request.app[STARTED_KEY]}
+
+
+@route("GET", f"{API}/__lbheartbeat__")
+async def lbheartbeat(request: web.Request, params: dict[str, str]) -> Any:
+    return {}
+
+
+@route("GET", f"{API}/__heartbeat__")
+async def heartbeat(request: web.Request, params: dict[str, str]) -> Any:
+    await _service(request).check_storage()
+    return {}
+
+
+@route("GET", f"{API}/__version__")
+async def version(request: web.Request, params: dict[str, str]) -> Any:
+    return {"source": "https://github.com/azqueue/azqueue", "version": __version__,
+            "commit": "", "build": ""}
+
+
+@route("GET", f"{API}/__metrics__")
+async def metrics(request: web.Request, params: dict[str, str]) -> Any:
+    return {"storageRequests": _service(request).storage_requests()}
+
+
+@route("GET", "/schemas/queue/v1/<name>")
+async def get_schema(request: web.Request, params: dict[str, str]) -> Any:
+    name = params["name"]
+    if name not in validation.schema_names():
+        raise errors.NotFound(f"no schema {name!r}; there are: {', '.join(validation.schema_names())}")
+    return validation.schema(name)
+
+
+# -- tasks ------------------------------------------------------------------------------
+
+
+@route("PUT", f"{API}/task/<taskId>")
+async def create_task(request: web.Request, params: dict[str, str]) -> Any:
+    task_id = _task_id(params)
+    body = await _body(request, "task-definition-request.json", "the task definition")
+    return {"status": await _service(request).create_task(task_id, body)}
+
+
+@route("GET", f"{API}/task/<taskId>")
+async def task(request: web.Request, params: dict[str, str]) -> Any:
+    return await _service(request).definition(_task_id(params))
+
+
+@route("GET", f"{API}/task/<taskId>/status")
+async def status(request: web.Request, params: dict[str, str]) -> Any:
+    return {"status": await _service(request).status(_task_id(params))}
+
+
+# -- workers ----------------------------------------------------------------------------
+
+
+@route("GET", f"{API}/poll-task-url/<provisionerId>/<workerType>")
+async def poll_task_urls(request: web.Request, params: dict[str, str]) -> Any:
+    return await _service(request).poll_task_urls(_identifier(params, "provisionerId"),
+                                                  _identifier(params, "workerType"))
+
+
+@route("POST", f"{API}/task/<taskId>/runs/<runId>/claim")
+async def claim_task(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id = _task_id(params), _run_id(params)
+    body = await _body(request, "task-claim-request.json", "the claimTask request")
+    tip = TipClaim(body["messageId"], body["receipt"], body["signature"]) if "messageId" in body else None
+    return await _service(request).claim_task(task_id, run_id, body["workerGroup"],
+                                              body["workerId"], tip)
+
+
+@route("POST", f"{API}/task/<taskId>/runs/<runId>/reclaim")
+async def reclaim_task(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id = _task_id(params), _run_id(params)
+    await _body(request, "empty-request.json", "the reclaimTask request")
+    return await _service(request).reclaim_task(task_id, run_id)
+
+
+@route("POST", f"{API}/task/<taskId>/runs/<runId>/completed")
+async def report_completed(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id = _task_id(params), _run_id(params)
+    await _body(request, "empty-request.json", "the reportCompleted request")
+    return {"status": await _service(request).report(task_id, run_id, RunState.COMPLETED,
+                                                     ReasonResolved.COMPLETED)}
+
+
+@route("POST", f"{API}/task/<taskId>/runs/<runId>/failed")
+async def report_failed(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id = _task_id(params), _run_id(params)
+    await _body(request, "empty-request.json", "the reportFailed request")
+    return {"status": await _service(request).report(task_id, run_id, RunState.FAILED,
+                                                     ReasonResolved.FAILED)}
+
+
+@route("POST", f"{API}/task/<taskId>/runs/<runId>/exception")
+async def report_exception(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id = _task_id(params), _run_id(params)
+    body = await _body(request, "task-exception-request.json", "the reportException request")
+    return {"status": await _service(request).report(task_id, run_id, RunState.EXCEPTION,
+                                                     ReasonResolved(body["reason"]))}
+
+
+# -- dispatch ---------------------------------------------------------------------------
+
+
+async def dispatch(request: web.Request) -> web.StreamResponse:
+    path = request.raw_path.split("?", 1)[0]
+    allowed = []
+    for r in ROUTES:
+        m = r.pattern.match(path)
+        if m is None:
+            continue
+        if r.method != request.method and not (r.method == "GET" and request.method == "HEAD"):
+            allowed.append(r.method)
+            continue
+        params = {k: unquote(v) for k, v in m.groupdict().items()}
+        request[PARAMS_KEY] = params
+        result = await r.handler(request, params)
+        return web.json_response(result)
+    if allowed:
+        raise errors.MethodNotAllowed(f"{request.method} is not allowed on {path}; use {', '.join(allowed)}")
+    raise errors.NotFound(f"no such API endpoint: {request.method} {path}")

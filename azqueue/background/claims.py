@@ -1,0 +1,37 @@
+"""The claim resolver: resolves expired claims that no worker's poll has picked up.
+
+A claim normally expires through its tip: the message reappears at ``takenUntil`` and
+whoever claims ``runId + 1`` resolves the old run. This loop covers the rest (nobody
+polling, a claim made without a tip, a message lost to a crash): every ``interval``
+seconds it lists the Claims rows whose ``takenUntil`` has passed and resolves each run
+claim-expired (scheduling its retry) through the same transition. The lag between
+``takenUntil`` and resolution is therefore at most about ``interval`` seconds plus the
+time to process the rows. Replicas may run it concurrently: the ETag-conditional write
+lets one of them resolve a run, and the others then find nothing to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from azqueue.background import every
+from azqueue.service.queue import QueueService
+
+log = logging.getLogger(__name__)
+
+
+async def resolve_expired_claims(service: QueueService) -> int:
+    resolved = 0
+    for record in await service.expired_claims():
+        try:
+            if await service.expire_claim(record):
+                resolved += 1
+                log.info("resolved run %d of task %s: claim-expired", record.run_id, record.task_id)
+        except Exception:
+            log.exception("could not expire the claim of %s/%d", record.task_id, record.run_id)
+    return resolved
+
+
+async def run(service: QueueService, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: resolve_expired_claims(service), stop, "claim resolver")

@@ -1,0 +1,31 @@
+"""The deadline resolver: resolves unresolved runs exception/deadline-exceeded.
+
+createTask puts a message into the internal deadline queue, invisible until the task's
+deadline (at most 5 days ahead, under Azure's 7-day limit). This loop receives the due
+messages every ``interval`` seconds, resolves the task's unresolved run through the
+model's ``resolve_deadline`` transition, settles its message and deletes the trigger. A
+message received but not finished reappears after ``INVISIBLE_FOR`` and is handled again
+(the transition is idempotent).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+
+from azqueue.background import every
+from azqueue.service.queue import QueueService
+
+INVISIBLE_FOR = timedelta(minutes=2)
+
+
+async def resolve_due_deadlines(service: QueueService) -> int:
+    """Handle due deadline messages until none is left; how many were handled."""
+    total = 0
+    while handled := await service.resolve_deadlines(INVISIBLE_FOR):
+        total += handled
+    return total
+
+
+async def run(service: QueueService, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: resolve_due_deadlines(service), stop, "deadline resolver")

@@ -1,0 +1,127 @@
+"""The command line: arguments -> Settings -> run."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+
+from azqueue import __version__
+from azqueue.api.app import create_app
+from azqueue.background import claims, deadlines
+from azqueue.config import ConfigError, Settings, StorageSettings, new_secret
+from azqueue.devstorage import Azurite
+from azqueue.service.queue import QueueService
+from azqueue.storage.account import StorageAccount
+
+log = logging.getLogger("azqueue")
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _serve(settings: Settings, banner: Callable[[Settings], None] | None = None) -> None:
+    runner = web.AppRunner(create_app(settings), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, settings.host, settings.port)
+        await site.start()
+        log.info("serving %s on %s:%d", settings.public_root_url, settings.host, settings.port)
+        if banner:
+            banner(settings)
+        await _until_signalled()
+    finally:
+        await runner.cleanup()
+
+
+def _dev_banner(settings: Settings) -> None:
+    root = settings.public_root_url
+    print(f"""
+azqueue {__version__} is running on an embedded Azurite (Ctrl-C stops both).
+
+  rootUrl: {root}
+
+Point the official taskcluster client (or any worker) at it:
+
+  export TASKCLUSTER_ROOT_URL={root}
+
+Requests are not authenticated yet: any client may call every endpoint.
+""", flush=True)
+
+
+async def _dev(args: argparse.Namespace) -> None:
+    azurite = await Azurite.start(data_dir=args.data)
+    try:
+        env = dict(os.environ)
+        env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+        env.setdefault("AZQUEUE_TIP_SECRETS", new_secret())
+        env.setdefault("AZQUEUE_PORT", str(args.port))
+        settings = Settings.from_env(env)
+        await _serve(settings, _dev_banner)
+    finally:
+        await azurite.stop()
+
+
+async def _resolve(which: str) -> None:
+    settings = Settings.from_env()
+    loops: dict[str, tuple[Callable[[QueueService, float, asyncio.Event], Awaitable[None]], float]] = {
+        "claims": (claims.run, settings.claim_resolver_interval),
+        "deadlines": (deadlines.run, settings.deadline_resolver_interval),
+    }
+    chosen = list(loops) if which == "all" else [which]
+    account = StorageAccount(StorageSettings.from_env())
+    try:
+        service = QueueService(settings, account)
+        await service.setup()
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(loops[name][0](service, loops[name][1], stop))
+                 for name in chosen]
+        log.info("running resolvers: %s", ", ".join(chosen))
+        await _until_signalled()
+        stop.set()
+        await asyncio.wait(tasks, timeout=10)
+    finally:
+        await account.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="azqueue", description=__doc__)
+    parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL", "INFO"))
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="serve the API and run the resolvers (configured by AZQUEUE_*)")
+    dev = sub.add_parser("dev", help="serve on a private Azurite started and stopped with it")
+    dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
+    dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
+    resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
+    resolve.add_argument("which", choices=["claims", "deadlines", "all"])
+    args = parser.parse_args(argv)
+
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)
+    try:
+        if args.command == "serve":
+            asyncio.run(_serve(Settings.from_env()))
+        elif args.command == "dev":
+            asyncio.run(_dev(args))
+        else:
+            asyncio.run(_resolve(args.which))
+    except ConfigError as e:
+        print(f"azqueue: {e.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Settings, parsed once from ``AZQUEUE_*`` environment variables and passed down.
+
+Every variable is documented in README.md; keep the two in step.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from azqueue.errors import QueueError
+
+
+class ConfigError(QueueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+_PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} must be greater than zero")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class StorageSettings:
+    """Where the state lives: one storage account, names prefixed by ``prefix``."""
+
+    connection_string: str
+    prefix: str = "azq"
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_RE.match(self.prefix):
+            raise ConfigError(
+                f"AZQUEUE_STORAGE_PREFIX={self.prefix!r}: use 1-16 lowercase letters and digits, "
+                "starting with a letter (it becomes part of Azure queue and table names)"
+            )
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> StorageSettings:
+        conn = env.get("AZQUEUE_STORAGE_CONNECTION_STRING", "")
+        if not conn:
+            raise ConfigError(
+                "AZQUEUE_STORAGE_CONNECTION_STRING is not set: give the storage account's "
+                "connection string (or run `azqueue dev` for an embedded Azurite)"
+            )
+        return cls(connection_string=conn, prefix=env.get("AZQUEUE_STORAGE_PREFIX", "azq"))
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    storage: StorageSettings
+    # Secrets for signing tips; the first signs, all verify (rotation).
+    tip_secrets: tuple[str, ...]
+    host: str = "127.0.0.1"
+    port: int = 8080
+    root_url: str = ""
+    claim_timeout: float = 20 * 60
+    sas_lifetime: float = 30 * 60
+    claim_resolver_interval: float = 1.0
+    deadline_resolver_interval: float = 5.0
+    # Runs the background resolvers in the serving process.
+    run_resolvers: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.tip_secrets or any(len(s) < 16 for s in self.tip_secrets):
+            raise ConfigError(
+                "AZQUEUE_TIP_SECRETS must hold at least one secret of 16 or more characters "
+                "(comma-separated; the first signs new tips, all verify)"
+            )
+
+    @property
+    def public_root_url(self) -> str:
+        return (self.root_url or f"http://{self.host}:{self.port}").rstrip("/")
+
+    def with_(self, **changes: object) -> Settings:
+        return replace(self, **changes)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        raw_secrets = env.get("AZQUEUE_TIP_SECRETS", "")
+        tip_secrets = tuple(s.strip() for s in raw_secrets.split(",") if s.strip())
+        port_raw = env.get("AZQUEUE_PORT", "8080")
+        try:
+            port = int(port_raw)
+        except ValueError:
+            raise ConfigError(f"AZQUEUE_PORT={port_raw!r} is not a port number") from None
+        return cls(
+            storage=StorageSettings.from_env(env),
+            tip_secrets=tip_secrets,
+            host=env.get("AZQUEUE_HOST", "127.0.0.1"),
+            port=port,
+            root_url=env.get("AZQUEUE_ROOT_URL", ""),
+            claim_timeout=_seconds(env, "AZQUEUE_CLAIM_TIMEOUT", 20 * 60),
+            sas_lifetime=_seconds(env, "AZQUEUE_SAS_LIFETIME", 30 * 60),
+            claim_resolver_interval=_seconds(env, "AZQUEUE_CLAIM_RESOLVER_INTERVAL", 1.0),
+            deadline_resolver_interval=_seconds(env, "AZQUEUE_DEADLINE_RESOLVER_INTERVAL", 5.0),
+        )
+
+
+def new_secret() -> str:
+    """A fresh random secret, for development set-ups that have none configured."""
+    return secrets.token_urlsafe(32)

@@ -1,0 +1,118 @@
+"""An embedded Azurite for development and tests: installed on first use, started on
+free ports, stopped on exit."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from azqueue.config import ConfigError
+
+ACCOUNT = "devstoreaccount1"
+# Azurite's well-known development key (public, documented by Microsoft).
+KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+AZURITE_DIR = Path(__file__).resolve().parent.parent / "azurite"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def azurite_bin() -> Path:
+    """The pinned Azurite, installed with ``npm ci`` into ``azurite/`` if missing."""
+    override = os.environ.get("AZQUEUE_AZURITE_BIN")
+    if override:
+        return Path(override)
+    binary = AZURITE_DIR / "node_modules" / ".bin" / "azurite"
+    if binary.exists():
+        return binary
+    if not (AZURITE_DIR / "package-lock.json").exists():
+        raise ConfigError(f"no Azurite: {AZURITE_DIR}/package-lock.json is missing; run azqueue "
+                          "from a checkout, or set AZQUEUE_AZURITE_BIN to an azurite executable")
+    npm = shutil.which("npm")
+    if npm is None:
+        raise ConfigError("Azurite needs Node.js and npm (Node 20 or newer); install them first")
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=AZURITE_DIR,
+                   check=True)
+    return binary
+
+
+@dataclass
+class Azurite:
+    """A running Azurite: ``await Azurite.start()``, later ``await azurite.stop()``."""
+
+    process: asyncio.subprocess.Process
+    blob_port: int
+    queue_port: int
+    table_port: int
+    workdir: str
+    owns_workdir: bool
+
+    @property
+    def connection_string(self) -> str:
+        base = "http://127.0.0.1"
+        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
+                f"BlobEndpoint={base}:{self.blob_port}/{ACCOUNT};"
+                f"QueueEndpoint={base}:{self.queue_port}/{ACCOUNT};"
+                f"TableEndpoint={base}:{self.table_port}/{ACCOUNT};")
+
+    @classmethod
+    async def start(cls, data_dir: str | None = None, timeout: float = 60.0) -> Azurite:
+        binary = await asyncio.to_thread(azurite_bin)
+        workdir = data_dir or tempfile.mkdtemp(prefix="azqueue-azurite-")
+        ports = [free_port(), free_port(), free_port()]
+        args = [str(binary), "--silent", "--skipApiVersionCheck", "--disableProductStyleUrl",
+                "--blobHost", "127.0.0.1", "--queueHost", "127.0.0.1", "--tableHost", "127.0.0.1",
+                "--blobPort", str(ports[0]), "--queuePort", str(ports[1]),
+                "--tablePort", str(ports[2])]
+        args += ["--location", workdir] if data_dir else ["--inMemoryPersistence"]
+        with open(Path(workdir) / "azurite.log", "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                cwd=workdir, start_new_session=True)
+        azurite = cls(process, *ports, workdir, owns_workdir=data_dir is None)
+        try:
+            await azurite._wait_ready(timeout)
+        except BaseException:
+            await azurite.stop()
+            raise
+        return azurite
+
+    async def _wait_ready(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        for port in (self.blob_port, self.queue_port, self.table_port):
+            while True:
+                if self.process.returncode is not None:
+                    output = (Path(self.workdir) / "azurite.log").read_text(errors="replace")
+                    raise ConfigError(f"Azurite exited with {self.process.returncode}: "
+                                      f"{output[-2000:]}")
+                try:
+                    _, writer = await asyncio.open_connection("127.0.0.1", port)
+                    writer.close()
+                    await writer.wait_closed()
+                    break
+                except OSError:
+                    if loop.time() > deadline:
+                        raise ConfigError(f"Azurite did not listen on port {port} within "
+                                          f"{timeout:.0f}s") from None
+                    await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        if self.process.returncode is None:
+            self.process.terminate()
+            try:
+                await asyncio.wait_for(self.process.wait(), 10)
+            except TimeoutError:
+                self.process.kill()
+                await self.process.wait()
+        if self.owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)

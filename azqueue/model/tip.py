@@ -1,0 +1,76 @@
+"""Tips: the messages in the pending queues, ``base64(JSON {taskId, runId, signature})``.
+
+A tip only says "look at run ``runId`` of ``taskId``"; the Task entity in Azure
+Tables is the truth. The signature (HMAC-SHA256 over ``<taskId>/<runId>``, source
+document 001) stops a worker from claiming runs it never received by accident or on
+purpose. Several secrets may be configured: the first signs, every one verifies, so a
+secret can be rotated by adding the new one first and dropping the old one once the
+tips signed with it are gone.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes, hmac
+
+
+@dataclass(frozen=True, slots=True)
+class Tip:
+    task_id: str
+    run_id: int
+    signature: str
+
+    def encode(self) -> str:
+        body = json.dumps({"taskId": self.task_id, "runId": self.run_id,
+                           "signature": self.signature}, separators=(",", ":"))
+        return base64.b64encode(body.encode()).decode()
+
+    @classmethod
+    def decode(cls, text: str) -> Tip:
+        """ValueError when ``text`` is not a tip."""
+        try:
+            data = json.loads(base64.b64decode(text, validate=True))
+            return cls(task_id=str(data["taskId"]), run_id=int(data["runId"]),
+                       signature=str(data["signature"]))
+        except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"not a tip: {e}") from None
+
+
+class TipSigner:
+    def __init__(self, secrets: tuple[str, ...]) -> None:
+        if not secrets:
+            raise ValueError("at least one tip secret is needed")
+        self._keys = tuple(s.encode() for s in secrets)
+
+    @staticmethod
+    def _mac(key: bytes, task_id: str, run_id: int) -> hmac.HMAC:
+        mac = hmac.HMAC(key, hashes.SHA256())
+        mac.update(f"{task_id}/{run_id}".encode())
+        return mac
+
+    def sign(self, task_id: str, run_id: int) -> str:
+        digest = self._mac(self._keys[0], task_id, run_id).finalize()
+        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+    def tip(self, task_id: str, run_id: int) -> Tip:
+        return Tip(task_id, run_id, self.sign(task_id, run_id))
+
+    def verify(self, task_id: str, run_id: int, signature: str) -> bool:
+        """Constant-time check of ``signature`` against every configured secret."""
+        try:
+            raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
+        except (binascii.Error, ValueError):
+            return False
+        ok = False
+        for key in self._keys:
+            try:
+                self._mac(key, task_id, run_id).verify(raw)
+                ok = True
+            except InvalidSignature:
+                pass
+        return ok

@@ -1,0 +1,363 @@
+"""The queue's operations: create, claim, reclaim, report, and the resolvers' steps.
+
+Azure queue invariants (what must exist for which state, and why extra is harmless):
+
+* A **pending** run ``r`` has at least one tip ``{taskId, r}`` in its pending queue,
+  visible now or within a bounded time (a poll's visibility timeout). createTask
+  queues it after inserting the task; a repeated createTask queues it again, because
+  the first attempt may have died in between.
+* A **running** run ``r`` claimed with a tip owns that message, rewritten to
+  ``{taskId, r + 1}`` and invisible until ``takenUntil``; its Claims row holds the
+  messageId and the current pop receipt. reclaimTask pushes the invisibility out; if
+  nobody reclaims, the message reappears exactly when the claim expires and whoever
+  claims ``r + 1`` first resolves ``r`` as claim-expired. Every running run has a
+  Claims row, so the claim resolver also expires claims whose message was lost.
+* When run ``r`` is resolved, ``settle`` fixes its message: made visible at once when
+  the retry ``r + 1`` is pending (its text already says ``r + 1``), deleted otherwise;
+  a fresh tip is queued when the old one cannot be used. Then the Claims row goes.
+* Duplicate and stale tips are harmless: a claim is decided by the Task entity alone
+  (conditional on its ETag), and a tip for a run that cannot be claimed answers 4xx,
+  upon which the worker deletes it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from azqueue import errors
+from azqueue.config import Settings
+from azqueue.model import definition as definitions
+from azqueue.model import task as model
+from azqueue.model import timeutil
+from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.model.tip import TipSigner
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.claims import ClaimRecord, ClaimStore
+from azqueue.storage.errors import MessageGone
+from azqueue.storage.queues import Message, PendingQueues, Queues, decode_json, encode_json
+from azqueue.storage.tasks import MAX_DEFINITION_CHARS, TaskStore, definition_size
+
+log = logging.getLogger(__name__)
+
+# A tip that reappears this close before takenUntil still expires the claim: the
+# message's visibility is Azure's clock, takenUntil ours.
+EXPIRY_TOLERANCE = timedelta(seconds=5)
+# How long before the SAS URLs' reported expiry they actually stop working.
+SAS_SLACK = timedelta(minutes=5)
+RECLAIM_RECEIPT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True, slots=True)
+class TipClaim:
+    """The message a worker polled, presented with claimTask."""
+
+    message_id: str
+    receipt: str
+    signature: str
+
+
+class QueueService:
+    def __init__(self, settings: Settings, account: StorageAccount) -> None:
+        self.settings = settings
+        self.account = account
+        self.tasks = TaskStore(account)
+        self.claims = ClaimStore(account)
+        self.queues = Queues(account)
+        self.pending = PendingQueues(account, self.queues)
+        self.signer = TipSigner(settings.tip_secrets)
+        self.deadline_queue = account.queue_name("deadline")
+        self.claim_timeout = timedelta(seconds=settings.claim_timeout)
+
+    async def setup(self) -> None:
+        """Create the tables and internal queues (idempotent)."""
+        await self.tasks.ensure()
+        await self.claims.ensure()
+        await self.queues.ensure(self.deadline_queue)
+
+    # -- tasks -----------------------------------------------------------------------
+
+    async def create_task(self, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        now = timeutil.utcnow()
+        definition = definitions.normalize(task_id, body, now)
+        if definition_size(definition) > MAX_DEFINITION_CHARS:
+            raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
+                                  "characters as JSON; keep large data in artifacts")
+        task = model.new_task(task_id, definition, now)
+        queue_name = await self.pending.ensure(task.task_queue_id, task.priority)
+        # The deadline trigger goes first: if we die after it, the resolver finds no
+        # task at the deadline and drops it; if we died after the insert without it,
+        # nothing would ever resolve the task.
+        await self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
+                              visible_in=task.deadline - now, forever=True)
+        if not await self.tasks.insert(task):
+            existing = await self.tasks.get(task_id)
+            if dict(existing.definition) != definition:
+                raise errors.Conflict(
+                    f"task {task_id} already exists with a different definition; createTask "
+                    "is idempotent only for an identical definition: use a new taskId")
+            last = existing.last_run
+            if last is not None and last.state is RunState.PENDING:
+                await self._queue_tip(existing, last.run_id)
+            return existing.status()
+        await self.queues.put(queue_name, self.signer.tip(task_id, 0).encode())
+        return task.status()
+
+    async def definition(self, task_id: str) -> dict[str, Any]:
+        return dict((await self.tasks.get(task_id)).definition)
+
+    async def status(self, task_id: str) -> dict[str, Any]:
+        return (await self.tasks.get(task_id)).status()
+
+    async def _queue_tip(self, task: Task, run_id: int) -> None:
+        name = await self.pending.ensure(task.task_queue_id, task.priority)
+        await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+
+    # -- polling and claims ----------------------------------------------------------
+
+    async def poll_task_urls(self, provisioner_id: str, worker_type: str) -> dict[str, Any]:
+        now = timeutil.utcnow()
+        expires = now + timedelta(seconds=self.settings.sas_lifetime)
+        urls = await self.pending.signed_urls(f"{provisioner_id}/{worker_type}",
+                                              start=now - SAS_SLACK, expiry=expires + SAS_SLACK)
+        return {"expires": timeutil.fmt(expires),
+                "queues": [{"signedPollUrl": u.signed_poll_url,
+                            "signedDeleteUrl": u.signed_delete_url} for u in urls]}
+
+    async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
+                         tip: TipClaim | None = None) -> dict[str, Any]:
+        now = timeutil.utcnow()
+        tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
+
+        def decide(task: Task) -> Task:
+            return model.claim(task, run_id, worker_group, worker_id, now, self.claim_timeout,
+                               tolerance)
+
+        if tip and not self.signer.verify(task_id, run_id, tip.signature):
+            raise errors.InputError(
+                f"`signature` does not match task {task_id} run {run_id}: the message was altered "
+                "or not issued by this queue; delete it and poll again")
+        current = await self.tasks.get(task_id)
+        if model.is_claimed_by(current, run_id, worker_group, worker_id):
+            return self._claim_answer(current, run_id)  # a repeated claim
+        try:
+            decide(current)  # refuse early, before touching the message
+        except errors.Conflict:
+            if tip:
+                await self._repair_orphaned_tip(current, run_id)
+            raise
+
+        receipt = ""
+        queue_name = ""
+        if tip:
+            queue_name = self.pending.name(current.task_queue_id, current.priority)
+            try:
+                receipt = await self.queues.update(
+                    queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
+                    text=self.signer.tip(task_id, run_id + 1).encode())
+            except MessageGone:
+                raise errors.InputError(
+                    f"`messageId` and `receipt` do not name a message you hold in the queue of "
+                    f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
+                    "MessageId and PopReceipt of the message this tip came from, as received") from None
+        try:
+            before, after = await self.tasks.modify(task_id, decide)
+        except errors.Conflict:
+            if tip:
+                await self._drop_message(queue_name, tip.message_id, receipt)
+            raise
+        if not model.is_claimed_by(after, run_id, worker_group, worker_id):
+            # The claim expired run run_id - 1 and no retries were left: the task is resolved.
+            if tip:
+                await self._drop_message(queue_name, tip.message_id, receipt)
+            await self.settle(after, run_id - 1)
+            raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
+                                  "are left: the task is resolved exception")
+        taken_until = after.runs[run_id].taken_until
+        assert taken_until is not None
+        await self.claims.put(ClaimRecord(task_id, run_id, taken_until, queue_name,
+                                          tip.message_id if tip else "", receipt))
+        if run_id > 0 and before.runs[run_id - 1].state is RunState.RUNNING:
+            # This claim expired the previous run, whose message it now holds.
+            await self.claims.delete(task_id, run_id - 1)
+        return self._claim_answer(after, run_id)
+
+    async def _repair_orphaned_tip(self, task: Task, run_id: int) -> None:
+        """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
+        died before it was recorded; the worker will delete it, so queue a fresh tip for ``r``."""
+        last = task.last_run
+        if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
+            log.warning("task %s: re-queuing run %d, whose claim was never completed",
+                        task.task_id, last.run_id)
+            await self._queue_tip(task, last.run_id)
+
+    async def _drop_message(self, queue_name: str, message_id: str, receipt: str) -> None:
+        try:
+            await self.queues.delete(queue_name, message_id, receipt)
+        except MessageGone:
+            pass
+
+    def _claim_answer(self, task: Task, run_id: int) -> dict[str, Any]:
+        run = task.runs[run_id]
+        assert run.taken_until is not None
+        return {"status": task.status(), "runId": run_id, "workerGroup": run.worker_group,
+                "workerId": run.worker_id, "takenUntil": timeutil.fmt(run.taken_until),
+                "task": dict(task.definition)}
+
+    async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
+        now = timeutil.utcnow()
+
+        def decide(task: Task) -> Task:
+            return model.reclaim(task, run_id, now, self.claim_timeout)
+
+        decide(await self.tasks.get(task_id))  # refuse early
+        record = await self.claims.get(task_id, run_id)
+        receipt = ""
+        if record is not None and record.has_message:
+            for _ in range(RECLAIM_RECEIPT_ATTEMPTS):
+                try:
+                    receipt = await self.queues.update(record.queue_name, record.message_id,
+                                                       record.pop_receipt, self.claim_timeout)
+                    break
+                except MessageGone:
+                    # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
+                    fresh = await self.claims.get(task_id, run_id)
+                    if fresh is None or fresh.pop_receipt == record.pop_receipt:
+                        raise errors.ClaimLost(
+                            f"the claim on run {run_id} of task {task_id} expired: its message "
+                            "became visible again and the run will be retried; stop working on "
+                            "it") from None
+                    record = fresh
+            else:
+                raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
+                                       "concurrently; try again")
+        try:
+            _, after = await self.tasks.modify(task_id, decide)
+        except errors.Conflict:
+            if record is not None and receipt:
+                await self._release(record.queue_name, record.message_id, receipt)
+            raise
+        taken_until = after.runs[run_id].taken_until
+        assert taken_until is not None
+        if record is None:
+            record = ClaimRecord(task_id, run_id, taken_until)
+        await self.claims.put(replace(record, taken_until=taken_until,
+                                      pop_receipt=receipt or record.pop_receipt))
+        run = after.runs[run_id]
+        return {"status": after.status(), "runId": run_id, "workerGroup": run.worker_group,
+                "workerId": run.worker_id, "takenUntil": timeutil.fmt(taken_until)}
+
+    async def _release(self, queue_name: str, message_id: str, receipt: str) -> None:
+        try:
+            await self.queues.update(queue_name, message_id, receipt, timedelta(0))
+        except MessageGone:
+            pass
+
+    # -- resolution ------------------------------------------------------------------
+
+    async def report(self, task_id: str, run_id: int, state: RunState,
+                     reason: ReasonResolved) -> dict[str, Any]:
+        now = timeutil.utcnow()
+        _, after = await self.tasks.modify(
+            task_id, lambda t: model.resolve(t, run_id, state, reason, now))
+        await self.settle(after, run_id)
+        return after.status()
+
+    async def settle(self, task: Task, run_id: int) -> None:
+        """Bring run ``run_id``'s message and Claims row in line with its resolution.
+
+        Idempotent, and a no-op while the run is unresolved, so every path that resolved
+        a run (or found it resolved) may call it.
+        """
+        if run_id < 0 or run_id >= len(task.runs) or not task.runs[run_id].state.resolved:
+            return
+        record = await self.claims.get(task.task_id, run_id)
+        if record is None:
+            return  # settled already
+        retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
+        retry_pending = retry is not None and retry.state is RunState.PENDING
+        tip_ready = False
+        if record.has_message:
+            try:
+                if retry_pending:
+                    await self.queues.update(record.queue_name, record.message_id,
+                                             record.pop_receipt, timedelta(0))
+                    tip_ready = True
+                else:
+                    await self.queues.delete(record.queue_name, record.message_id,
+                                             record.pop_receipt)
+            except MessageGone:
+                pass
+        if retry_pending and not tip_ready:
+            await self._queue_tip(task, run_id + 1)
+        await self.claims.delete(task.task_id, run_id)
+
+    # -- resolver steps --------------------------------------------------------------
+
+    async def expire_claim(self, record: ClaimRecord) -> bool:
+        """Resolve the claim of ``record`` if it expired; True if this call resolved it."""
+        now = timeutil.utcnow()
+        try:
+            before, after = await self.tasks.modify(
+                record.task_id, lambda t: model.expire_claim(t, record.run_id, now))
+        except errors.NotFound:
+            await self.claims.delete(record.task_id, record.run_id)
+            return False
+        run = after.runs[record.run_id] if record.run_id < len(after.runs) else None
+        if run is not None and run.state is RunState.RUNNING and run.taken_until is not None:
+            if run.taken_until != record.taken_until:  # a reclaim whose row write was lost
+                await self.claims.put(replace(record, taken_until=run.taken_until))
+            return False
+        await self.settle(after, record.run_id)
+        return after is not before
+
+    async def expired_claims(self) -> list[ClaimRecord]:
+        now = timeutil.utcnow()
+        return [r async for r in self.claims.expired(now)]
+
+    async def resolve_deadlines(self, invisible_for: timedelta) -> int:
+        """Handle the deadline messages that are due; the number of messages handled."""
+        messages = await self.queues.receive(self.deadline_queue, invisible_for)
+        for message in messages:
+            now = timeutil.utcnow()
+            try:
+                task_id = str(decode_json(message.text)["taskId"])
+            except (ValueError, KeyError):
+                log.error("dropping malformed message %s from %s", message.message_id,
+                          self.deadline_queue)
+                await self._drop_message(self.deadline_queue, message.message_id,
+                                         message.pop_receipt)
+                continue
+            try:
+                before, after = await self.tasks.modify(
+                    task_id, lambda t: model.resolve_deadline(t, now))
+            except errors.NotFound:
+                before = after = None
+            if after is not None and after.deadline > now:
+                await self._postpone(message, after.deadline - now)
+                continue
+            if after is not None:
+                if after is not before:
+                    log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
+                await self.settle(after, len(after.runs) - 1)
+            await self._drop_message(self.deadline_queue, message.message_id, message.pop_receipt)
+        return len(messages)
+
+    async def _postpone(self, message: Message, delay: timedelta) -> None:
+        try:
+            await self.queues.update(message.queue_name, message.message_id, message.pop_receipt,
+                                     delay)
+        except MessageGone:
+            pass
+
+    async def check_storage(self) -> None:
+        """Raise unless the Tasks table answers."""
+        try:
+            await self.tasks.get("heartbeat")
+        except errors.NotFound:
+            pass
+
+    def storage_requests(self) -> dict[str, int]:
+        return dict(self.account.requests)

@@ -1,0 +1,161 @@
+"""Azure queues: the pending queues that carry tips, and internal trigger queues.
+
+Pending queues: one per (taskQueueId, priority), named
+``<prefix>-<sha256(taskQueueId)[:40]>-<rank>`` (rank 0 = highest), so any
+taskQueueId maps to a valid, practically collision-free name; the queue's metadata
+records the real provisionerId, workerType and priority. Workers poll them directly
+through SAS URLs that carry only the ``process`` permission (get and delete).
+
+Internal queues (e.g. ``<prefix>-deadline``) hold messages invisible until the moment
+they stand for; a resolver acts when one becomes visible. They are durable triggers,
+never the truth: the Task entity decides.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.storage.queue import QueueSasPermissions, generate_queue_sas
+from azure.storage.queue.aio import QueueClient
+
+from azqueue.errors import NotConfigured
+from azqueue.model.priority import ORDER, Priority
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.errors import EntityExists, translate, translate_message
+
+MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as received, with what is needed to update or delete it."""
+
+    queue_name: str
+    message_id: str
+    pop_receipt: str
+    text: str
+    dequeue_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class SignedQueueUrls:
+    signed_poll_url: str
+    signed_delete_url: str
+
+
+def _seconds(delta: timedelta) -> int:
+    return max(0, min(int(delta.total_seconds() + 0.999), int(MAX_VISIBILITY.total_seconds())))
+
+
+class Queues:
+    """Operations on any queue of the account, by name; clients are cached per name."""
+
+    def __init__(self, account: StorageAccount) -> None:
+        self._account = account
+        self._clients: dict[str, QueueClient] = {}
+        self._ensured: set[str] = set()
+
+    def client(self, name: str) -> QueueClient:
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = self._account.queues.get_queue_client(name)
+        return client
+
+    async def ensure(self, name: str, metadata: Mapping[str, str] | None = None) -> None:
+        """Create the queue unless this process already knows it exists."""
+        if name in self._ensured:
+            return
+        try:
+            with translate(f"creating queue {name}"):
+                await self.client(name).create_queue(metadata=dict(metadata or {}))
+        except EntityExists:
+            pass  # exists already, with other metadata: fine
+        self._ensured.add(name)
+
+    async def put(self, name: str, text: str, visible_in: timedelta = timedelta(0),
+                  forever: bool = False) -> Message:
+        with translate(f"adding a message to {name}"):
+            msg = await self.client(name).send_message(
+                text, visibility_timeout=_seconds(visible_in) or None,
+                time_to_live=-1 if forever else None)
+        return Message(name, msg.id, msg.pop_receipt or "", text, 0)
+
+    async def update(self, name: str, message_id: str, pop_receipt: str, visible_in: timedelta,
+                     text: str | None = None) -> str:
+        """Change a message's visibility (and text); the new pop receipt. MessageGone if stale."""
+        with translate_message(f"updating message {message_id} in {name}"):
+            msg = await self.client(name).update_message(
+                message_id, pop_receipt=pop_receipt, content=text,
+                visibility_timeout=_seconds(visible_in))
+        return str(msg.pop_receipt)
+
+    async def delete(self, name: str, message_id: str, pop_receipt: str) -> None:
+        """Delete a message. MessageGone if it is gone or the receipt is stale."""
+        with translate_message(f"deleting message {message_id} from {name}"):
+            await self.client(name).delete_message(message_id, pop_receipt=pop_receipt)
+
+    async def receive(self, name: str, invisible_for: timedelta, limit: int = 32) -> list[Message]:
+        with translate(f"receiving messages from {name}"):
+            pager = self.client(name).receive_messages(
+                max_messages=limit, messages_per_page=min(limit, 32),
+                visibility_timeout=_seconds(invisible_for))
+            return [Message(name, m.id, m.pop_receipt or "", m.content or "", m.dequeue_count or 0)
+                    async for m in pager]
+
+    def signed_urls(self, name: str, start: datetime, expiry: datetime) -> SignedQueueUrls:
+        key = self._account.account_key
+        if not key:
+            raise NotConfigured(
+                "pollTaskUrls needs the storage account key to sign queue SAS URLs (Azure has no "
+                "user-delegation SAS for queues); configure a connection string with AccountKey, "
+                "or have workers use claimWork")
+        sas = generate_queue_sas(self._account.account_name, name, key,
+                                 permission=QueueSasPermissions(process=True),
+                                 start=start, expiry=expiry)
+        base = f"{self.client(name).url}/messages"
+        return SignedQueueUrls(
+            signed_poll_url=f"{base}?{sas}",
+            signed_delete_url=f"{base}/{{{{messageId}}}}?popreceipt={{{{popReceipt}}}}&{sas}",
+        )
+
+
+class PendingQueues:
+    """The seven pending queues of every task queue."""
+
+    def __init__(self, account: StorageAccount, queues: Queues) -> None:
+        self._account = account
+        self.queues = queues
+
+    def name(self, task_queue_id: str, priority: Priority) -> str:
+        digest = hashlib.sha256(task_queue_id.encode()).hexdigest()[:40]
+        return self._account.queue_name(f"{digest}-{priority.rank}")
+
+    async def ensure(self, task_queue_id: str, priority: Priority) -> str:
+        name = self.name(task_queue_id, priority)
+        provisioner_id, worker_type = task_queue_id.split("/", 1)
+        await self.queues.ensure(name, {"provisionerid": provisioner_id,
+                                        "workertype": worker_type, "priority": str(priority)})
+        return name
+
+    async def signed_urls(self, task_queue_id: str, start: datetime,
+                          expiry: datetime) -> list[SignedQueueUrls]:
+        """SAS URLs of all seven queues, highest priority first (created if missing)."""
+        urls = []
+        for priority in ORDER:
+            name = await self.ensure(task_queue_id, priority)
+            urls.append(self.queues.signed_urls(name, start, expiry))
+        return urls
+
+
+def encode_json(data: Mapping[str, Any]) -> str:
+    return base64.b64encode(json.dumps(dict(data), separators=(",", ":")).encode()).decode()
+
+
+def decode_json(text: str) -> dict[str, Any]:
+    return dict(json.loads(base64.b64decode(text)))
