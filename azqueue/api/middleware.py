@@ -17,8 +17,8 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
-PARAMS_KEY = "azqueue.params"
-PAYLOAD_KEY = "azqueue.payload"
+PARAMS_KEY = web.RequestKey("params", dict)
+PAYLOAD_KEY = web.RequestKey("payload", object)
 
 
 def error_response(request: web.Request, status: int, code: str, message: str) -> web.Response:

@@ -1,0 +1,102 @@
+"""Fixtures shared by every test: a real Azurite for the session, servers per test.
+
+Each test gets its own storage name prefix instead of a flushed account, and the
+servers it starts are stopped (and their queues and tables deleted) after it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp import web
+from azure.data.tables.aio import TableServiceClient
+from azure.storage.queue.aio import QueueServiceClient
+
+from azqueue.api.app import create_app
+from azqueue.api.routes import SERVICE_KEY
+from azqueue.config import Settings, StorageSettings
+from azqueue.devstorage import Azurite, free_port
+from azqueue.service.queue import QueueService
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture(scope="session")
+async def azurite() -> AsyncIterator[Azurite]:
+    instance = await Azurite.start()
+    yield instance
+    await instance.stop()
+
+
+@dataclass
+class Server:
+    root_url: str
+    app: web.Application
+    settings: Settings
+
+    @property
+    def api(self) -> str:
+        return f"{self.root_url}/api/queue/v1"
+
+    @property
+    def service(self) -> QueueService:
+        return self.app[SERVICE_KEY]
+
+
+ServerFactory = Callable[..., Awaitable[Server]]
+
+
+@pytest.fixture
+def storage_prefix() -> str:
+    return "t" + uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+async def make_server(azurite: Azurite, storage_prefix: str) -> AsyncIterator[ServerFactory]:
+    """Start servers sharing one storage prefix (replicas of one deployment)."""
+    runners: list[web.AppRunner] = []
+
+    async def start(**overrides: Any) -> Server:
+        port = free_port()
+        settings = Settings(
+            storage=StorageSettings(azurite.connection_string, storage_prefix),
+            tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),
+            host="127.0.0.1", port=port,
+        ).with_(**overrides)
+        runner = web.AppRunner(create_app(settings), access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return Server(settings.public_root_url, runner.app, settings)
+
+    yield start
+    for runner in reversed(runners):
+        await runner.cleanup()
+    await _delete_storage(azurite.connection_string, storage_prefix)
+
+
+async def _delete_storage(conn: str, prefix: str) -> None:
+    async with QueueServiceClient.from_connection_string(conn) as queues:
+        async for q in queues.list_queues(name_starts_with=f"{prefix}-"):
+            await queues.delete_queue(q.name)
+    async with TableServiceClient.from_connection_string(conn) as tables:
+        async for t in tables.list_tables():
+            if t.name.startswith(prefix):
+                await tables.delete_table(t.name)
+
+
+@pytest.fixture
+async def server(make_server: ServerFactory) -> Server:
+    return await make_server()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session

@@ -1,0 +1,173 @@
+"""The SAS polling flow end to end: source document 000 (worker side) and 001 (queue side)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import aiohttp
+
+from azqueue.model.priority import Priority
+from tests import sas
+from tests.conftest import ServerFactory
+from tests.tasks import create, definition, slugid, status
+
+
+async def _wait_for_messages(http: aiohttp.ClientSession, url: str, timeout: float = 30.0,
+                             n: int = 1) -> list[sas.QueueMessage]:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        messages = await sas.get_messages(http, url, n)
+        if messages:
+            return messages
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no message appeared within {timeout}s")
+
+
+async def test_worker_does_the_seed_000_dance_with_plain_http(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'the worker must call queue.pollTaskUrls ... GET request to signedPollUrl ...
+    base64 decode and JSON parse ... call queue.claimTask()' then reportCompleted."""
+    server = await make_server()
+    task_id = await create(http, server.api, definition("prov/seed000"))
+
+    urls = await sas.poll_task_urls(http, server.api, "prov", "seed000")
+    assert len(urls["queues"]) == 7
+    for q in urls["queues"]:
+        assert "sp=p&" in q["signedPollUrl"]  # the process permission only
+        assert "{{messageId}}" in q["signedDeleteUrl"] and "{{popReceipt}}" in q["signedDeleteUrl"]
+    messages = await sas.poll_once(http, urls, n=32)
+    assert len(messages) == 1
+    tip = messages[0].tip
+    assert tip["taskId"] == task_id and tip["runId"] == 0 and tip["signature"]
+
+    code, claim = await sas.claim(http, server.api, messages[0])
+    assert code == 200, claim
+    assert claim["status"]["state"] == "running" and claim["runId"] == 0
+    assert claim["task"]["taskQueueId"] == "prov/seed000"
+
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200, done
+    assert done["status"]["state"] == "completed"
+    assert (await status(http, server.api, task_id))["runs"][0]["reasonResolved"] == "completed"
+    # The tip is gone: not visible now, and not hidden either (the queue is empty).
+    for q in urls["queues"]:
+        assert await sas.get_messages(http, q["signedPollUrl"], 32) == []
+    qclient = server.service.queues.client(server.service.pending.name(
+        "prov/seed000", Priority.LOWEST))
+    props = await qclient.get_queue_properties()
+    assert props.approximate_message_count == 0
+
+
+async def test_poll_urls_are_ordered_highest_priority_first(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'the worker must poll the Azure queues in order they are given' (000): a task at
+    `highest` comes out of the first poll URL even when a `lowest` one was created first."""
+    server = await make_server()
+    low = await create(http, server.api, definition("prov/prio", priority="lowest"))
+    high = await create(http, server.api, definition("prov/prio", priority="highest"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "prio")
+    first = await sas.get_messages(http, urls["queues"][0]["signedPollUrl"], 32)
+    assert [m.tip["taskId"] for m in first] == [high]
+    last = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"], 32)
+    assert [m.tip["taskId"] for m in last] == [low]
+
+
+async def test_unreclaimed_claim_reappears_as_next_run_and_expires_the_old_one(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'if a worker failed to reclaim a task on time ... the Azure queue message will become
+    visible ... Remember that we modified the message text to have runId + 1' (001)."""
+    server = await make_server(claim_timeout=2.0, run_resolvers=False)
+    task_id = await create(http, server.api, definition("prov/expiry"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "expiry")
+    poll_url = urls["queues"][6]["signedPollUrl"]
+    [message] = await sas.get_messages(http, poll_url)
+    code, _ = await sas.claim(http, server.api, message, worker_id="first")
+    assert code == 200
+    assert await sas.get_messages(http, poll_url) == []  # invisible while claimed
+
+    [again] = await _wait_for_messages(http, poll_url, timeout=15)
+    assert again.message_id == message.message_id
+    tip = again.tip
+    assert tip["taskId"] == task_id and tip["runId"] == 1
+    assert server.service.signer.verify(task_id, 1, tip["signature"])
+
+    code, claim = await sas.claim(http, server.api, again, worker_id="second")
+    assert code == 200, claim
+    runs = claim["status"]["runs"]
+    assert runs[0]["state"] == "exception" and runs[0]["reasonResolved"] == "claim-expired"
+    assert runs[1]["state"] == "running" and runs[1]["reasonCreated"] == "retry"
+    assert runs[1]["workerId"] == "second"
+    assert claim["status"]["retriesLeft"] == 4
+
+
+async def test_reclaim_keeps_the_tip_invisible_past_the_first_taken_until(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'As the worker calls queue.reclaimTask, the queue updates the invisibility timeout'."""
+    server = await make_server(claim_timeout=3.0, run_resolvers=False)
+    task_id = await create(http, server.api, definition("prov/reclaim"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "reclaim")
+    poll_url = urls["queues"][6]["signedPollUrl"]
+    [message] = await sas.get_messages(http, poll_url)
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200
+    first_taken_until = claim["takenUntil"]
+    for _ in range(3):
+        await asyncio.sleep(1.5)
+        code, re = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
+        assert code == 200, re
+        assert re["takenUntil"] > first_taken_until
+        assert await sas.get_messages(http, poll_url) == []
+    # 4.5 s after the claim, well past the first takenUntil: still running, tip still hidden.
+    assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and done["status"]["state"] == "completed"
+
+
+async def test_bad_signature_or_foreign_message_is_refused_and_worker_deletes_tip(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'the worker must delete messages if the queue.claimTask operations fails with a 4xx
+    error' with 'the URI encoded contents of <PopReceipt>' (000)."""
+    server = await make_server()
+    task_a = await create(http, server.api, definition("prov/tamper"))
+    task_b = await create(http, server.api, definition("prov/tamper"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "tamper")
+    queue = urls["queues"][6]
+    # One GET each: Azurite hands every message of one GET the same pop receipt.
+    messages = [*await sas.get_messages(http, queue["signedPollUrl"], 1),
+                *await sas.get_messages(http, queue["signedPollUrl"], 1)]
+    assert {m.tip["taskId"] for m in messages} == {task_a, task_b}
+    assert messages[0].pop_receipt != messages[1].pop_receipt
+    m_a = next(m for m in messages if m.tip["taskId"] == task_a)
+    m_b = next(m for m in messages if m.tip["taskId"] == task_b)
+
+    # A tampered signature.
+    forged = sas.QueueMessage(m_a.message_id, m_a.pop_receipt, 1, base64.b64encode(json.dumps(
+        {"taskId": task_a, "runId": 0, "signature": "A" * 43}).encode()).decode())
+    code, err = await sas.claim(http, server.api, forged)
+    assert code == 400 and "signature" in err["message"]
+    # A valid signature and receipt with another message's id.
+    foreign = sas.QueueMessage(m_b.message_id, m_a.pop_receipt, 1, m_a.text)
+    code, err = await sas.claim(http, server.api, foreign)
+    assert code == 400 and "messageId" in err["message"]
+    # A messageId of no message in this queue.
+    made_up = sas.QueueMessage("0f6c5f32-4d3c-4d63-9d2e-6f3c2a1b0c9d", m_a.pop_receipt, 1, m_a.text)
+    code, err = await sas.claim(http, server.api, made_up)
+    assert code == 400 and "messageId" in err["message"]
+    # A run that does not exist: also a 4xx.
+    fake = sas.QueueMessage(m_a.message_id, m_a.pop_receipt, 1, base64.b64encode(json.dumps(
+        {"taskId": slugid(), "runId": 0, "signature": "x"}).encode()).decode())
+    code, _ = await sas.claim(http, server.api, fake)
+    assert 400 <= code < 500
+
+    # Nothing changed...
+    for task_id in (task_a, task_b):
+        assert (await status(http, server.api, task_id))["state"] == "pending"
+    # ...and the worker deletes its tip with the URI-encoded receipt.
+    assert "%" in sas.delete_url(queue["signedDeleteUrl"], m_a) or "/" not in m_a.pop_receipt
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], m_a) == 204
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], m_b) == 204
+    # A delete with a stale receipt is "not mine any more" (400 on Azurite, 404 on Azure).
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], m_a) in (400, 404)
