@@ -253,7 +253,7 @@ def claim(task: Task, run_id: int, worker_group: str, worker_id: str, now: datet
         if last.taken_until > now + expiry_tolerance:
             raise Conflict(f"run {last.run_id} of task {task.task_id} is claimed until "
                            f"{timeutil.fmt(last.taken_until)}; run {run_id} does not exist yet")
-        task = expire_claim(task, last.run_id, now)
+        task = _finish(task, last, RunState.EXCEPTION, ReasonResolved.CLAIM_EXPIRED, now)
         if run_id >= len(task.runs):
             return task  # retries exhausted: resolved, nothing to claim
     run = task.run(run_id)
