@@ -139,7 +139,8 @@ class QueueService:
             raise errors.InputError(
                 f"`signature` does not match task {task_id} run {run_id}: the message was altered "
                 "or not issued by this queue; delete it and poll again")
-        current = await self.tasks.get(task_id)
+        loaded = await self.tasks.load(task_id)
+        current = loaded[0]
         if model.is_claimed_by(current, run_id, worker_group, worker_id):
             return self._claim_answer(current, run_id)  # a repeated claim
         try:
@@ -163,7 +164,7 @@ class QueueService:
                     f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
                     "MessageId and PopReceipt of the message this tip came from, as received") from None
         try:
-            before, after = await self.tasks.modify(task_id, decide)
+            before, after = await self.tasks.modify(task_id, decide, loaded)
         except errors.Conflict:
             if tip:
                 await self._drop_message(queue_name, tip.message_id, receipt)
@@ -212,7 +213,8 @@ class QueueService:
         def decide(task: Task) -> Task:
             return model.reclaim(task, run_id, now, self.claim_timeout)
 
-        decide(await self.tasks.get(task_id))  # refuse early
+        loaded = await self.tasks.load(task_id)
+        decide(loaded[0])  # refuse early
         record = await self.claims.get(task_id, run_id)
         receipt = ""
         if record is not None and record.has_message:
@@ -234,7 +236,7 @@ class QueueService:
                 raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
                                        "concurrently; try again")
         try:
-            _, after = await self.tasks.modify(task_id, decide)
+            _, after = await self.tasks.modify(task_id, decide, loaded)
         except errors.Conflict:
             if record is not None and receipt:
                 await self._release(record.queue_name, record.message_id, receipt)

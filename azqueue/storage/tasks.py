@@ -83,7 +83,8 @@ class TaskStore:
             return False
         return True
 
-    async def _load(self, task_id: str) -> tuple[Task, str]:
+    async def load(self, task_id: str) -> tuple[Task, str]:
+        """The task and the ETag it was read at (for ``modify(..., loaded=...)``)."""
         try:
             with translate(f"reading task {task_id}"):
                 entity = await self._table.get_entity(task_id, ROW)
@@ -92,19 +93,22 @@ class TaskStore:
         return from_entity(entity), entity.metadata["etag"]
 
     async def get(self, task_id: str) -> Task:
-        task, _ = await self._load(task_id)
+        task, _ = await self.load(task_id)
         return task
 
-    async def modify(self, task_id: str, fn: Callable[[Task], Task]) -> tuple[Task, Task]:
+    async def modify(self, task_id: str, fn: Callable[[Task], Task],
+                     loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
         """Apply the pure ``fn`` to the stored task and write its result conditionally.
 
         Loads with the ETag, writes ``IfNotModified``, and on a lost race (412) loads again
         and lets ``fn`` decide again. Errors ``fn`` raises propagate and nothing is written.
         Returns the task ``fn`` saw and the task as now stored (the same object when ``fn``
-        changed nothing, in which case nothing was written).
+        changed nothing, in which case nothing was written). ``loaded``, from ``load``,
+        saves the first read.
         """
         for _ in range(MAX_MODIFY_ATTEMPTS):
-            before, etag = await self._load(task_id)
+            before, etag = loaded or await self.load(task_id)
+            loaded = None
             after = fn(before)
             if after is before:
                 return before, after
