@@ -50,13 +50,15 @@ def _dev_banner(settings: Settings) -> None:
     print(f"""
 azqueue {__version__} is running on an embedded Azurite (Ctrl-C stops both).
 
-  rootUrl: {root}
+  rootUrl:      {root}
+  clientId:     {settings.root.client_id}   (scope *)
+  accessToken:  {settings.root.access_token}
 
 Point the official taskcluster client (or any worker) at it:
 
   export TASKCLUSTER_ROOT_URL={root}
-
-Requests are not authenticated yet: any client may call every endpoint.
+  export TASKCLUSTER_CLIENT_ID={settings.root.client_id}
+  export TASKCLUSTER_ACCESS_TOKEN={settings.root.access_token}
 """, flush=True)
 
 
@@ -66,6 +68,8 @@ async def _dev(args: argparse.Namespace) -> None:
         env = dict(os.environ)
         env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
         env.setdefault("AZQUEUE_TIP_SECRETS", new_secret())
+        env.setdefault("AZQUEUE_ROOT_CLIENT_ID", "root")
+        env.setdefault("AZQUEUE_ROOT_ACCESS_TOKEN", new_secret())
         env.setdefault("AZQUEUE_PORT", str(args.port))
         settings = Settings.from_env(env)
         await _serve(settings, _dev_banner)

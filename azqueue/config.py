@@ -5,6 +5,7 @@ Every variable is documented in README.md; keep the two in step.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -60,10 +61,43 @@ class StorageSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class Client:
+    """A permanent client: Hawk id, access token and the scopes it holds."""
+
+    client_id: str
+    access_token: str
+    scopes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.client_id or len(self.access_token) < 22:
+            raise ConfigError(f"client {self.client_id!r}: needs a clientId and an accessToken "
+                              "of at least 22 characters")
+
+
+def _load_clients(path: str) -> tuple[Client, ...]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return tuple(Client(str(c["clientId"]), str(c["accessToken"]),
+                            tuple(str(s) for s in c.get("scopes", []))) for c in data)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
+            '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
+
+
+DEFAULT_ANONYMOUS_SCOPES = ("queue:get-task:*", "queue:status:*", "queue:get-artifact:public/*")
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     storage: StorageSettings
     # Secrets for signing tips; the first signs, all verify (rotation).
     tip_secrets: tuple[str, ...]
+    # The root client (scope `*`); it also issues the credentials handed out with claims.
+    root: Client
+    clients: tuple[Client, ...] = ()
+    anonymous_scopes: tuple[str, ...] = DEFAULT_ANONYMOUS_SCOPES
     host: str = "127.0.0.1"
     port: int = 8080
     root_url: str = ""
@@ -80,6 +114,9 @@ class Settings:
                 "AZQUEUE_TIP_SECRETS must hold at least one secret of 16 or more characters "
                 "(comma-separated; the first signs new tips, all verify)"
             )
+        ids = [c.client_id for c in (self.root, *self.clients)]
+        if len(set(ids)) != len(ids):
+            raise ConfigError(f"clientIds must be unique; got {sorted(ids)}")
 
     @property
     def public_root_url(self) -> str:
@@ -97,9 +134,20 @@ class Settings:
             port = int(port_raw)
         except ValueError:
             raise ConfigError(f"AZQUEUE_PORT={port_raw!r} is not a port number") from None
+        root_id = env.get("AZQUEUE_ROOT_CLIENT_ID", "")
+        root_token = env.get("AZQUEUE_ROOT_ACCESS_TOKEN", "")
+        if not root_id or not root_token:
+            raise ConfigError("AZQUEUE_ROOT_CLIENT_ID and AZQUEUE_ROOT_ACCESS_TOKEN must be set: "
+                              "the root client holds scope `*` and signs claim credentials")
+        clients_file = env.get("AZQUEUE_CLIENTS_FILE", "")
+        anonymous = env.get("AZQUEUE_ANONYMOUS_SCOPES")
         return cls(
             storage=StorageSettings.from_env(env),
             tip_secrets=tip_secrets,
+            root=Client(root_id, root_token, ("*",)),
+            clients=_load_clients(clients_file) if clients_file else (),
+            anonymous_scopes=DEFAULT_ANONYMOUS_SCOPES if anonymous is None else tuple(
+                s.strip() for s in anonymous.split(",") if s.strip()),
             host=env.get("AZQUEUE_HOST", "127.0.0.1"),
             port=port,
             root_url=env.get("AZQUEUE_ROOT_URL", ""),

@@ -6,6 +6,8 @@ servers it starts are stopped (and their queues and tables deleted) after it.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import mohawk
 import pytest
 from aiohttp import web
 from azure.data.tables.aio import TableServiceClient
@@ -20,11 +23,12 @@ from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.api.app import create_app
 from azqueue.api.routes import SERVICE_KEY
-from azqueue.config import Settings, StorageSettings
+from azqueue.config import Client, Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.service.queue import QueueService
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
+ROOT = Client("root", "root-access-token-for-tests-0123456789", ("*",))
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +71,7 @@ async def make_server(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Se
         settings = Settings(
             storage=StorageSettings(azurite.connection_string, storage_prefix),
             tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),
-            host="127.0.0.1", port=port,
+            root=overrides.pop("root", ROOT), host="127.0.0.1", port=port,
         ).with_(**overrides)
         runner = web.AppRunner(create_app(settings), access_log=None)
         await runner.setup()
@@ -96,7 +100,35 @@ async def server(make_server: ServerFactory) -> Server:
     return await make_server()
 
 
+def hawk_signer(client_id: str, access_token: str,
+               certificate: str | None = None) -> aiohttp.ClientMiddlewareType:
+    """Sign requests to the queue API (not those to Azure) as the official client does."""
+
+    async def sign(request: aiohttp.ClientRequest,
+                   handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
+        if request.url.path.startswith("/api/queue/"):
+            ext = None
+            if certificate:
+                ext = base64.urlsafe_b64encode(
+                    json.dumps({"certificate": json.loads(certificate)}).encode()).decode()
+            sender = mohawk.Sender({"id": client_id, "key": access_token, "algorithm": "sha256"},
+                                   str(request.url), request.method, always_hash_content=False,
+                                   ext=ext)
+            request.headers["Authorization"] = sender.request_header
+        return await handler(request)
+
+    return sign
+
+
 @pytest.fixture
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A session whose requests to the queue API are signed with the root client."""
+    async with aiohttp.ClientSession(
+            middlewares=(hawk_signer(ROOT.client_id, ROOT.access_token),)) as session:
+        yield session
+
+
+@pytest.fixture
+async def anonymous() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session

@@ -14,7 +14,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 
 from azqueue.api.middleware import error_middleware
-from azqueue.api.routes import SERVICE_KEY, STARTED_KEY, dispatch
+from azqueue.api.auth import Authenticator
+from azqueue.api.routes import AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
 from azqueue.background import claims, deadlines
 from azqueue.config import Settings
 from azqueue.service.queue import QueueService
@@ -62,6 +63,7 @@ def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
+    app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_service_ctx)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_background(

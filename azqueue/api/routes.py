@@ -18,8 +18,12 @@ from aiohttp import web
 
 from azqueue import __version__, errors
 from azqueue.api import validation
+from azqueue.api.auth import Authenticator, Caller, require
 from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
-from azqueue.model.task import ReasonResolved, RunState
+from azqueue.model import timeutil
+from azqueue.model.priority import ORDER, Priority
+from azqueue.model.scopes import Expression
+from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.queue import QueueService, TipClaim
 
 API = "/api/queue/v1"
@@ -28,7 +32,9 @@ IDENTIFIER = re.compile(r"^[a-zA-Z0-9_-]{1,38}$")
 MAX_RUN_ID = 1000
 
 SERVICE_KEY = web.AppKey("service", QueueService)
+AUTH_KEY = web.AppKey("authenticator", Authenticator)
 STARTED_KEY = web.AppKey("started", float)
+CALLER_KEY = web.RequestKey("caller", Caller)
 
 RouteHandler = Callable[[web.Request, dict[str, Any]], Awaitable[Any]]
 
@@ -96,6 +102,23 @@ def _service(request: web.Request) -> QueueService:
     return request.app[SERVICE_KEY]
 
 
+def _require(request: web.Request, expression: Expression) -> None:
+    require(request[CALLER_KEY], expression)
+
+
+def create_task_scopes(definition: dict[str, Any]) -> Expression:
+    """The task's own scopes, its routes, its schedulerId, and create-task at its priority
+    (a scope for a higher priority also allows lower ones)."""
+    priority = Priority.from_definition(definition["priority"])
+    queue = definition["taskQueueId"]
+    return {"AllOf": [
+        *definition["scopes"],
+        *(f"queue:route:{route}" for route in definition["routes"]),
+        f"queue:scheduler-id:{definition['schedulerId']}",
+        {"AnyOf": [f"queue:create-task:{p}:{queue}" for p in ORDER[:priority.rank + 1]]},
+    ]}
+
+
 # -- meta -------------------------------------------------------------------------------
 
 
@@ -141,17 +164,22 @@ async def get_schema(request: web.Request, params: dict[str, str]) -> Any:
 async def create_task(request: web.Request, params: dict[str, str]) -> Any:
     task_id = _task_id(params)
     body = await _body(request, "task-definition-request.json", "the task definition")
-    return {"status": await _service(request).create_task(task_id, body)}
+    return {"status": await _service(request).create_task(
+        task_id, body, lambda definition: _require(request, create_task_scopes(definition)))}
 
 
 @route("GET", f"{API}/task/<taskId>")
 async def task(request: web.Request, params: dict[str, str]) -> Any:
-    return await _service(request).definition(_task_id(params))
+    task_id = _task_id(params)
+    _require(request, f"queue:get-task:{task_id}")
+    return await _service(request).definition(task_id)
 
 
 @route("GET", f"{API}/task/<taskId>/status")
 async def status(request: web.Request, params: dict[str, str]) -> Any:
-    return {"status": await _service(request).status(_task_id(params))}
+    task_id = _task_id(params)
+    _require(request, f"queue:status:{task_id}")
+    return {"status": await _service(request).status(task_id)}
 
 
 # -- workers ----------------------------------------------------------------------------
@@ -159,8 +187,10 @@ async def status(request: web.Request, params: dict[str, str]) -> Any:
 
 @route("GET", f"{API}/poll-task-url/<provisionerId>/<workerType>")
 async def poll_task_urls(request: web.Request, params: dict[str, str]) -> Any:
-    return await _service(request).poll_task_urls(_identifier(params, "provisionerId"),
-                                                  _identifier(params, "workerType"))
+    provisioner_id = _identifier(params, "provisionerId")
+    worker_type = _identifier(params, "workerType")
+    _require(request, f"queue:poll-task-urls:{provisioner_id}/{worker_type}")
+    return await _service(request).poll_task_urls(provisioner_id, worker_type)
 
 
 @route("POST", f"{API}/task/<taskId>/runs/<runId>/claim")
@@ -168,14 +198,21 @@ async def claim_task(request: web.Request, params: dict[str, str]) -> Any:
     task_id, run_id = _task_id(params), _run_id(params)
     body = await _body(request, "task-claim-request.json", "the claimTask request")
     tip = TipClaim(body["messageId"], body["receipt"], body["signature"]) if "messageId" in body else None
-    return await _service(request).claim_task(task_id, run_id, body["workerGroup"],
-                                              body["workerId"], tip)
+    worker_group, worker_id = body["workerGroup"], body["workerId"]
+
+    def authorize(task: Task) -> None:
+        _require(request, {"AllOf": [f"queue:claim-task:{task.task_queue_id}",
+                                     f"queue:worker-id:{worker_group}/{worker_id}"]})
+
+    return await _service(request).claim_task(task_id, run_id, worker_group, worker_id, tip,
+                                              authorize)
 
 
 @route("POST", f"{API}/task/<taskId>/runs/<runId>/reclaim")
 async def reclaim_task(request: web.Request, params: dict[str, str]) -> Any:
     task_id, run_id = _task_id(params), _run_id(params)
     await _body(request, "empty-request.json", "the reclaimTask request")
+    _require(request, f"queue:reclaim-task:{task_id}/{run_id}")
     return await _service(request).reclaim_task(task_id, run_id)
 
 
@@ -183,6 +220,7 @@ async def reclaim_task(request: web.Request, params: dict[str, str]) -> Any:
 async def report_completed(request: web.Request, params: dict[str, str]) -> Any:
     task_id, run_id = _task_id(params), _run_id(params)
     await _body(request, "empty-request.json", "the reportCompleted request")
+    _require(request, f"queue:resolve-task:{task_id}/{run_id}")
     return {"status": await _service(request).report(task_id, run_id, RunState.COMPLETED,
                                                      ReasonResolved.COMPLETED)}
 
@@ -191,6 +229,7 @@ async def report_completed(request: web.Request, params: dict[str, str]) -> Any:
 async def report_failed(request: web.Request, params: dict[str, str]) -> Any:
     task_id, run_id = _task_id(params), _run_id(params)
     await _body(request, "empty-request.json", "the reportFailed request")
+    _require(request, f"queue:resolve-task:{task_id}/{run_id}")
     return {"status": await _service(request).report(task_id, run_id, RunState.FAILED,
                                                      ReasonResolved.FAILED)}
 
@@ -199,6 +238,7 @@ async def report_failed(request: web.Request, params: dict[str, str]) -> Any:
 async def report_exception(request: web.Request, params: dict[str, str]) -> Any:
     task_id, run_id = _task_id(params), _run_id(params)
     body = await _body(request, "task-exception-request.json", "the reportException request")
+    _require(request, f"queue:resolve-task:{task_id}/{run_id}")
     return {"status": await _service(request).report(task_id, run_id, RunState.EXCEPTION,
                                                      ReasonResolved(body["reason"]))}
 
@@ -218,6 +258,10 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
             continue
         params = {k: unquote(v) for k, v in m.groupdict().items()}
         request[PARAMS_KEY] = params
+        request[CALLER_KEY] = request.app[AUTH_KEY].authenticate(
+            method=request.method, target=request.raw_path, host=request.host,
+            content_type=request.headers.get("Content-Type", ""), body=await request.read(),
+            authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
         result = await r.handler(request, params)
         return web.json_response(result)
     if allowed:

@@ -23,12 +23,14 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
 from azqueue import errors
 from azqueue.config import Settings
+from azqueue.model import credentials
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
@@ -48,6 +50,8 @@ EXPIRY_TOLERANCE = timedelta(seconds=5)
 # How long before the SAS URLs' reported expiry they actually stop working.
 SAS_SLACK = timedelta(minutes=5)
 RECLAIM_RECEIPT_ATTEMPTS = 3
+# Claim credentials stay valid this long past takenUntil (the run's state still decides).
+CREDENTIALS_AFTER_TAKEN_UNTIL = timedelta(minutes=5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,8 @@ class QueueService:
         self.signer = TipSigner(settings.tip_secrets)
         self.deadline_queue = account.queue_name("deadline")
         self.claim_timeout = timedelta(seconds=settings.claim_timeout)
+        root = settings.root
+        self.issuer = credentials.Principal(root.client_id, root.access_token, root.scopes)
 
     async def setup(self) -> None:
         """Create the tables and internal queues (idempotent)."""
@@ -79,12 +85,16 @@ class QueueService:
 
     # -- tasks -----------------------------------------------------------------------
 
-    async def create_task(self, task_id: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def create_task(self, task_id: str, body: dict[str, Any],
+                          authorize: Callable[[dict[str, Any]], None] = lambda d: None
+                          ) -> dict[str, Any]:
+        """Define and schedule a task; ``authorize`` sees the normalized definition first."""
         now = timeutil.utcnow()
         definition = definitions.normalize(task_id, body, now)
         if definition_size(definition) > MAX_DEFINITION_CHARS:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
+        authorize(definition)
         task = model.new_task(task_id, definition, now)
         queue_name = await self.pending.ensure(task.task_queue_id, task.priority)
         # The deadline trigger goes first: if we die after it, the resolver finds no
@@ -127,7 +137,9 @@ class QueueService:
                             "signedDeleteUrl": u.signed_delete_url} for u in urls]}
 
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
-                         tip: TipClaim | None = None) -> dict[str, Any]:
+                         tip: TipClaim | None = None,
+                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """Claim a run; ``authorize`` sees the task before anything changes."""
         now = timeutil.utcnow()
         tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
 
@@ -141,6 +153,7 @@ class QueueService:
                 "or not issued by this queue; delete it and poll again")
         loaded = await self.tasks.load(task_id)
         current = loaded[0]
+        authorize(current)
         if model.is_claimed_by(current, run_id, worker_group, worker_id):
             return self._claim_answer(current, run_id)  # a repeated claim
         try:
@@ -201,11 +214,24 @@ class QueueService:
             pass
 
     def _claim_answer(self, task: Task, run_id: int) -> dict[str, Any]:
+        return {**self._run_answer(task, run_id), "task": dict(task.definition)}
+
+    def _run_answer(self, task: Task, run_id: int) -> dict[str, Any]:
+        """Status, the claim, and temporary credentials for working on the run until shortly
+        after ``takenUntil`` (claimTask and reclaimTask answers)."""
         run = task.runs[run_id]
-        assert run.taken_until is not None
+        assert run.taken_until is not None and run.worker_group and run.worker_id
+        name = (f"task-client/{task.task_id}/{run_id}/on/{run.worker_group}/{run.worker_id}"
+                f"/until/{int(run.taken_until.timestamp())}")
+        granted = [f"queue:reclaim-task:{task.task_id}/{run_id}",
+                   f"queue:resolve-task:{task.task_id}/{run_id}",
+                   f"queue:create-artifact:{task.task_id}/{run_id}",
+                   *task.definition["scopes"]]
+        creds = credentials.issue(self.issuer, granted, timeutil.utcnow(),
+                                  run.taken_until + CREDENTIALS_AFTER_TAKEN_UNTIL, name)
         return {"status": task.status(), "runId": run_id, "workerGroup": run.worker_group,
                 "workerId": run.worker_id, "takenUntil": timeutil.fmt(run.taken_until),
-                "task": dict(task.definition)}
+                "credentials": creds}
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
         now = timeutil.utcnow()
@@ -247,9 +273,7 @@ class QueueService:
             record = ClaimRecord(task_id, run_id, taken_until)
         await self.claims.put(replace(record, taken_until=taken_until,
                                       pop_receipt=receipt or record.pop_receipt))
-        run = after.runs[run_id]
-        return {"status": after.status(), "runId": run_id, "workerGroup": run.worker_group,
-                "workerId": run.worker_id, "takenUntil": timeutil.fmt(taken_until)}
+        return self._run_answer(after, run_id)
 
     async def _release(self, queue_name: str, message_id: str, receipt: str) -> None:
         try:

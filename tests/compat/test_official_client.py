@@ -1,7 +1,5 @@
-"""The unmodified official `taskcluster` client (PyPI) drives the queue.
-
-Requests are anonymous: the client sends no Authorization header without credentials.
-"""
+"""The unmodified official `taskcluster` client (PyPI) drives the queue, with the root
+client's credentials."""
 
 from __future__ import annotations
 
@@ -13,12 +11,14 @@ import taskcluster
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from tests.conftest import Server
+from tests.conftest import ROOT, Server
 from tests.tasks import definition, slugid
+
+CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 
 
 def _lifecycle_sync(root_url: str) -> dict[str, Any]:
-    queue = taskcluster.Queue({"rootUrl": root_url, "maxRetries": 0})
+    queue = taskcluster.Queue({"rootUrl": root_url, "maxRetries": 0, "credentials": CREDENTIALS})
     task_id = slugid()
     body = definition("prov/compat-sync")
     created = queue.createTask(task_id, body)
@@ -60,8 +60,8 @@ async def test_sync_client_drives_the_whole_lifecycle(server: Server) -> None:
 
 async def test_aio_client_drives_the_whole_lifecycle(server: Server) -> None:
     async with taskcluster.aio.createSession() as session:
-        queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0},
-                                      session=session)
+        queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0,
+                                       "credentials": CREDENTIALS}, session=session)
         assert (await queue.ping())["alive"] is True
         task_id = slugid()
         created = await queue.createTask(task_id, definition("prov/compat-aio", priority="high"))

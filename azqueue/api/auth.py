@@ -1,0 +1,108 @@
+"""Who is calling, and may they: Hawk, temporary credentials, authorizedScopes, scopes.
+
+Requests without an Authorization header are anonymous and hold the configured
+anonymous scopes. Everything that fails authentication is a 401 that says what was
+wrong; no secret ever goes into a message or a log line.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from azqueue.config import Settings
+from azqueue.errors import AuthenticationFailed, InsufficientScopes
+from azqueue.model import credentials, scopes
+from azqueue.model.credentials import Principal
+from azqueue.api import hawk
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    client_id: str | None  # None: anonymous
+    scopes: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return f"client {self.client_id!r}" if self.client_id else "an anonymous request"
+
+
+def _decode_ext(ext: str) -> dict[str, Any]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(ext + "=" * (-len(ext) % 4)))
+    except (binascii.Error, ValueError):
+        raise AuthenticationFailed("the Hawk `ext` is not base64-encoded JSON") from None
+    if not isinstance(data, dict):
+        raise AuthenticationFailed("the Hawk `ext` must encode a JSON object")
+    return data
+
+
+def _host_port(host_header: str, default_port: int) -> tuple[str, int]:
+    host, sep, port = host_header.rpartition(":")
+    if sep and port.isdigit() and not host_header.endswith("]"):
+        return host, int(port)
+    return host_header, default_port
+
+
+class Authenticator:
+    def __init__(self, settings: Settings) -> None:
+        self._clients = {c.client_id: Principal(c.client_id, c.access_token, c.scopes)
+                         for c in (settings.root, *settings.clients)}
+        self._anonymous = Caller(None, settings.anonymous_scopes)
+        self._replays = hawk.ReplayCache()
+        self._default_port = 443 if settings.public_root_url.startswith("https:") else 80
+
+    def authenticate(self, *, method: str, target: str, host: str, content_type: str,
+                     body: bytes, authorization: str | None, now: datetime) -> Caller:
+        if not authorization:
+            return self._anonymous
+        header = hawk.parse(authorization)
+        try:
+            ts = int(header.ts)
+        except ValueError:
+            raise AuthenticationFailed("the Hawk `ts` must be an integer (seconds)") from None
+        if abs(now.timestamp() - ts) > hawk.SKEW_SECONDS:
+            raise AuthenticationFailed(
+                f"the request's timestamp is more than 15 minutes from the server's time "
+                f"({int(now.timestamp())}); fix the client's clock")
+        ext = _decode_ext(header.ext) if header.ext else {}
+        if "certificate" in ext:
+            principal = credentials.verify(ext["certificate"], header.id, self._clients.get, now)
+        else:
+            found = self._clients.get(header.id)
+            if found is None:
+                raise AuthenticationFailed(f"unknown clientId {header.id!r}")
+            principal = found
+        hostname, port = _host_port(host, self._default_port)
+        expected = hawk.mac(principal.access_token, "header", header, method, target, hostname,
+                            port, header.hash)
+        if not hawk.equal(expected, header.mac):
+            raise AuthenticationFailed(
+                f"the Hawk signature of clientId {header.id!r} does not match: wrong accessToken, "
+                f"or the request was signed for another URL (signed for host {hostname}:{port}?)")
+        if header.hash and not hawk.equal(hawk.payload_hash(content_type, body), header.hash):
+            raise AuthenticationFailed("the Hawk payload hash does not match the request body")
+        self._replays.check_and_add(header)
+        held = principal.scopes
+        if "authorizedScopes" in ext:
+            authorized = ext["authorizedScopes"]
+            if not isinstance(authorized, list) or not all(isinstance(s, str) for s in authorized):
+                raise AuthenticationFailed("`authorizedScopes` must be a list of strings")
+            excess = scopes.covers(held, authorized)
+            if excess:
+                raise AuthenticationFailed(
+                    f"`authorizedScopes` asks for scopes clientId {header.id!r} lacks: "
+                    + ", ".join(excess))
+            held = tuple(authorized)
+        return Caller(principal.client_id, held)
+
+
+def require(caller: Caller, expression: scopes.Expression) -> None:
+    missing = scopes.unsatisfied(caller.scopes, expression)
+    if missing is not None:
+        raise InsufficientScopes(
+            f"{caller.name} lacks the scopes this request needs: {scopes.describe(missing)}")
