@@ -1,0 +1,228 @@
+"""Hawk authentication, scopes and temporary credentials, through the official client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+import mohawk
+import pytest
+import taskcluster
+import taskcluster.aio
+from taskcluster.exceptions import TaskclusterAuthFailure, TaskclusterRestFailure
+
+from azqueue.config import Client
+from tests import sas
+from tests.conftest import ROOT, Server, ServerFactory
+from tests.tasks import definition, slugid
+
+LIMITED = Client("limited", "limited-access-token-0123456789", (
+    "queue:scheduler-id:-", "queue:create-task:lowest:prov/other", "queue:status:*"))
+ISSUER = Client("issuer", "issuer-access-token-0123456789abc", (
+    "queue:create-task:*", "queue:scheduler-id:*", "queue:status:*", "queue:get-task:*",
+    "auth:create-client:temp/*"))
+
+
+def queue(server: Server, credentials: dict[str, Any] | None = None,
+          **options: Any) -> taskcluster.Queue:
+    opts: dict[str, Any] = {"rootUrl": server.root_url, "maxRetries": 0, **options}
+    if credentials:
+        opts["credentials"] = credentials
+    return taskcluster.Queue(opts)
+
+
+def creds(client: Client) -> dict[str, str]:
+    return {"clientId": client.client_id, "accessToken": client.access_token}
+
+
+async def _signed(http: aiohttp.ClientSession, method: str, url: str, body: bytes,
+                  signed_body: bytes | None = None, client: Client = ROOT,
+                  timestamp: int | None = None, header: str | None = None
+                  ) -> tuple[int, dict[str, Any], str]:
+    if header is None:
+        sender = mohawk.Sender({"id": client.client_id, "key": client.access_token,
+                                "algorithm": "sha256"}, url, method,
+                               content=signed_body if signed_body is not None else body,
+                               content_type="application/json", _timestamp=timestamp)
+        header = sender.request_header
+    async with http.request(method, url, data=body, headers={
+            "Authorization": header, "Content-Type": "application/json"}) as r:
+        return r.status, await r.json(), header
+
+
+@pytest.fixture
+async def auth_server(make_server: ServerFactory) -> Server:
+    return await make_server(clients=(LIMITED, ISSUER), anonymous_scopes=())
+
+
+async def test_authentication_failures_are_401_and_change_nothing(
+        auth_server: Server, anonymous: aiohttp.ClientSession) -> None:
+    server = auth_server
+    root = queue(server, creds(ROOT))
+    body = definition()
+    refused: list[str] = []
+    for bad in ({"clientId": "root", "accessToken": "wrong-token-0123456789012"},
+                {"clientId": "nobody", "accessToken": ROOT.access_token}):
+        task_id = slugid()
+        with pytest.raises(TaskclusterAuthFailure) as info:
+            await asyncio.to_thread(queue(server, bad).createTask, task_id, body)
+        assert info.value.status_code == 401
+        assert info.value.body["code"] == "AuthenticationFailed"
+        assert ROOT.access_token not in json.dumps(info.value.body)
+        refused.append(task_id)
+
+    raw = json.dumps(body).encode()
+    # A tampered body: signed with one payload hash, sent with another body.
+    url = f"{server.api}/task/{slugid()}"
+    code, err, _ = await _signed(anonymous, "PUT", url, raw.replace(b"test", b"evil"), raw)
+    assert code == 401 and "payload hash" in err["message"]
+    refused.append(url.rsplit("/", 1)[1])
+    # A timestamp 20 minutes off.
+    url = f"{server.api}/task/{slugid()}"
+    code, err, _ = await _signed(anonymous, "PUT", url, raw, timestamp=int(time.time()) - 20 * 60)
+    assert code == 401 and "15 minutes" in err["message"]
+    refused.append(url.rsplit("/", 1)[1])
+    # A replayed request: the first is served, the identical second refused.
+    served = slugid()
+    url = f"{server.api}/task/{served}/runs/0/claim"
+    await asyncio.to_thread(root.createTask, served, body)
+    claim = json.dumps({"workerGroup": "g", "workerId": "first"}).encode()
+    code, _, header = await _signed(anonymous, "POST", url, claim)
+    assert code == 200
+    code, err, _ = await _signed(anonymous, "POST", url, claim, header=header)
+    assert code == 401 and "replayed" in err["message"]
+
+    # Nothing was written by the refused requests.
+    for task_id in refused:
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await asyncio.to_thread(root.status, task_id)
+        assert info.value.status_code == 404
+    status = (await asyncio.to_thread(root.status, served))["status"]
+    assert [r["state"] for r in status["runs"]] == ["running"]
+
+
+async def test_refused_credentials_leave_no_task(auth_server: Server) -> None:
+    root = queue(auth_server, creds(ROOT))
+    task_id = slugid()
+    with pytest.raises(TaskclusterAuthFailure):
+        await asyncio.to_thread(queue(auth_server, {"clientId": "root",
+                                                    "accessToken": "x" * 30}).createTask,
+                                task_id, definition())
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await asyncio.to_thread(root.status, task_id)
+    assert info.value.status_code == 404
+
+
+async def test_missing_create_task_scope_is_403_naming_it_and_writes_nothing(
+        auth_server: Server) -> None:
+    limited = queue(auth_server, creds(LIMITED))
+    task_id = slugid()
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await asyncio.to_thread(limited.createTask, task_id, definition("prov/wt"))
+    assert info.value.status_code == 403
+    message = info.value.body["message"]
+    assert "queue:create-task:lowest:prov/wt" in message and "limited" in message
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await asyncio.to_thread(limited.status, task_id)
+    assert info.value.status_code == 404
+    # The scopes it has are enough for the queue they name, at the priority they name.
+    ok = slugid()
+    await asyncio.to_thread(limited.createTask, ok, definition("prov/other"))
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await asyncio.to_thread(limited.createTask, slugid(),
+                                definition("prov/other", priority="high"))
+    assert info.value.status_code == 403 and "queue:create-task:high:prov/other" in str(info.value)
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await asyncio.to_thread(limited.createTask, slugid(),
+                                definition("prov/other", routes=["notify.x"]))
+    assert info.value.status_code == 403 and "queue:route:notify.x" in str(info.value)
+
+
+async def test_temporary_credentials_named_and_unnamed(auth_server: Server) -> None:
+    now = datetime.now(UTC)
+    scopes = ["queue:create-task:lowest:prov/temp", "queue:scheduler-id:-", "queue:status:*"]
+    for name in (None, "temp/ci-job"):
+        temp = taskcluster.createTemporaryCredentials(
+            ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1), scopes, name=name)
+        q = queue(auth_server, temp)
+        task_id = slugid()
+        await asyncio.to_thread(q.createTask, task_id, definition("prov/temp"))
+        assert (await asyncio.to_thread(q.status, task_id))["status"]["state"] == "pending"
+        with pytest.raises(TaskclusterRestFailure) as info:  # beyond the certificate's scopes
+            await asyncio.to_thread(q.createTask, slugid(), definition("prov/elsewhere"))
+        assert info.value.status_code == 403
+
+    async def refused(temp: dict[str, Any]) -> str:
+        with pytest.raises(TaskclusterAuthFailure) as info:
+            await asyncio.to_thread(queue(auth_server, temp).createTask, slugid(),
+                                    definition("prov/temp"))
+        return str(info.value.body["message"])
+
+    expired = taskcluster.createTemporaryCredentials(
+        ISSUER.client_id, ISSUER.access_token, now - timedelta(hours=2),
+        now - timedelta(hours=1), scopes)
+    assert "expired" in await refused(expired)
+    greedy = taskcluster.createTemporaryCredentials(
+        ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1), ["queue:*"])
+    assert "lacks" in await refused(greedy)
+    unnamed_by_other = taskcluster.createTemporaryCredentials(
+        ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1), scopes,
+        name="not-allowed-name")
+    assert "auth:create-client:not-allowed-name" in await refused(unnamed_by_other)
+    forged = taskcluster.createTemporaryCredentials(
+        ISSUER.client_id, "not-the-issuer-token-0123456789", now, now + timedelta(hours=1), scopes)
+    assert "signature" in await refused(forged)
+
+
+async def test_authorized_scopes_narrow_what_a_request_may_do(auth_server: Server) -> None:
+    narrowed = queue(auth_server, creds(ROOT), authorizedScopes=["queue:status:*"])
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await asyncio.to_thread(narrowed.createTask, slugid(), definition())
+    assert info.value.status_code == 403
+    greedy = queue(auth_server, creds(LIMITED), authorizedScopes=["queue:*"])
+    with pytest.raises(TaskclusterAuthFailure):
+        await asyncio.to_thread(greedy.createTask, slugid(), definition("prov/other"))
+
+
+async def test_claim_credentials_resolve_their_run_and_no_other(auth_server: Server) -> None:
+    root = taskcluster.aio.Queue({"rootUrl": auth_server.root_url, "maxRetries": 0,
+                                  "credentials": creds(ROOT)})
+    mine, other = slugid(), slugid()
+    await root.createTask(mine, definition(scopes=["queue:status:*"]))
+    await root.createTask(other, definition())
+    claim = await root.claimTask(mine, 0, {"workerGroup": "wg", "workerId": "w"})
+    await root.claimTask(other, 0, {"workerGroup": "wg", "workerId": "w"})
+    task_creds = claim["credentials"]
+    assert task_creds["clientId"].startswith(f"task-client/{mine}/0/on/wg/w/until/")
+    as_task = taskcluster.aio.Queue({"rootUrl": auth_server.root_url, "maxRetries": 0,
+                                     "credentials": task_creds})
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await as_task.reportCompleted(other, 0)
+    assert info.value.status_code == 403 and f"queue:resolve-task:{other}/0" in str(info.value)
+    re = await as_task.reclaimTask(mine, 0)
+    assert re["credentials"]["clientId"] != task_creds["clientId"] or re["credentials"] != task_creds
+    # The task's own scopes come with the claim.
+    assert (await as_task.status(other))["status"]["state"] == "running"
+    fresh = taskcluster.aio.Queue({"rootUrl": auth_server.root_url, "maxRetries": 0,
+                                   "credentials": re["credentials"]})
+    assert (await fresh.reportCompleted(mine, 0))["status"]["state"] == "completed"
+    assert (await root.status(other))["status"]["state"] == "running"
+
+
+async def test_sas_worker_needs_its_scopes(auth_server: Server,
+                                           anonymous: aiohttp.ClientSession) -> None:
+    """pollTaskUrls and claimTask are refused to a worker without their scopes; the signed
+    seed-000 worker of tests/integration/test_sas_flow.py is the positive case."""
+    async with anonymous.get(f"{auth_server.api}/poll-task-url/prov/wt") as r:
+        assert r.status == 403
+        assert "queue:poll-task-urls:prov/wt" in (await r.json())["message"]
+    task_id = slugid()
+    await asyncio.to_thread(queue(auth_server, creds(ROOT)).createTask, task_id, definition())
+    code, err = await sas.post(anonymous, f"{auth_server.api}/task/{task_id}/runs/0/claim",
+                               {"workerGroup": "g", "workerId": "w"})
+    assert code == 403
+    assert "queue:claim-task:prov/wt" in err["message"] and "queue:worker-id:g/w" in err["message"]
