@@ -32,7 +32,10 @@ sys.path.insert(0, str(ROOT))
 
 from azqueue.devstorage import free_port  # noqa: E402
 from tests import sas  # noqa: E402
+from tests.signing import hawk_signer  # noqa: E402
 from tests.tasks import definition, slugid  # noqa: E402
+
+ROOT_ID, ROOT_TOKEN = "root", "bench-root-access-token-0123456789"
 
 QUIET_RESOLVERS = {"AZQUEUE_CLAIM_RESOLVER_INTERVAL": "3600",
                    "AZQUEUE_DEADLINE_RESOLVER_INTERVAL": "3600"}
@@ -70,13 +73,15 @@ async def metrics(http: aiohttp.ClientSession, api: str) -> Counter[str]:
 
 async def main(args: argparse.Namespace) -> None:
     port = free_port()
-    env = {**os.environ, **QUIET_RESOLVERS, "AZQUEUE_LOG_LEVEL": "WARNING"}
+    env = {**os.environ, **QUIET_RESOLVERS, "AZQUEUE_LOG_LEVEL": "WARNING",
+           "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID, "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN}
     server = subprocess.Popen([str(ROOT / ".venv/bin/azqueue"), "dev", "--port", str(port)],
                               env=env, stdout=subprocess.DEVNULL)
     api = f"http://127.0.0.1:{port}/api/queue/v1"
     try:
         async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=args.workers * 4)) as http:
+                connector=aiohttp.TCPConnector(limit=args.workers * 4),
+                middlewares=(hawk_signer(ROOT_ID, ROOT_TOKEN),)) as http:
             for _ in range(300):
                 try:
                     async with http.get(f"{api}/ping") as r:

@@ -6,8 +6,6 @@ servers it starts are stopped (and their queues and tables deleted) after it.
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -15,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-import mohawk
 import pytest
 from aiohttp import web
 from azure.data.tables.aio import TableServiceClient
@@ -26,6 +23,7 @@ from azqueue.api.routes import SERVICE_KEY
 from azqueue.config import Client, Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.service.queue import QueueService
+from tests.signing import hawk_signer
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 ROOT = Client("root", "root-access-token-for-tests-0123456789", ("*",))
@@ -98,26 +96,6 @@ async def _delete_storage(conn: str, prefix: str) -> None:
 @pytest.fixture
 async def server(make_server: ServerFactory) -> Server:
     return await make_server()
-
-
-def hawk_signer(client_id: str, access_token: str,
-               certificate: str | None = None) -> aiohttp.ClientMiddlewareType:
-    """Sign requests to the queue API (not those to Azure) as the official client does."""
-
-    async def sign(request: aiohttp.ClientRequest,
-                   handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
-        if request.url.path.startswith("/api/queue/"):
-            ext = None
-            if certificate:
-                ext = base64.urlsafe_b64encode(
-                    json.dumps({"certificate": json.loads(certificate)}).encode()).decode()
-            sender = mohawk.Sender({"id": client_id, "key": access_token, "algorithm": "sha256"},
-                                   str(request.url), request.method, always_hash_content=False,
-                                   ext=ext)
-            request.headers["Authorization"] = sender.request_header
-        return await handler(request)
-
-    return sign
 
 
 @pytest.fixture
