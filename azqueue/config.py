@@ -105,6 +105,9 @@ class Settings:
     sas_lifetime: float = 30 * 60
     claim_resolver_interval: float = 1.0
     deadline_resolver_interval: float = 5.0
+    # claimWork: how long a call waits for work, and how often it polls while waiting.
+    claim_work_wait: float = 20.0
+    claim_work_poll_interval: float = 2.0
     # Runs the background resolvers in the serving process.
     run_resolvers: bool = True
 
@@ -155,6 +158,8 @@ class Settings:
             sas_lifetime=_seconds(env, "AZQUEUE_SAS_LIFETIME", 30 * 60),
             claim_resolver_interval=_seconds(env, "AZQUEUE_CLAIM_RESOLVER_INTERVAL", 1.0),
             deadline_resolver_interval=_seconds(env, "AZQUEUE_DEADLINE_RESOLVER_INTERVAL", 5.0),
+            claim_work_wait=_seconds(env, "AZQUEUE_CLAIM_WORK_WAIT", 20.0),
+            claim_work_poll_interval=_seconds(env, "AZQUEUE_CLAIM_WORK_POLL_INTERVAL", 2.0),
         )
 
 

@@ -29,6 +29,7 @@ from azqueue.service.queue import QueueService, TipClaim
 API = "/api/queue/v1"
 SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$")
 IDENTIFIER = re.compile(r"^[a-zA-Z0-9_-]{1,38}$")
+TASK_QUEUE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}$")
 MAX_RUN_ID = 1000
 
 SERVICE_KEY = web.AppKey("service", QueueService)
@@ -206,6 +207,25 @@ async def claim_task(request: web.Request, params: dict[str, str]) -> Any:
 
     return await _service(request).claim_task(task_id, run_id, worker_group, worker_id, tip,
                                               authorize)
+
+
+@route("POST", f"{API}/claim-work/<taskQueueId>")
+async def claim_work(request: web.Request, params: dict[str, str]) -> Any:
+    task_queue_id = params["taskQueueId"]
+    if not TASK_QUEUE_ID.match(task_queue_id):
+        raise errors.InputError(f"path parameter `taskQueueId` is {task_queue_id!r}; it must be "
+                                "<provisionerId>/<workerType>, each 1-38 characters of [a-zA-Z0-9_-]")
+    body = await _body(request, "claim-work-request.json", "the claimWork request")
+    worker_group, worker_id = body["workerGroup"], body["workerId"]
+    _require(request, {"AllOf": [f"queue:claim-work:{task_queue_id}",
+                                 f"queue:worker-id:{worker_group}/{worker_id}"]})
+
+    def connected() -> bool:
+        return request.transport is not None and not request.transport.is_closing()
+
+    tasks = await _service(request).claim_work(task_queue_id, worker_group, worker_id,
+                                               body["tasks"], connected)
+    return {"tasks": tasks}
 
 
 @route("POST", f"{API}/task/<taskId>/runs/<runId>/reclaim")

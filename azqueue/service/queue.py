@@ -22,6 +22,7 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -35,12 +36,15 @@ from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.model.tip import TipSigner
+from azqueue.model.priority import ORDER
+from azqueue.model.tip import Tip, TipSigner
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.claims import ClaimRecord, ClaimStore
 from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, PendingQueues, Queues, decode_json, encode_json
 from azqueue.storage.tasks import MAX_DEFINITION_CHARS, TaskStore, definition_size
+from azqueue.storage.workers import WorkerStore
+from azqueue.service.signals import WorkSignals
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +54,9 @@ EXPIRY_TOLERANCE = timedelta(seconds=5)
 # How long before the SAS URLs' reported expiry they actually stop working.
 SAS_SLACK = timedelta(minutes=5)
 RECLAIM_RECEIPT_ATTEMPTS = 3
+# How long claimWork holds a received tip before it claims or releases it (a crash
+# mid-claim leaves it invisible no longer than this).
+CLAIM_WORK_HOLD = timedelta(seconds=30)
 # Claim credentials stay valid this long past takenUntil (the run's state still decides).
 CREDENTIALS_AFTER_TAKEN_UNTIL = timedelta(minutes=5)
 
@@ -72,6 +79,8 @@ class QueueService:
         self.queues = Queues(account)
         self.pending = PendingQueues(account, self.queues)
         self.signer = TipSigner(settings.tip_secrets)
+        self.workers = WorkerStore(account)
+        self.signals = WorkSignals()
         self.deadline_queue = account.queue_name("deadline")
         self.claim_timeout = timedelta(seconds=settings.claim_timeout)
         root = settings.root
@@ -81,6 +90,7 @@ class QueueService:
         """Create the tables and internal queues (idempotent)."""
         await self.tasks.ensure()
         await self.claims.ensure()
+        await self.workers.ensure()
         await self.queues.ensure(self.deadline_queue)
 
     # -- tasks -----------------------------------------------------------------------
@@ -113,6 +123,7 @@ class QueueService:
                 await self._queue_tip(existing, last.run_id)
             return existing.status()
         await self.queues.put(queue_name, self.signer.tip(task_id, 0).encode())
+        self.signals.notify(task.task_queue_id)
         return task.status()
 
     async def definition(self, task_id: str) -> dict[str, Any]:
@@ -124,6 +135,7 @@ class QueueService:
     async def _queue_tip(self, task: Task, run_id: int) -> None:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
         await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+        self.signals.notify(task.task_queue_id)
 
     # -- polling and claims ----------------------------------------------------------
 
@@ -276,10 +288,69 @@ class QueueService:
         return self._run_answer(after, run_id)
 
     async def _release(self, queue_name: str, message_id: str, receipt: str) -> None:
+        """Make a message visible again at once (best effort)."""
         try:
             await self.queues.update(queue_name, message_id, receipt, timedelta(0))
         except MessageGone:
             pass
+
+    async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
+                         count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
+        """Claim up to ``count`` tasks, waiting up to ``claim_work_wait`` seconds for some.
+
+        Polls the task queue's pending queues in priority order and claims each tip
+        through ``claim_task``, exactly like a SAS worker, so these claims expire, reclaim
+        and retry like any other. Tips that cannot be claimed are deleted (the worker
+        rule of document 000); tips not needed or not handled are released at once.
+        """
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.settings.claim_work_wait
+        for priority in ORDER:
+            await self.pending.ensure(task_queue_id, priority)
+        claims: list[dict[str, Any]] = []
+        while True:
+            await self._claim_from_queues(task_queue_id, worker_group, worker_id, count, claims,
+                                          connected)
+            remaining = end - loop.time()
+            if claims or remaining <= 0 or not connected():
+                break
+            woken = await self.signals.wait(task_queue_id,
+                                            min(self.settings.claim_work_poll_interval, remaining))
+            if woken and not connected():
+                self.signals.notify(task_queue_id)  # pass the wake-up on to a live caller
+        await self.workers.seen(task_queue_id, worker_group, worker_id, timeutil.utcnow(),
+                                [(c["status"]["taskId"], c["runId"]) for c in claims])
+        return claims
+
+    async def _claim_from_queues(self, task_queue_id: str, worker_group: str, worker_id: str,
+                                 count: int, claims: list[dict[str, Any]],
+                                 connected: Callable[[], bool]) -> None:
+        for priority in ORDER:
+            wanted = count - len(claims)
+            if wanted <= 0 or not connected():
+                return
+            name = self.pending.name(task_queue_id, priority)
+            messages = await self.queues.receive(name, CLAIM_WORK_HOLD, limit=min(wanted, 32))
+            for i, message in enumerate(messages):
+                if len(claims) >= count or not connected():
+                    for rest in messages[i:]:
+                        await self._release(name, rest.message_id, rest.pop_receipt)
+                    return
+                try:
+                    tip = Tip.decode(message.text)
+                except ValueError:
+                    log.warning("deleting message %s from %s: not a tip", message.message_id, name)
+                    await self._drop_message(name, message.message_id, message.pop_receipt)
+                    continue
+                try:
+                    claims.append(await self.claim_task(
+                        tip.task_id, tip.run_id, worker_group, worker_id,
+                        TipClaim(message.message_id, message.pop_receipt, tip.signature)))
+                except (errors.Conflict, errors.InputError, errors.NotFound):
+                    await self._drop_message(name, message.message_id, message.pop_receipt)
+                except Exception:
+                    await self._release(name, message.message_id, message.pop_receipt)
+                    raise
 
     # -- resolution ------------------------------------------------------------------
 
@@ -310,6 +381,7 @@ class QueueService:
                 if retry_pending:
                     await self.queues.update(record.queue_name, record.message_id,
                                              record.pop_receipt, timedelta(0))
+                    self.signals.notify(task.task_queue_id)
                     tip_ready = True
                 else:
                     await self.queues.delete(record.queue_name, record.message_id,

@@ -1,0 +1,64 @@
+"""Workers seen by claimWork, in Azure Tables (for worker listings).
+
+PartitionKey = taskQueueId, RowKey = ``<workerGroup>/<workerId>`` (both key-encoded:
+Azure refuses ``/ \\ # ?`` in keys). ``firstClaim`` is when the worker first got a task,
+``lastDateActive`` when it last called, ``recentTasks`` its last 20 claims.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+from urllib.parse import quote
+
+from azure.data.tables import UpdateMode
+
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.errors import EntityNotFound, translate
+
+RECENT_TASKS = 20
+
+
+def key(value: str) -> str:
+    """An Azure Table key for any string: ``/ \\ # ?``, ``%`` and controls percent-encoded."""
+    return quote(value, safe=" !$&'()*+,;=:@-._~[]{}^|`\"<>")
+
+
+class WorkerStore:
+    def __init__(self, account: StorageAccount) -> None:
+        self.name = account.table_name("workers")
+        self._service = account.tables
+        self._table = account.tables.get_table_client(self.name)
+
+    async def ensure(self) -> None:
+        with translate(f"creating table {self.name}"):
+            await self._service.create_table_if_not_exists(self.name)
+
+    async def seen(self, task_queue_id: str, worker_group: str, worker_id: str, now: datetime,
+                   claimed: list[tuple[str, int]]) -> None:
+        pk, rk = key(task_queue_id), key(f"{worker_group}/{worker_id}")
+        entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": rk, "lastDateActive": now,
+                                  "taskQueueId": task_queue_id, "workerGroup": worker_group,
+                                  "workerId": worker_id}
+        if claimed:
+            try:
+                with translate(f"reading worker {worker_group}/{worker_id}"):
+                    old = await self._table.get_entity(pk, rk)
+            except EntityNotFound:
+                old = {}
+            recent = json.loads(old.get("recentTasks", "[]"))
+            recent += [{"taskId": t, "runId": r} for t, r in claimed]
+            entity["recentTasks"] = json.dumps(recent[-RECENT_TASKS:])
+            entity["firstClaim"] = old.get("firstClaim", now)
+        with translate(f"recording worker {worker_group}/{worker_id}"):
+            await self._table.upsert_entity(entity, mode=UpdateMode.MERGE)
+
+    async def get(self, task_queue_id: str, worker_group: str, worker_id: str) -> dict[str, Any] | None:
+        try:
+            with translate(f"reading worker {worker_group}/{worker_id}"):
+                entity = await self._table.get_entity(key(task_queue_id),
+                                                      key(f"{worker_group}/{worker_id}"))
+        except EntityNotFound:
+            return None
+        return dict(entity)

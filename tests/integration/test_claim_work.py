@@ -1,0 +1,139 @@
+"""claimWork long-polling (source document 003), sharing the tips with the SAS flow."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from typing import Any
+
+import aiohttp
+
+from tests import sas
+from tests.conftest import Server, ServerFactory
+from tests.tasks import create, definition, status
+
+
+async def claim_work(http: aiohttp.ClientSession, server: Server, task_queue_id: str,
+                     tasks: int = 1, worker_id: str = "cw") -> list[dict[str, Any]]:
+    code, body = await sas.post(http, f"{server.api}/claim-work/{task_queue_id.replace('/', '%2F')}",
+                                {"workerGroup": "wg", "workerId": worker_id, "tasks": tasks})
+    assert code == 200, body
+    return list(body["tasks"])
+
+
+async def test_a_waiting_claim_work_gets_a_task_created_while_it_waits(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'This end-point is long-polling' (003): with polling effectively off (60 s), only the
+    in-process wake-up can deliver a task created 0.5 s into a 20 s wait."""
+    server = await make_server(claim_work_poll_interval=60.0)
+    waiting = asyncio.create_task(claim_work(http, server, "prov/wake"))
+    await asyncio.sleep(0.5)
+    assert not waiting.done()
+    task_id = await create(http, server.api, definition("prov/wake"))
+    [claim] = await asyncio.wait_for(waiting, 15)
+    assert claim["status"]["taskId"] == task_id and claim["runId"] == 0
+    assert set(claim) >= {"status", "runId", "workerGroup", "workerId", "takenUntil", "task",
+                          "credentials"}
+
+
+async def test_claims_up_to_tasks_distinct_and_highest_priority_first(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server()
+    by_priority = {p: await create(http, server.api, definition("prov/three", priority=p))
+                   for p in ("lowest", "low", "medium", "high", "highest")}
+    claims = await claim_work(http, server, "prov/three", tasks=3)
+    assert [c["status"]["taskId"] for c in claims] == [
+        by_priority["highest"], by_priority["high"], by_priority["medium"]]
+    rest = await claim_work(http, server, "prov/three", tasks=3, worker_id="cw2")
+    assert [c["status"]["taskId"] for c in rest] == [by_priority["low"], by_priority["lowest"]]
+
+
+async def test_an_empty_queue_answers_no_tasks_after_the_long_poll(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server(claim_work_wait=1.0, claim_work_poll_interval=0.3)
+    assert await claim_work(http, server, "prov/empty", tasks=4) == []
+    worker = await server.service.workers.get("prov/empty", "wg", "cw")
+    assert worker is not None and worker["lastDateActive"] and "firstClaim" not in worker
+
+
+async def test_workers_are_recorded_with_their_recent_tasks(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server()
+    task_id = await create(http, server.api, definition("prov/record"))
+    await claim_work(http, server, "prov/record", worker_id="rec")
+    worker = await server.service.workers.get("prov/record", "wg", "rec")
+    assert worker is not None and worker["firstClaim"]
+    assert f'"taskId": "{task_id}"' in worker["recentTasks"]
+
+
+async def test_a_claim_work_claim_left_alone_expires_and_is_retried(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server(claim_timeout=2.0, run_resolvers=False)
+    task_id = await create(http, server.api, definition("prov/cwexpiry"))
+    [first] = await claim_work(http, server, "prov/cwexpiry", worker_id="gone")
+    assert first["runId"] == 0
+    [second] = await claim_work(http, server, "prov/cwexpiry", worker_id="next")
+    assert second["runId"] == 1 and second["status"]["taskId"] == task_id
+    runs = second["status"]["runs"]
+    assert (runs[0]["state"], runs[0]["reasonResolved"]) == ("exception", "claim-expired")
+    assert (runs[1]["reasonCreated"], runs[1]["workerId"]) == ("retry", "next")
+
+
+async def test_a_caller_that_disconnects_loses_no_task(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server(claim_work_poll_interval=60.0)
+    url = f"{server.api}/claim-work/prov%2Fleave"
+    body = {"workerGroup": "wg", "workerId": "leaver", "tasks": 1}
+    try:
+        async with http.post(url, json=body, timeout=aiohttp.ClientTimeout(total=0.5)):
+            pass
+    except TimeoutError:
+        pass
+    waiting = asyncio.create_task(claim_work(http, server, "prov/leave", worker_id="stayer"))
+    await asyncio.sleep(0.3)
+    task_id = await create(http, server.api, definition("prov/leave"))
+    [claim] = await asyncio.wait_for(waiting, 15)
+    assert claim["status"]["taskId"] == task_id and claim["workerId"] == "stayer"
+
+
+async def test_claim_work_and_sas_workers_never_share_a_run(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Four claimWork workers and four SAS workers on two replicas drain 60 tasks: every run
+    is completed exactly once."""
+    replicas = [await make_server(claim_work_wait=2.0) for _ in range(2)]
+    tasks = [await create(http, replicas[i % 2].api, definition("prov/mixed"))
+             for i in range(60)]
+    completed: Counter[str] = Counter()
+
+    async def complete(api: str, task_id: str, run_id: int) -> None:
+        code, body = await sas.post(http, f"{api}/task/{task_id}/runs/{run_id}/completed")
+        assert code == 200, body
+        completed[task_id] += 1
+
+    async def claim_work_worker(i: int) -> None:
+        server = replicas[i % 2]
+        while sum(completed.values()) < len(tasks):
+            for c in await claim_work(http, server, "prov/mixed", tasks=3, worker_id=f"cw{i}"):
+                await complete(server.api, c["status"]["taskId"], c["runId"])
+
+    async def sas_worker(i: int) -> None:
+        server = replicas[i % 2]
+        urls = await sas.poll_task_urls(http, server.api, "prov", "mixed")
+        while sum(completed.values()) < len(tasks):
+            messages = await sas.poll_once(http, urls, n=3)
+            if not messages:
+                await asyncio.sleep(0.1)
+            for m in messages:
+                code, claim = await sas.claim(http, server.api, m, worker_id=f"sas{i}")
+                if code == 200:
+                    await complete(server.api, m.tip["taskId"], claim["runId"])
+                else:
+                    assert code == 409, claim
+                    await sas.delete_message(http, urls["queues"][6]["signedDeleteUrl"], m)
+
+    await asyncio.wait_for(asyncio.gather(*(claim_work_worker(i) for i in range(4)),
+                                          *(sas_worker(i) for i in range(4))), 90)
+    assert completed == Counter({t: 1 for t in tasks})
+    for task_id in tasks[:10]:
+        assert [r["state"] for r in (await status(http, replicas[0].api, task_id))["runs"]] == [
+            "completed"]
