@@ -86,7 +86,8 @@ def _load_clients(path: str) -> tuple[Client, ...]:
             '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
 
 
-DEFAULT_ANONYMOUS_SCOPES = ("queue:get-task:*", "queue:status:*", "queue:get-artifact:public/*")
+DEFAULT_ANONYMOUS_SCOPES = ("queue:get-task:*", "queue:status:*", "queue:list-artifacts:*",
+                            "queue:get-artifact:public/*")
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ them as Taskcluster's ``{code, message, requestInfo}`` with the status they carr
     │   └── ClaimLost            409                       the run is no longer yours
     ├── Gone                     410 ResourceExpired
     ├── TooLarge                 413 InputTooLarge
+    ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
     ├── NotConfigured            503 NotConfigured          the deployment lacks what the request needs
     └── StorageError             500 InternalServerError   Azure failed in a way we did not expect
 
@@ -82,6 +83,11 @@ class Gone(QueueError):
 class TooLarge(QueueError):
     code = "InputTooLarge"
     status = 413
+
+
+class ArtifactFailed(QueueError):
+    code = "ArtifactError"
+    status = 424
 
 
 class NotConfigured(QueueError):

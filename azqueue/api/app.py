@@ -15,9 +15,10 @@ from aiohttp import web
 
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
-from azqueue.api.routes import AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
+from azqueue.api.routes import ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
 from azqueue.background import claims, deadlines
 from azqueue.config import Settings
+from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
 from azqueue.storage.account import StorageAccount
 
@@ -33,7 +34,10 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     try:
         service = QueueService(app[SETTINGS_KEY], account)
         await service.setup()
+        artifacts = ArtifactService(account, service.tasks)
+        await artifacts.setup()
         app[SERVICE_KEY] = service
+        app[ARTIFACTS_KEY] = artifacts
         if account.account_key is None:
             log.warning("no storage account key: pollTaskUrls cannot sign queue SAS URLs and "
                         "will answer 503")

@@ -58,17 +58,28 @@ class Authenticator:
 
     def authenticate(self, *, method: str, target: str, host: str, content_type: str,
                      body: bytes, authorization: str | None, now: datetime) -> Caller:
+        """The caller of a request: Hawk header, a bewit in a GET's query, or anonymous."""
         if not authorization:
-            return self._anonymous
-        header = hawk.parse(authorization)
-        try:
-            ts = int(header.ts)
-        except ValueError:
-            raise AuthenticationFailed("the Hawk `ts` must be an integer (seconds)") from None
-        if abs(now.timestamp() - ts) > hawk.SKEW_SECONDS:
-            raise AuthenticationFailed(
-                f"the request's timestamp is more than 15 minutes from the server's time "
-                f"({int(now.timestamp())}); fix the client's clock")
+            target, bewit = hawk.split_bewit(target)
+            if bewit is None:
+                return self._anonymous
+            if method != "GET":
+                raise AuthenticationFailed("a bewit (signed URL) is only valid for GET requests")
+            header = hawk.parse_bewit(bewit)
+            if int(header.ts) < now.timestamp():
+                raise AuthenticationFailed("this signed URL has expired; make a new one")
+            kind = "bewit"
+        else:
+            header = hawk.parse(authorization)
+            try:
+                ts = int(header.ts)
+            except ValueError:
+                raise AuthenticationFailed("the Hawk `ts` must be an integer (seconds)") from None
+            if abs(now.timestamp() - ts) > hawk.SKEW_SECONDS:
+                raise AuthenticationFailed(
+                    f"the request's timestamp is more than 15 minutes from the server's time "
+                    f"({int(now.timestamp())}); fix the client's clock")
+            kind = "header"
         ext = _decode_ext(header.ext) if header.ext else {}
         if "certificate" in ext:
             principal = credentials.verify(ext["certificate"], header.id, self._clients.get, now)
@@ -78,15 +89,16 @@ class Authenticator:
                 raise AuthenticationFailed(f"unknown clientId {header.id!r}")
             principal = found
         hostname, port = _host_port(host, self._default_port)
-        expected = hawk.mac(principal.access_token, "header", header, method, target, hostname,
+        expected = hawk.mac(principal.access_token, kind, header, method, target, hostname,
                             port, header.hash)
         if not hawk.equal(expected, header.mac):
             raise AuthenticationFailed(
                 f"the Hawk signature of clientId {header.id!r} does not match: wrong accessToken, "
                 f"or the request was signed for another URL (signed for host {hostname}:{port}?)")
-        if header.hash and not hawk.equal(hawk.payload_hash(content_type, body), header.hash):
-            raise AuthenticationFailed("the Hawk payload hash does not match the request body")
-        self._replays.check_and_add(header)
+        if kind == "header":
+            if header.hash and not hawk.equal(hawk.payload_hash(content_type, body), header.hash):
+                raise AuthenticationFailed("the Hawk payload hash does not match the request body")
+            self._replays.check_and_add(header)
         held = principal.scopes
         if "authorizedScopes" in ext:
             authorized = ext["authorizedScopes"]

@@ -8,12 +8,14 @@ within the skew window, in this process.
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
 import re
 import time
 from collections import deque
 from dataclasses import dataclass
+from urllib.parse import unquote
 
 from azqueue.errors import AuthenticationFailed
 
@@ -53,6 +55,31 @@ def parse(value: str) -> HawkHeader:
     if missing:
         raise AuthenticationFailed(f"the Hawk header lacks {', '.join(missing)}")
     return HawkHeader(**attrs)
+
+
+def split_bewit(target: str) -> tuple[str, str | None]:
+    """The request target without its ``bewit`` query parameter, and the bewit."""
+    path, sep, query = target.partition("?")
+    if not sep:
+        return target, None
+    params = query.split("&")
+    bewits = [p for p in params if p.startswith("bewit=")]
+    if not bewits:
+        return target, None
+    rest = [p for p in params if not p.startswith("bewit=")]
+    return path + ("?" + "&".join(rest) if rest else ""), unquote(bewits[0][len("bewit="):])
+
+
+def parse_bewit(bewit: str) -> HawkHeader:
+    """A bewit is base64url("<id>\\<expiry>\\<mac>\\<ext>"); its expiry plays the ts."""
+    try:
+        raw = base64.urlsafe_b64decode(bewit + "=" * (-len(bewit) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise AuthenticationFailed("the bewit (signed URL) is not base64url") from None
+    parts = raw.split("\\")
+    if len(parts) != 4 or not all(parts[:3]) or not parts[1].isdigit():
+        raise AuthenticationFailed("the bewit (signed URL) is malformed")
+    return HawkHeader(id=parts[0], ts=parts[1], nonce="", mac=parts[2], ext=parts[3])
 
 
 def _normalized(kind: str, h: HawkHeader, method: str, resource: str, host: str, port: int,

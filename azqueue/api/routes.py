@@ -24,6 +24,7 @@ from azqueue.model import timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.scopes import Expression
 from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService, TipClaim
 
 API = "/api/queue/v1"
@@ -33,6 +34,7 @@ TASK_QUEUE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}$")
 MAX_RUN_ID = 1000
 
 SERVICE_KEY = web.AppKey("service", QueueService)
+ARTIFACTS_KEY = web.AppKey("artifacts", ArtifactService)
 AUTH_KEY = web.AppKey("authenticator", Authenticator)
 STARTED_KEY = web.AppKey("started", float)
 CALLER_KEY = web.RequestKey("caller", Caller)
@@ -51,8 +53,11 @@ ROUTES: list[Route] = []
 
 
 def route(method: str, path: str) -> Callable[[RouteHandler], RouteHandler]:
-    """Register ``handler`` for ``path``, whose ``<name>`` parts match one raw segment."""
-    regex = re.sub(r"<(\w+)>", r"(?P<\1>[^/]+)", re.escape(path).replace(r"\<", "<").replace(r"\>", ">"))
+    """Register ``handler`` for ``path``, whose ``<name>`` parts match one raw segment and
+    ``<name*>`` parts the rest of the path (artifact names may hold unencoded slashes)."""
+    regex = re.sub(r"<(\w+)(\*?)>",
+                   lambda m: f"(?P<{m[1]}>{'.+' if m[2] else '[^/]+'})",
+                   re.escape(path).replace(r"\*", "*"))
 
     def register(handler: RouteHandler) -> RouteHandler:
         ROUTES.append(Route(method, re.compile(f"^{regex}$"), handler))
@@ -263,6 +268,137 @@ async def report_exception(request: web.Request, params: dict[str, str]) -> Any:
                                                      ReasonResolved(body["reason"]))}
 
 
+# -- artifacts --------------------------------------------------------------------------
+
+
+def _artifacts(request: web.Request) -> ArtifactService:
+    return request.app[ARTIFACTS_KEY]
+
+
+def _artifact_name(params: dict[str, str]) -> str:
+    name = params["name"]
+    if len(name) > 1024 or not name.strip("/"):
+        raise errors.InputError(f"artifact name {name[:50]!r} must be 1-1024 characters")
+    return name
+
+
+def _require_read(request: web.Request, name: str) -> None:
+    """Names under public/ are readable by anyone; others need queue:get-artifact:<name>."""
+    if not name.startswith("public/"):
+        _require(request, f"queue:get-artifact:{name}")
+
+
+@route("POST", f"{API}/task/<taskId>/runs/<runId>/artifacts/<name*>")
+async def create_artifact(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id, name = _task_id(params), _run_id(params), _artifact_name(params)
+    body = await _body(request, "post-artifact-request.json", "the createArtifact request")
+    _require(request, f"queue:create-artifact:{task_id}/{run_id}")
+    return await _artifacts(request).create(task_id, run_id, name, body)
+
+
+@route("PUT", f"{API}/task/<taskId>/runs/<runId>/artifacts/<name*>")
+async def finish_artifact(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id, name = _task_id(params), _run_id(params), _artifact_name(params)
+    await _body(request, "finish-artifact-request.json", "the finishArtifact request")
+    _require(request, f"queue:create-artifact:{task_id}/{run_id}")
+    await _artifacts(request).finish(task_id, run_id, name)
+    return {}
+
+
+async def _redirect(request: web.Request, task_id: str, run_id: int | None,
+                    name: str) -> web.StreamResponse:
+    _require_read(request, name)
+    service = _artifacts(request)
+    if run_id is None:
+        run_id = await service.latest_run(task_id)
+    target = await service.target(task_id, run_id, name)
+    if not target.url:
+        a = target.artifact
+        raise errors.ArtifactFailed(f"artifact {a.name!r} is an error artifact: {a.reason}: "
+                                    f"{a.message}")
+    return web.json_response({"storageType": target.artifact.storage_type, "url": target.url},
+                             status=303, headers={"Location": target.url})
+
+
+@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifacts/<name*>")
+async def get_artifact(request: web.Request, params: dict[str, str]) -> Any:
+    return await _redirect(request, _task_id(params), _run_id(params), _artifact_name(params))
+
+
+@route("GET", f"{API}/task/<taskId>/artifacts/<name*>")
+async def get_latest_artifact(request: web.Request, params: dict[str, str]) -> Any:
+    return await _redirect(request, _task_id(params), None, _artifact_name(params))
+
+
+async def _info(request: web.Request, task_id: str, run_id: int | None, name: str) -> Any:
+    _require_read(request, name)
+    service = _artifacts(request)
+    if run_id is None:
+        run_id = await service.latest_run(task_id)
+    return (await service.find(task_id, run_id, name)).info()
+
+
+@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifact-info/<name*>")
+async def artifact_info(request: web.Request, params: dict[str, str]) -> Any:
+    return await _info(request, _task_id(params), _run_id(params), _artifact_name(params))
+
+
+@route("GET", f"{API}/task/<taskId>/artifact-info/<name*>")
+async def latest_artifact_info(request: web.Request, params: dict[str, str]) -> Any:
+    return await _info(request, _task_id(params), None, _artifact_name(params))
+
+
+async def _content(request: web.Request, task_id: str, run_id: int | None, name: str) -> Any:
+    """The artifact-content shapes the official client's download helpers understand: a
+    blob is served as storageType `s3` (a plain URL to GET), which is what a SAS URL is."""
+    _require_read(request, name)
+    service = _artifacts(request)
+    if run_id is None:
+        run_id = await service.latest_run(task_id)
+    target = await service.target(task_id, run_id, name)
+    a = target.artifact
+    if a.storage_type == "error":
+        return {"storageType": "error", "reason": a.reason, "message": a.message}
+    return {"storageType": "s3" if a.storage_type == "blob" else "reference", "url": target.url}
+
+
+@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifact-content/<name*>")
+async def artifact(request: web.Request, params: dict[str, str]) -> Any:
+    return await _content(request, _task_id(params), _run_id(params), _artifact_name(params))
+
+
+@route("GET", f"{API}/task/<taskId>/artifact-content/<name*>")
+async def latest_artifact(request: web.Request, params: dict[str, str]) -> Any:
+    return await _content(request, _task_id(params), None, _artifact_name(params))
+
+
+def _limit(request: web.Request) -> int | None:
+    raw = request.query.get("limit")
+    if raw is None:
+        return None
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise errors.InputError(f"query parameter `limit` is {raw!r}; use 1-1000")
+    return int(raw)
+
+
+@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifacts")
+async def list_artifacts(request: web.Request, params: dict[str, str]) -> Any:
+    task_id, run_id = _task_id(params), _run_id(params)
+    _require(request, f"queue:list-artifacts:{task_id}:{run_id}")
+    return await _artifacts(request).list(task_id, run_id, request.query.get("continuationToken"),
+                                          _limit(request))
+
+
+@route("GET", f"{API}/task/<taskId>/artifacts")
+async def list_latest_artifacts(request: web.Request, params: dict[str, str]) -> Any:
+    task_id = _task_id(params)
+    service = _artifacts(request)
+    run_id = await service.latest_run(task_id)
+    _require(request, f"queue:list-artifacts:{task_id}:{run_id}")
+    return await service.list(task_id, run_id, request.query.get("continuationToken"),
+                              _limit(request))
+
+
 # -- dispatch ---------------------------------------------------------------------------
 
 
@@ -283,6 +419,8 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
             content_type=request.headers.get("Content-Type", ""), body=await request.read(),
             authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
         result = await r.handler(request, params)
+        if isinstance(result, web.StreamResponse):
+            return result
         return web.json_response(result)
     if allowed:
         raise errors.MethodNotAllowed(f"{request.method} is not allowed on {path}; use {', '.join(allowed)}")

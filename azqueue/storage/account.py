@@ -8,6 +8,7 @@ from typing import Any
 
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.data.tables.aio import TableServiceClient
+from azure.storage.blob.aio import BlobServiceClient
 from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.config import ConfigError, StorageSettings
@@ -28,7 +29,7 @@ class CountingTransport(AioHttpTransport):
 
 @dataclass
 class StorageAccount:
-    """Clients for the account's Table and Queue services, opened and closed together."""
+    """Clients for the account's Table, Queue and Blob services, opened and closed together."""
 
     settings: StorageSettings
     requests: Counter[str] = field(default_factory=Counter)
@@ -39,6 +40,8 @@ class StorageAccount:
             conn, transport=CountingTransport(self.requests, "table"))
         self.queues = QueueServiceClient.from_connection_string(
             conn, transport=CountingTransport(self.requests, "queue"))
+        self.blobs = BlobServiceClient.from_connection_string(
+            conn, transport=CountingTransport(self.requests, "blob"))
         credential = self.queues.credential
         self.account_name: str = self.queues.account_name or ""
         self.account_key: str | None = getattr(credential, "account_key", None)
@@ -54,3 +57,4 @@ class StorageAccount:
     async def close(self) -> None:
         await self.tables.close()
         await self.queues.close()
+        await self.blobs.close()

@@ -10,19 +10,14 @@ from __future__ import annotations
 import json
 from datetime import datetime
 from typing import Any
-from urllib.parse import quote
 
 from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityNotFound, translate
+from azqueue.storage.keys import encode as key
 
 RECENT_TASKS = 20
-
-
-def key(value: str) -> str:
-    """An Azure Table key for any string: ``/ \\ # ?``, ``%`` and controls percent-encoded."""
-    return quote(value, safe=" !$&'()*+,;=:@-._~[]{}^|`\"<>")
 
 
 class WorkerStore:

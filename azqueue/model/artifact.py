@@ -1,0 +1,88 @@
+"""Artifacts and the rules for creating them (source document 003).
+
+* ``blob``: content uploaded to Azure Blob storage through a SAS ``putUrl``, then
+  finished; ``reference``: a URL; ``link``: another artifact of the same run;
+  ``error``: a reason and a message, answered with 424.
+* Artifacts can be created while the run is running, and for 20 minutes after it was
+  resolved exception; never after completed or failed ("Artifacts can be uploaded until
+  reportCompleted or reportFailed is called").
+* ``expires`` may not be later than the task's.
+* Creating the same artifact again with the same definition is harmless; with another
+  definition it is a conflict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from azqueue.errors import Conflict, InputError
+from azqueue.model import timeutil
+from azqueue.model.task import RunState, Task
+
+AFTER_EXCEPTION = timedelta(minutes=20)
+
+
+@dataclass(frozen=True, slots=True)
+class Artifact:
+    task_id: str
+    run_id: int
+    name: str
+    storage_type: str
+    expires: datetime
+    content_type: str = ""
+    url: str = ""
+    link: str = ""
+    reason: str = ""
+    message: str = ""
+    present: bool = True
+
+    @property
+    def blob_name(self) -> str:
+        return f"{self.task_id}/{self.run_id}/{self.name}"
+
+    def definition(self) -> dict[str, Any]:
+        """What the creator asked for: equal definitions make createArtifact idempotent."""
+        return {"storageType": self.storage_type, "expires": timeutil.fmt(self.expires),
+                "contentType": self.content_type, "url": self.url, "artifact": self.link,
+                "reason": self.reason, "message": self.message}
+
+    def info(self) -> dict[str, Any]:
+        return {"storageType": self.storage_type, "name": self.name,
+                "expires": timeutil.fmt(self.expires),
+                "contentType": self.content_type or _DEFAULT_TYPES[self.storage_type]}
+
+
+_DEFAULT_TYPES = {"blob": "application/octet-stream", "reference": "application/octet-stream",
+                  "link": "application/octet-stream", "error": "application/json"}
+
+
+def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Artifact:
+    """The artifact a (schema-valid) createArtifact body describes, or InputError."""
+    try:
+        expires = timeutil.parse(body["expires"])
+    except ValueError as e:
+        raise InputError(f"`expires`: {e}") from None
+    if expires > task.expires:
+        raise InputError(f"`expires` ({body['expires']}) is later than the task's expires "
+                         f"({task.definition['expires']}); artifacts may not outlive their task")
+    kind = body["storageType"]
+    return Artifact(
+        task_id=task.task_id, run_id=run_id, name=name, storage_type=kind, expires=expires,
+        content_type=body.get("contentType", "") if kind in ("blob", "reference") else "",
+        url=body.get("url", ""), link=body.get("artifact", ""), reason=body.get("reason", ""),
+        message=body.get("message", ""), present=kind != "blob")
+
+
+def check_can_create(task: Task, run_id: int, now: datetime) -> None:
+    run = task.run(run_id)
+    if run.state is RunState.RUNNING:
+        return
+    if run.state is RunState.EXCEPTION and run.resolved and now < run.resolved + AFTER_EXCEPTION:
+        return
+    if run.state is RunState.EXCEPTION:
+        raise Conflict(f"run {run_id} of task {task.task_id} was resolved exception more than "
+                       "20 minutes ago; artifacts can no longer be created")
+    raise Conflict(f"run {run_id} of task {task.task_id} is {run.state}; artifacts can only be "
+                   "created while it runs (or within 20 minutes of an exception)")

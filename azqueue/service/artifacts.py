@@ -1,0 +1,131 @@
+"""Artifact operations: create, finish, find, list (source document 003's rules)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from azqueue import errors
+from azqueue.model import artifact as model
+from azqueue.model import timeutil
+from azqueue.model.artifact import Artifact
+from azqueue.model.task import Task
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.artifacts import ArtifactStore
+from azqueue.storage.blobs import BlobStore
+from azqueue.storage.tasks import TaskStore
+
+UPLOAD_URL_LIFETIME = timedelta(minutes=30)
+DOWNLOAD_URL_LIFETIME = timedelta(minutes=10)
+MAX_LINK_DEPTH = 10
+MAX_LIMIT = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """Where a getArtifact goes: a URL to redirect to, or the error artifact itself."""
+
+    artifact: Artifact
+    url: str = ""
+
+
+class ArtifactService:
+    def __init__(self, account: StorageAccount, tasks: TaskStore) -> None:
+        self.tasks = tasks
+        self.records = ArtifactStore(account)
+        self.blobs = BlobStore(account)
+
+    async def setup(self) -> None:
+        await self.records.ensure()
+        await self.blobs.ensure()
+
+    async def create(self, task_id: str, run_id: int, name: str,
+                     body: dict[str, Any]) -> dict[str, Any]:
+        now = timeutil.utcnow()
+        task = await self.tasks.get(task_id)
+        model.check_can_create(task, run_id, now)
+        wanted = model.from_request(task, run_id, name, body)
+        if not await self.records.insert(wanted):
+            existing = await self.records.get(task_id, run_id, name)
+            if existing is None or existing.definition() != wanted.definition():
+                raise errors.Conflict(
+                    f"artifact {name!r} of run {run_id} of task {task_id} already exists with a "
+                    "different definition; artifacts cannot be changed")
+        answer: dict[str, Any] = {"storageType": wanted.storage_type,
+                                  "expires": timeutil.fmt(wanted.expires)}
+        if wanted.storage_type == "blob":
+            content_type = wanted.content_type or "application/octet-stream"
+            answer.update(
+                putUrl=self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME),
+                expires=timeutil.fmt(now + UPLOAD_URL_LIFETIME), contentType=content_type,
+                headers={"x-ms-blob-type": "BlockBlob", "Content-Type": content_type})
+        return answer
+
+    async def finish(self, task_id: str, run_id: int, name: str) -> None:
+        found = await self.records.get(task_id, run_id, name)
+        if found is None:
+            raise errors.NotFound(f"run {run_id} of task {task_id} has no artifact {name!r}; "
+                                  "create it first")
+        if found.storage_type != "blob" or found.present:
+            return
+        content_type = await self.blobs.content_type(found.blob_name)
+        if content_type is None:
+            raise errors.Conflict(f"artifact {name!r} has no content yet: PUT it to the putUrl "
+                                  "from createArtifact, then finish it")
+        await self.records.mark_present(found, content_type)
+
+    async def _task(self, task_id: str) -> Task:
+        return await self.tasks.get(task_id)
+
+    async def latest_run(self, task_id: str) -> int:
+        task = await self._task(task_id)
+        if not task.runs:
+            raise errors.NotFound(f"task {task_id} has no runs yet, so no artifacts")
+        return len(task.runs) - 1
+
+    async def find(self, task_id: str, run_id: int, name: str) -> Artifact:
+        found = await self.records.get(task_id, run_id, name)
+        if found is None:
+            await self._task(task_id)  # a missing task is named as such
+            raise errors.NotFound(f"run {run_id} of task {task_id} has no artifact {name!r}")
+        return found
+
+    async def target(self, task_id: str, run_id: int, name: str) -> Target:
+        """Follow links to the artifact to serve, with a short-lived URL for its content."""
+        seen = []
+        found = await self.find(task_id, run_id, name)
+        while found.storage_type == "link":
+            seen.append(found.name)
+            if len(seen) > MAX_LINK_DEPTH or found.link in seen:
+                raise errors.Conflict(f"artifact {name!r} links in a loop or too deep: "
+                                      + " -> ".join(seen))
+            found = await self.find(task_id, run_id, found.link)
+        if found.storage_type == "reference":
+            return Target(found, found.url)
+        if found.storage_type == "blob":
+            if not found.present:
+                raise errors.NotFound(f"artifact {found.name!r} has not been uploaded yet")
+            return Target(found, self.blobs.download_url(found.blob_name, timeutil.utcnow(),
+                                                         DOWNLOAD_URL_LIFETIME))
+        return Target(found)
+
+    async def list(self, task_id: str, run_id: int, continuation: str | None,
+                   limit: int | None) -> dict[str, Any]:
+        task = await self._task(task_id)
+        if run_id >= len(task.runs):
+            raise errors.NotFound(f"task {task_id} has no run {run_id}")
+        after = None
+        if continuation:
+            try:
+                after = base64.urlsafe_b64decode(continuation.encode()).decode()
+            except (binascii.Error, UnicodeDecodeError):
+                raise errors.InputError("`continuationToken` is not one this API returned") from None
+        page, last = await self.records.list(task_id, run_id, after,
+                                             min(limit or MAX_LIMIT, MAX_LIMIT))
+        answer: dict[str, Any] = {"artifacts": [a.info() for a in page]}
+        if last is not None:
+            answer["continuationToken"] = base64.urlsafe_b64encode(last.encode()).decode()
+        return answer

@@ -1,0 +1,58 @@
+"""Artifact content in Azure Blob storage: one container, reached through SAS URLs.
+
+Uploaders get a URL with only create and write permission; readers a read-only one.
+Both are short-lived. Blob names are ``<taskId>/<runId>/<artifact name>``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from urllib.parse import quote
+
+from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+
+from azqueue.errors import NotConfigured
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.errors import EntityExists, EntityNotFound, translate
+
+SAS_START_SLACK = timedelta(minutes=5)
+
+
+class BlobStore:
+    def __init__(self, account: StorageAccount) -> None:
+        self._account = account
+        self.container = account.queue_name("artifacts")
+        self._client = account.blobs.get_container_client(self.container)
+
+    async def ensure(self) -> None:
+        try:
+            with translate(f"creating container {self.container}"):
+                await self._client.create_container()
+        except EntityExists:
+            pass
+
+    def _url(self, blob: str, permission: BlobSasPermissions, now: datetime,
+             lifetime: timedelta) -> str:
+        key = self._account.account_key
+        if not key:
+            raise NotConfigured("artifact URLs need the storage account key to sign blob SAS "
+                                "URLs; configure a connection string with AccountKey")
+        sas = generate_blob_sas(self._account.account_name, self.container, blob,
+                                account_key=key, permission=permission,
+                                start=now - SAS_START_SLACK, expiry=now + lifetime)
+        return f"{self._client.url}/{quote(blob)}?{sas}"
+
+    def upload_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
+        return self._url(blob, BlobSasPermissions(create=True, write=True), now, lifetime)
+
+    def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
+        return self._url(blob, BlobSasPermissions(read=True), now, lifetime)
+
+    async def content_type(self, blob: str) -> str | None:
+        """The uploaded blob's content type, or None if nothing was uploaded."""
+        try:
+            with translate(f"reading blob {blob}"):
+                props = await self._client.get_blob_client(blob).get_blob_properties()
+        except EntityNotFound:
+            return None
+        return str(props.content_settings.content_type or "")
