@@ -8,7 +8,8 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -79,7 +80,8 @@ async def _dev(args: argparse.Namespace) -> None:
 
 async def _resolve(which: str) -> None:
     settings = Settings.from_env()
-    loops: dict[str, tuple[Callable[[QueueService, float, asyncio.Event], Awaitable[None]], float]] = {
+    loops: dict[str, tuple[Callable[[QueueService, float, asyncio.Event],
+                                    Coroutine[Any, Any, None]], float]] = {
         "claims": (claims.run, settings.claim_resolver_interval),
         "deadlines": (deadlines.run, settings.deadline_resolver_interval),
     }

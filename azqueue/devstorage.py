@@ -78,7 +78,7 @@ class Azurite:
             process = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                 cwd=workdir, start_new_session=True)
-        azurite = cls(process, *ports, workdir, owns_workdir=data_dir is None)
+        azurite = cls(process, ports[0], ports[1], ports[2], workdir, owns_workdir=data_dir is None)
         try:
             await azurite._wait_ready(timeout)
         except BaseException:

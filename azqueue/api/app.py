@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
+from typing import Any
 
 from aiohttp import web
 
@@ -46,7 +47,8 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         await account.close()
 
 
-def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event], Awaitable[None]],
+def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event],
+                                          Coroutine[Any, Any, None]],
                 interval: Callable[[Settings], float]
                 ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def ctx(app: web.Application) -> AsyncIterator[None]:

@@ -33,8 +33,6 @@ def _describe(error: ValidationError) -> str:
     message = error.message
     if error.validator == "pattern":
         message = f"{error.instance!r} does not match {error.validator_value!r}"
-    elif error.validator is False or error.schema is False:
-        message = "is not allowed with this storageType"
     elif error.validator == "additionalProperties":
         message = f"{message} (remove them; see the schema for the allowed fields)"
     return f"{field}: {message}" + (f" ({rule})" if rule else "")

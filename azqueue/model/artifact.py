@@ -58,8 +58,17 @@ _DEFAULT_TYPES = {"blob": "application/octet-stream", "reference": "application/
                   "link": "application/octet-stream", "error": "application/json"}
 
 
+_FIELDS = {"blob": {"contentType"}, "reference": {"url", "contentType"}, "link": {"artifact"},
+           "error": {"reason", "message"}}
+
+
 def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Artifact:
     """The artifact a (schema-valid) createArtifact body describes, or InputError."""
+    kind = body["storageType"]
+    extra = sorted(set(body) - _FIELDS[kind] - {"storageType", "expires"})
+    if extra:
+        raise InputError(f"{', '.join(f'`{f}`' for f in extra)} cannot be given with storageType "
+                         f"{kind!r}; it takes {', '.join(sorted(_FIELDS[kind]))}")
     try:
         expires = timeutil.parse(body["expires"])
     except ValueError as e:
@@ -67,7 +76,6 @@ def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Ar
     if expires > task.expires:
         raise InputError(f"`expires` ({body['expires']}) is later than the task's expires "
                          f"({task.definition['expires']}); artifacts may not outlive their task")
-    kind = body["storageType"]
     return Artifact(
         task_id=task.task_id, run_id=run_id, name=name, storage_type=kind, expires=expires,
         content_type=body.get("contentType", "") if kind in ("blob", "reference") else "",

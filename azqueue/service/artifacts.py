@@ -46,8 +46,9 @@ class ArtifactService:
                      body: dict[str, Any]) -> dict[str, Any]:
         now = timeutil.utcnow()
         task = await self.tasks.get(task_id)
-        model.check_can_create(task, run_id, now)
+        task.run(run_id)
         wanted = model.from_request(task, run_id, name, body)
+        model.check_can_create(task, run_id, now)
         if not await self.records.insert(wanted):
             existing = await self.records.get(task_id, run_id, name)
             if existing is None or existing.definition() != wanted.definition():

@@ -432,11 +432,11 @@ class QueueService:
                 before, after = await self.tasks.modify(
                     task_id, lambda t: model.resolve_deadline(t, now))
             except errors.NotFound:
-                before = after = None
-            if after is not None and after.deadline > now:
-                await self._postpone(message, after.deadline - now)
-                continue
-            if after is not None:
+                pass  # the task was never written, or has expired
+            else:
+                if after.deadline > now:
+                    await self._postpone(message, after.deadline - now)
+                    continue
                 if after is not before:
                     log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
                 await self.settle(after, len(after.runs) - 1)

@@ -14,7 +14,7 @@ from azure.storage.queue.aio import QueueServiceClient
 from azqueue.config import ConfigError, StorageSettings
 
 
-class CountingTransport(AioHttpTransport):
+class CountingTransport(AioHttpTransport):  # type: ignore[misc]
     """The SDK's aiohttp transport, counting every HTTP request it sends (retries too)."""
 
     def __init__(self, counter: Counter[str], service: str, **kwargs: Any) -> None:
@@ -22,7 +22,7 @@ class CountingTransport(AioHttpTransport):
         self._counter = counter
         self._service = service
 
-    async def send(self, request: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    async def send(self, request: Any, **kwargs: Any) -> Any:
         self._counter[f"{self._service} {request.method}"] += 1
         return await super().send(request, **kwargs)
 

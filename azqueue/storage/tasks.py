@@ -90,7 +90,7 @@ class TaskStore:
                 entity = await self._table.get_entity(task_id, ROW)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
-        return from_entity(entity), entity.metadata["etag"]
+        return from_entity(entity), str(entity.metadata["etag"])
 
     async def get(self, task_id: str) -> Task:
         task, _ = await self.load(task_id)

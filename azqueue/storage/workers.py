@@ -8,6 +8,7 @@ Azure refuses ``/ \\ # ?`` in keys). ``firstClaim`` is when the worker first got
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -37,6 +38,7 @@ class WorkerStore:
                                   "taskQueueId": task_queue_id, "workerGroup": worker_group,
                                   "workerId": worker_id}
         if claimed:
+            old: Mapping[str, Any]
             try:
                 with translate(f"reading worker {worker_group}/{worker_id}"):
                     old = await self._table.get_entity(pk, rk)

@@ -151,6 +151,9 @@ async def test_creation_rules_completed_exception_expiry_and_idempotency(
     code, err = await _create(http, server, done, "public/bad", {"storageType": "s3",
                                                                 "expires": _expires()})
     assert code == 400 and "storageType" in err["message"]
+    code, err = await _create(http, server, done, "public/bad", {
+        "storageType": "blob", "expires": _expires(), "url": "https://example.com/"})
+    assert code == 400 and "`url` cannot be given with storageType 'blob'" in err["message"]
 
 
 async def test_list_artifacts_paginates(server: Server, http: aiohttp.ClientSession) -> None:
