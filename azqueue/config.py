@@ -109,6 +109,14 @@ class Settings:
     # claimWork: how long a call waits for work, and how often it polls while waiting.
     claim_work_wait: float = 20.0
     claim_work_poll_interval: float = 2.0
+    # Events: off without an AMQP URL.
+    amqp_url: str = ""
+    exchange_prefix: str = "exchange/taskcluster-queue/v1/"
+    events_recovery_delay: float = 30.0
+    events_resolver_interval: float = 2.0
+    # Test-only fault injection: exit the process right after a state change is stored,
+    # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
+    crash_after_commit: bool = False
     # Runs the background resolvers in the serving process.
     run_resolvers: bool = True
 
@@ -161,6 +169,11 @@ class Settings:
             deadline_resolver_interval=_seconds(env, "AZQUEUE_DEADLINE_RESOLVER_INTERVAL", 5.0),
             claim_work_wait=_seconds(env, "AZQUEUE_CLAIM_WORK_WAIT", 20.0),
             claim_work_poll_interval=_seconds(env, "AZQUEUE_CLAIM_WORK_POLL_INTERVAL", 2.0),
+            amqp_url=env.get("AZQUEUE_AMQP_URL", ""),
+            exchange_prefix=env.get("AZQUEUE_EXCHANGE_PREFIX", "exchange/taskcluster-queue/v1/"),
+            events_recovery_delay=_seconds(env, "AZQUEUE_EVENTS_RECOVERY_DELAY", 30.0),
+            events_resolver_interval=_seconds(env, "AZQUEUE_EVENTS_RESOLVER_INTERVAL", 2.0),
+            crash_after_commit=env.get("AZQUEUE_TEST_CRASH_AFTER_COMMIT", "") == "1",
         )
 
 

@@ -17,25 +17,44 @@ from aiohttp import web
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
 from azqueue.api.routes import ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
+from datetime import timedelta
+
 from azqueue.background import claims, deadlines
+from azqueue.background import events as events_resolver
 from azqueue.config import Settings
+from azqueue.events.outbox import Outbox
+from azqueue.events.publisher import Publisher
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.groups import GroupStore
+from azqueue.storage.queues import Queues
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
+OUTBOX_KEY: web.AppKey[Outbox | None] = web.AppKey("outbox")
 MAX_BODY = 2 * 1024 * 1024
 STOP_TIMEOUT = 10.0
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
-    account = StorageAccount(app[SETTINGS_KEY].storage)
+    settings = app[SETTINGS_KEY]
+    account = StorageAccount(settings.storage)
+    publisher = None
     try:
-        service = QueueService(app[SETTINGS_KEY], account)
+        outbox = None
+        if settings.amqp_url:
+            publisher = Publisher(settings.amqp_url, settings.exchange_prefix)
+            outbox = make_outbox(settings, account, publisher)
+            await outbox.setup()
+        else:
+            log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
+        service = QueueService(settings, account, outbox)
         await service.setup()
-        artifacts = ArtifactService(account, service.tasks)
+        app[OUTBOX_KEY] = outbox
+        artifacts = ArtifactService(account, service.tasks, outbox)
         await artifacts.setup()
         app[SERVICE_KEY] = service
         app[ARTIFACTS_KEY] = artifacts
@@ -44,6 +63,8 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
                         "will answer 503")
         yield
     finally:
+        if publisher is not None:
+            await publisher.close()
         await account.close()
 
 
@@ -65,6 +86,28 @@ def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event],
     return ctx
 
 
+def make_outbox(settings: Settings, account: StorageAccount, publisher: Publisher) -> Outbox:
+    tasks = TaskStore(account)
+    return Outbox(tasks, GroupStore(account), Queues(account), publisher,
+                  account.queue_name("events"), timedelta(seconds=settings.events_recovery_delay))
+
+
+async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
+    outbox = app[OUTBOX_KEY]
+    if outbox is None:
+        yield
+        return
+    stop = asyncio.Event()
+    task = asyncio.create_task(events_resolver.run(
+        outbox, app[SETTINGS_KEY].events_resolver_interval, stop), name="events resolver")
+    yield
+    stop.set()
+    try:
+        await asyncio.wait_for(task, STOP_TIMEOUT)
+    except TimeoutError:
+        log.warning("events resolver did not stop within %.0fs; cancelled", STOP_TIMEOUT)
+
+
 def create_app(settings: Settings) -> web.Application:
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
@@ -76,5 +119,6 @@ def create_app(settings: Settings) -> web.Application:
             "claim resolver", claims.run, lambda s: s.claim_resolver_interval))
         app.cleanup_ctx.append(_background(
             "deadline resolver", deadlines.run, lambda s: s.deadline_resolver_interval))
+        app.cleanup_ctx.append(_events_ctx)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app

@@ -9,14 +9,16 @@ from datetime import timedelta
 from typing import Any
 
 from azqueue import errors
+from azqueue.events.outbox import Outbox
 from azqueue.model import artifact as model
+from azqueue.model import events
 from azqueue.model import timeutil
 from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore
 from azqueue.storage.blobs import BlobStore
-from azqueue.storage.tasks import TaskStore
+from azqueue.storage.tasks import TaskStore, outbox_row
 
 UPLOAD_URL_LIFETIME = timedelta(minutes=30)
 DOWNLOAD_URL_LIFETIME = timedelta(minutes=10)
@@ -33,13 +35,14 @@ class Target:
 
 
 class ArtifactService:
-    def __init__(self, account: StorageAccount, tasks: TaskStore) -> None:
+    def __init__(self, account: StorageAccount, tasks: TaskStore,
+                 outbox: Outbox | None = None) -> None:
         self.tasks = tasks
-        self.records = ArtifactStore(account)
+        self.records = ArtifactStore(account, tasks.name)
         self.blobs = BlobStore(account)
+        self.outbox = outbox
 
     async def setup(self) -> None:
-        await self.records.ensure()
         await self.blobs.ensure()
 
     async def create(self, task_id: str, run_id: int, name: str,
@@ -49,7 +52,13 @@ class ArtifactService:
         task.run(run_id)
         wanted = model.from_request(task, run_id, name, body)
         model.check_can_create(task, run_id, now)
-        if not await self.records.insert(wanted):
+        trigger = await self.outbox.begin(task_id) if self.outbox else None
+        outbox = [outbox_row(task_id, events.artifact_created(task, run_id, wanted.info()))
+                  ] if trigger else []
+        inserted = await self.records.insert(wanted, outbox)
+        if trigger and self.outbox:
+            await self.outbox.finish(task_id, trigger)
+        if not inserted:
             existing = await self.records.get(task_id, run_id, name)
             if existing is None or existing.definition() != wanted.definition():
                 raise errors.Conflict(

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -31,7 +32,8 @@ from typing import Any
 
 from azqueue import errors
 from azqueue.config import Settings
-from azqueue.model import credentials
+from azqueue.events.outbox import Outbox
+from azqueue.model import credentials, events
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
@@ -71,8 +73,10 @@ class TipClaim:
 
 
 class QueueService:
-    def __init__(self, settings: Settings, account: StorageAccount) -> None:
+    def __init__(self, settings: Settings, account: StorageAccount,
+                 outbox: Outbox | None = None) -> None:
         self.settings = settings
+        self.outbox = outbox
         self.account = account
         self.tasks = TaskStore(account)
         self.claims = ClaimStore(account)
@@ -112,7 +116,18 @@ class QueueService:
         # nothing would ever resolve the task.
         await self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
                               visible_in=task.deadline - now, forever=True)
-        if not await self.tasks.insert(task):
+        trigger = None
+        if self.outbox is not None:
+            await self.outbox.groups.add(task.definition["taskGroupId"], task_id)
+            trigger = await self.outbox.begin(task_id)
+        inserted = await self.tasks.insert(task, events.for_change if trigger else None)
+        if inserted:
+            self._fault_point()
+        if self.outbox is not None and trigger is not None:
+            # Published before the tip is queued, so task-defined and task-pending precede
+            # any task-running of a worker that finds it.
+            await self.outbox.finish(task_id, trigger)
+        if not inserted:
             existing = await self.tasks.get(task_id)
             if dict(existing.definition) != definition:
                 raise errors.Conflict(
@@ -136,6 +151,29 @@ class QueueService:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
         await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
         self.signals.notify(task.task_queue_id)
+
+    async def _change(self, task_id: str, fn: Callable[[Task], Task],
+                      loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
+        """``tasks.modify`` with the change's events written to the outbox and published."""
+        if self.outbox is None:
+            return await self.tasks.modify(task_id, fn, loaded)
+        trigger = await self.outbox.begin(task_id)
+        try:
+            before, after = await self.tasks.modify(task_id, fn, loaded, events.for_change)
+        except Exception:
+            await self.outbox.discard(trigger)
+            raise
+        if after is before:
+            await self.outbox.discard(trigger)
+        else:
+            self._fault_point()
+            await self.outbox.finish(task_id, trigger)
+        return before, after
+
+    def _fault_point(self) -> None:
+        if self.settings.crash_after_commit:
+            log.critical("AZQUEUE_TEST_CRASH_AFTER_COMMIT: exiting after a stored change")
+            os._exit(70)
 
     # -- polling and claims ----------------------------------------------------------
 
@@ -189,7 +227,7 @@ class QueueService:
                     f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
                     "MessageId and PopReceipt of the message this tip came from, as received") from None
         try:
-            before, after = await self.tasks.modify(task_id, decide, loaded)
+            before, after = await self._change(task_id, decide, loaded)
         except errors.Conflict:
             if tip:
                 await self._drop_message(queue_name, tip.message_id, receipt)
@@ -357,7 +395,7 @@ class QueueService:
     async def report(self, task_id: str, run_id: int, state: RunState,
                      reason: ReasonResolved) -> dict[str, Any]:
         now = timeutil.utcnow()
-        _, after = await self.tasks.modify(
+        _, after = await self._change(
             task_id, lambda t: model.resolve(t, run_id, state, reason, now))
         await self.settle(after, run_id)
         return after.status()
@@ -398,7 +436,7 @@ class QueueService:
         """Resolve the claim of ``record`` if it expired; True if this call resolved it."""
         now = timeutil.utcnow()
         try:
-            before, after = await self.tasks.modify(
+            before, after = await self._change(
                 record.task_id, lambda t: model.expire_claim(t, record.run_id, now))
         except errors.NotFound:
             await self.claims.delete(record.task_id, record.run_id)
@@ -429,7 +467,7 @@ class QueueService:
                                          message.pop_receipt)
                 continue
             try:
-                before, after = await self.tasks.modify(
+                before, after = await self._change(
                     task_id, lambda t: model.resolve_deadline(t, now))
             except errors.NotFound:
                 pass  # the task was never written, or has expired

@@ -1,7 +1,9 @@
-"""Artifact records in Azure Tables.
+"""Artifact records in Azure Tables, in the task's partition of the tasks table.
 
-PartitionKey = taskId, RowKey = ``<runId as 4 digits>/<name>`` key-encoded, so one run's
-artifacts are one contiguous key range, listed in name order.
+PartitionKey = taskId, RowKey = ``artifact:<runId as 4 digits>/<name>`` key-encoded, so
+one run's artifacts are one contiguous key range, listed in name order; sharing the
+task's partition lets an artifact and its artifact-created outbox row be written in one
+transaction.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ from azure.data.tables import UpdateMode
 from azqueue.model.artifact import Artifact
 from azqueue.storage import keys
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import EntityExists, EntityNotFound, translate
+from azqueue.storage.errors import EntityExists, EntityNotFound, TransactionConflict, translate
+
+
+PREFIX = "artifact:"
 
 
 def _row(run_id: int, name: str) -> str:
-    return keys.encode(f"{run_id:04d}/{name}")
+    return PREFIX + keys.encode(f"{run_id:04d}/{name}")
 
 
 def _to_entity(a: Artifact) -> dict[str, Any]:
@@ -37,20 +42,19 @@ def _from_entity(e: Any) -> Artifact:
 
 
 class ArtifactStore:
-    def __init__(self, account: StorageAccount) -> None:
-        self.name = account.table_name("artifacts")
-        self._service = account.tables
-        self._table = account.tables.get_table_client(self.name)
+    def __init__(self, account: StorageAccount, table_name: str) -> None:
+        self._table = account.tables.get_table_client(table_name)
 
-    async def ensure(self) -> None:
-        with translate(f"creating table {self.name}"):
-            await self._service.create_table_if_not_exists(self.name)
-
-    async def insert(self, artifact: Artifact) -> bool:
+    async def insert(self, artifact: Artifact, outbox: list[dict[str, Any]]) -> bool:
+        """Store a new artifact with its outbox rows; False if it already exists."""
         try:
             with translate(f"creating artifact {artifact.name}"):
-                await self._table.create_entity(_to_entity(artifact))
-        except EntityExists:
+                if outbox:
+                    await self._table.submit_transaction(
+                        [("create", _to_entity(artifact)), *(("create", row) for row in outbox)])
+                else:
+                    await self._table.create_entity(_to_entity(artifact))
+        except (EntityExists, TransactionConflict):
             return False
         return True
 
@@ -73,8 +77,8 @@ class ArtifactStore:
                    limit: int) -> tuple[list[Artifact], str | None]:
         """Up to ``limit`` artifacts of the run in name order after RowKey ``after``; the
         RowKey to continue after, if there may be more."""
-        low = after or keys.encode(f"{run_id:04d}/")
-        high = keys.encode(f"{run_id:04d}0")  # "0" follows "/" in ASCII
+        low = after or _row(run_id, "")
+        high = PREFIX + keys.encode(f"{run_id:04d}0")  # "0" sorts after "%" of "%2F"
         found: list[Artifact] = []
         last: str | None = None
         with translate(f"listing artifacts of {task_id}/{run_id}"):

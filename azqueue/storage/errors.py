@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from azure.data.tables import TableTransactionError
 from azure.core.exceptions import (
     AzureError,
     HttpResponseError,
@@ -28,6 +29,10 @@ class ETagMismatch(Exception):
     """A conditional write lost a race (HTTP 412): re-read and decide again."""
 
 
+class TransactionConflict(Exception):
+    """A batch transaction failed on an ETag (412) or an existing entity (409)."""
+
+
 class MessageGone(Exception):
     """The queue message is gone or our pop receipt is stale: it is not ours any more.
 
@@ -41,6 +46,12 @@ def translate(what: str) -> Iterator[None]:
     """Run Azure SDK calls, raising this module's exceptions (or StorageError) instead."""
     try:
         yield
+    except TableTransactionError as e:
+        if e.status_code in (409, 412) or getattr(e, "error_code", "") in (
+                "EntityAlreadyExists", "UpdateConditionNotSatisfied"):
+            raise TransactionConflict(what) from None
+        raise StorageError(f"Azure Storage failed during {what}: {e.status_code} "
+                           f"{getattr(e, 'error_code', None) or e.reason}") from e
     except ResourceModifiedError:
         raise ETagMismatch(what) from None
     except ResourceExistsError:

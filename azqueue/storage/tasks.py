@@ -8,7 +8,9 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 
 from __future__ import annotations
 
+import itertools
 import json
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -16,11 +18,22 @@ from azure.core import MatchConditions
 from azure.data.tables import EntityProperty, EdmType, UpdateMode
 
 from azqueue.errors import NotFound, StorageError
+from azqueue.model.events import Event
 from azqueue.model.task import Run, Task
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
+from azqueue.storage.errors import (
+    EntityExists,
+    EntityNotFound,
+    ETagMismatch,
+    TransactionConflict,
+    translate,
+)
 
 CHUNK = 30_000
+OUTBOX = "outbox:"  # Azure refuses "/" in keys; ";" follows ":"
+_sequence = itertools.count()
+
+EventsFor = Callable[[Task | None, Task], list[Event]]
 MAX_DEFINITION_CHARS = 400_000
 MAX_MODIFY_ATTEMPTS = 50
 ROW = "task"
@@ -64,6 +77,19 @@ def from_entity(entity: Mapping[str, Any]) -> Task:
     )
 
 
+def outbox_row(task_id: str, event: Event) -> dict[str, Any]:
+    """An outbox entity in the task's partition; RowKeys sort in the order of writing
+    within this process (nanoseconds, then a counter)."""
+    entity: dict[str, Any] = {"PartitionKey": task_id,
+                              "RowKey": f"{OUTBOX}{time.time_ns():020d}-{next(_sequence):09d}"}
+    _put_chunks(entity, "event", json.dumps(event.to_json(), separators=(",", ":")))
+    return entity
+
+
+def event_from_row(entity: Mapping[str, Any]) -> Event:
+    return Event.from_json(json.loads(_get_chunks(entity, "event")))
+
+
 class TaskStore:
     def __init__(self, account: StorageAccount) -> None:
         self.name = account.table_name("tasks")
@@ -74,12 +100,18 @@ class TaskStore:
         with translate(f"creating table {self.name}"):
             await self._service.create_table_if_not_exists(self.name)
 
-    async def insert(self, task: Task) -> bool:
-        """Store a new task; False if a task with this taskId already exists."""
+    async def insert(self, task: Task, events: EventsFor | None = None) -> bool:
+        """Store a new task (and the outbox rows of its events, atomically); False if a
+        task with this taskId already exists."""
+        outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
         try:
             with translate(f"inserting task {task.task_id}"):
-                await self._table.create_entity(to_entity(task))
-        except EntityExists:
+                if outbox:
+                    await self._table.submit_transaction(
+                        [("create", to_entity(task)), *(("create", row) for row in outbox)])
+                else:
+                    await self._table.create_entity(to_entity(task))
+        except (EntityExists, TransactionConflict):
             return False
         return True
 
@@ -92,19 +124,35 @@ class TaskStore:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
         return from_entity(entity), str(entity.metadata["etag"])
 
+    async def outbox(self, task_id: str) -> list[tuple[str, Event]]:
+        """The task's unpublished events, oldest first, with their RowKeys."""
+        with translate(f"reading the outbox of task {task_id}"):
+            rows = self._table.query_entities(
+                "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
+                parameters={"pk": task_id, "low": OUTBOX, "high": OUTBOX[:-1] + ";"})
+            return [(str(row["RowKey"]), event_from_row(row)) async for row in rows]
+
+    async def delete_outbox(self, task_id: str, row_keys: list[str]) -> None:
+        for i in range(0, len(row_keys), 100):
+            with translate(f"clearing the outbox of task {task_id}"):
+                await self._table.submit_transaction(
+                    [("delete", {"PartitionKey": task_id, "RowKey": k}) for k in row_keys[i:i + 100]])
+
     async def get(self, task_id: str) -> Task:
         task, _ = await self.load(task_id)
         return task
 
     async def modify(self, task_id: str, fn: Callable[[Task], Task],
-                     loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
+                     loaded: tuple[Task, str] | None = None,
+                     events: EventsFor | None = None) -> tuple[Task, Task]:
         """Apply the pure ``fn`` to the stored task and write its result conditionally.
 
         Loads with the ETag, writes ``IfNotModified``, and on a lost race (412) loads again
         and lets ``fn`` decide again. Errors ``fn`` raises propagate and nothing is written.
         Returns the task ``fn`` saw and the task as now stored (the same object when ``fn``
         changed nothing, in which case nothing was written). ``loaded``, from ``load``,
-        saves the first read.
+        saves the first read. ``events`` gives the messages the change publishes: they are
+        written as outbox rows in the same transaction.
         """
         for _ in range(MAX_MODIFY_ATTEMPTS):
             before, etag = loaded or await self.load(task_id)
@@ -112,12 +160,20 @@ class TaskStore:
             after = fn(before)
             if after is before:
                 return before, after
+            outbox = [outbox_row(task_id, e) for e in events(before, after)] if events else []
             try:
                 with translate(f"updating task {task_id}"):
-                    await self._table.update_entity(
-                        to_entity(after), mode=UpdateMode.REPLACE, etag=etag,
-                        match_condition=MatchConditions.IfNotModified)
-            except ETagMismatch:
+                    if outbox:
+                        await self._table.submit_transaction([
+                            ("update", to_entity(after),
+                             {"mode": UpdateMode.REPLACE, "etag": etag,
+                              "match_condition": MatchConditions.IfNotModified}),
+                            *(("create", row) for row in outbox)])
+                    else:
+                        await self._table.update_entity(
+                            to_entity(after), mode=UpdateMode.REPLACE, etag=etag,
+                            match_condition=MatchConditions.IfNotModified)
+            except (ETagMismatch, TransactionConflict):
                 continue
             return before, after
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "

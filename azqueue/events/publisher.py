@@ -1,0 +1,74 @@
+"""Publishing to RabbitMQ with aio-pika: persistent messages, publisher confirms."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import aio_pika
+from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
+from aiormq.abc import FieldValue
+
+from azqueue.model.events import EXCHANGES, Event
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+RECONNECT_INTERVAL = 1.0
+PUBLISH_TIMEOUT = 10.0
+
+
+class Publisher:
+    """Connects on first use and reconnects by itself (aio-pika's robust connection)."""
+
+    def __init__(self, url: str, exchange_prefix: str) -> None:
+        self._url = url
+        self._prefix = exchange_prefix
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractRobustChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._lock = asyncio.Lock()
+
+    async def _ready(self) -> None:
+        """Connected, with the exchanges declared; raises if the broker cannot be reached.
+
+        The first connection is retried on every call until it succeeds; after that
+        aio-pika reconnects (and restores the channel and exchanges) by itself, and we
+        only wait a little for it.
+        """
+        async with self._lock:
+            if self._channel is None:
+                connection = await aio_pika.connect_robust(
+                    self._url, timeout=CONNECT_TIMEOUT, reconnect_interval=RECONNECT_INTERVAL)
+                try:
+                    channel = await connection.channel(publisher_confirms=True)
+                    assert isinstance(channel, AbstractRobustChannel)
+                    self._exchanges = {
+                        name: await channel.declare_exchange(
+                            f"{self._prefix}{name}", aio_pika.ExchangeType.TOPIC, durable=True)
+                        for name in EXCHANGES}
+                except BaseException:
+                    await connection.close()
+                    raise
+                self._connection, self._channel = connection, channel
+                log.info("publishing events to %s*", self._prefix)
+        assert self._connection is not None
+        connected = getattr(self._connection, "connected", None)
+        if connected is not None and not connected.is_set():
+            await asyncio.wait_for(connected.wait(), CONNECT_TIMEOUT)
+
+    async def publish(self, event: Event) -> None:
+        """Publish and wait for the broker's confirm; raises if it is not confirmed."""
+        await self._ready()
+        headers: dict[str, FieldValue] | None = {"CC": list(event.cc)} if event.cc else None
+        message = aio_pika.Message(json.dumps(event.payload).encode(),
+                                   content_type="application/json",
+                                   delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                   headers=headers)
+        await self._exchanges[event.exchange].publish(message, routing_key=event.routing_key,
+                                                      timeout=PUBLISH_TIMEOUT)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()

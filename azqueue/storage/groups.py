@@ -1,0 +1,55 @@
+"""Task group membership in Azure Tables, for task-group-resolved.
+
+PartitionKey = taskGroupId, RowKey = taskId, ``resolved``. A member is added before
+its task is written and marked resolved when the task's final resolution is published,
+so "no member unresolved" means the group is resolved. A member whose task never got
+written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from azure.data.tables import UpdateMode
+
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.errors import EntityExists, translate
+
+ORPHAN_AGE = timedelta(minutes=5)
+
+
+class GroupStore:
+    def __init__(self, account: StorageAccount) -> None:
+        self.name = account.table_name("groups")
+        self._service = account.tables
+        self._table = account.tables.get_table_client(self.name)
+
+    async def ensure(self) -> None:
+        with translate(f"creating table {self.name}"):
+            await self._service.create_table_if_not_exists(self.name)
+
+    async def add(self, task_group_id: str, task_id: str) -> None:
+        """Add an unresolved member (an existing member is left as it is)."""
+        try:
+            with translate(f"adding task {task_id} to group {task_group_id}"):
+                await self._table.create_entity({"PartitionKey": task_group_id,
+                                                 "RowKey": task_id, "resolved": False})
+        except EntityExists:
+            pass
+
+    async def resolve(self, task_group_id: str, task_id: str) -> None:
+        with translate(f"resolving task {task_id} in group {task_group_id}"):
+            await self._table.upsert_entity({"PartitionKey": task_group_id, "RowKey": task_id,
+                                             "resolved": True}, mode=UpdateMode.MERGE)
+
+    async def unresolved(self, task_group_id: str) -> list[tuple[str, datetime]]:
+        """Unresolved members, with the time each row was written."""
+        with translate(f"reading group {task_group_id}"):
+            rows = self._table.query_entities("PartitionKey eq @pk and resolved eq false",
+                                              parameters={"pk": task_group_id})
+            return [(str(r["RowKey"]), r.metadata["timestamp"] or datetime.now(UTC))
+                    async for r in rows]
+
+    async def drop(self, task_group_id: str, task_id: str) -> None:
+        with translate(f"dropping task {task_id} from group {task_group_id}"):
+            await self._table.delete_entity(task_group_id, task_id)

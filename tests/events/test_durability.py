@@ -1,0 +1,161 @@
+"""Events are never lost: not when the server dies between a change and its publish,
+not when the connection to RabbitMQ is cut."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+
+from azqueue.devstorage import Azurite, free_port
+from tests import sas
+from tests.conftest import ROOT, ServerFactory
+from tests.events.conftest import ConsumerFactory, Received
+from tests.tasks import create, definition, slugid
+
+AZQUEUE = str(Path(sys.executable).parent / "azqueue")
+
+
+def _kinds(messages: list[Received]) -> list[str]:
+    return [m.exchange for m in messages]
+
+
+@asynccontextmanager
+async def serve(azurite: Azurite, prefix: str, amqp_url: str, port: int,
+                **extra: str) -> AsyncIterator[subprocess.Popen[bytes]]:
+    env = {**os.environ, "AZQUEUE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+           "AZQUEUE_STORAGE_PREFIX": prefix, "AZQUEUE_TIP_SECRETS": "test-secret-0123456789abcdef",
+           "AZQUEUE_ROOT_CLIENT_ID": ROOT.client_id, "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT.access_token,
+           "AZQUEUE_AMQP_URL": amqp_url, "AZQUEUE_PORT": str(port),
+           "AZQUEUE_EVENTS_RECOVERY_DELAY": "1", "AZQUEUE_EVENTS_RESOLVER_INTERVAL": "0.3",
+           "AZQUEUE_LOG_LEVEL": "WARNING", **extra}
+    process = subprocess.Popen([AZQUEUE, "serve"], env=env)
+    try:
+        async with aiohttp.ClientSession() as probe:
+            for _ in range(200):
+                try:
+                    async with probe.get(f"http://127.0.0.1:{port}/api/queue/v1/ping") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        await asyncio.to_thread(process.wait, 30)
+
+
+async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_restart(
+        azurite: Azurite, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
+        http: aiohttp.ClientSession, consume: ConsumerFactory) -> None:
+    consumer = await consume("primary.#")
+    await make_server()  # (drops this test's tables and queues afterwards)
+    port = free_port()
+    api = f"http://127.0.0.1:{port}/api/queue/v1"
+    task_id = slugid()
+    async with serve(azurite, storage_prefix, amqp_url, port,
+                     AZQUEUE_TEST_CRASH_AFTER_COMMIT="1") as doomed:
+        try:
+            async with http.put(f"{api}/task/{task_id}", json=definition("prov/crash")) as r:
+                raise AssertionError(f"the server answered {r.status} instead of dying")
+        except aiohttp.ClientError:
+            pass
+        assert await asyncio.to_thread(doomed.wait, 10) == 70
+    await asyncio.sleep(1.5)
+    assert consumer.about(task_id) == []  # nothing was published before the crash
+    async with serve(azurite, storage_prefix, amqp_url, port):
+        await consumer.wait_for(lambda _: "task-pending" in _kinds(consumer.about(task_id)))
+        assert _kinds(consumer.about(task_id)) == ["task-defined", "task-pending"]
+        async with http.get(f"{api}/task/{task_id}/status") as r:
+            assert (await r.json())["status"]["state"] == "pending"
+
+
+class Proxy:
+    """A TCP proxy to RabbitMQ that the test can cut and restore."""
+
+    def __init__(self, target_port: int = 5672) -> None:
+        self.target_port = target_port
+        self.port = free_port()
+        self.open = True
+        self._writers: list[asyncio.StreamWriter] = []
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.open:
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+        await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer))
+
+    def cut(self) -> None:
+        self.open = False
+        for w in self._writers:
+            w.transport.abort()
+        self._writers.clear()
+
+    def restore(self) -> None:
+        self.open = True
+
+    async def close(self) -> None:
+        self.cut()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+
+async def test_publishing_resumes_after_the_broker_connection_is_cut_and_nothing_is_lost(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    consumer = await consume("primary.#")
+    proxy = Proxy()
+    await proxy.start()
+    try:
+        user = amqp_url.split("//", 1)[1].split("@", 1)[0]
+        server = await make_server(amqp_url=f"amqp://{user}@127.0.0.1:{proxy.port}/",
+                                   events_recovery_delay=1.0, events_resolver_interval=0.3)
+        before = await create(http, server.api, definition("prov/cut"))
+        await consumer.wait_for(lambda _: "task-pending" in _kinds(consumer.about(before)))
+
+        proxy.cut()
+        during = await create(http, server.api, definition("prov/cut"))
+        code, _ = await sas.post(http, f"{server.api}/task/{during}/runs/0/claim",
+                                 {"workerGroup": "wg", "workerId": "w"})
+        assert code == 200  # the API keeps working while events wait
+        code, _ = await sas.post(http, f"{server.api}/task/{during}/runs/0/completed")
+        assert code == 200
+        await asyncio.sleep(1.0)
+        assert consumer.about(during) == []
+
+        proxy.restore()
+        await consumer.wait_for(
+            lambda _: "task-completed" in _kinds(consumer.about(during)), timeout=60)
+        first_seen: list[str] = []
+        for kind in _kinds(consumer.about(during)):
+            if kind not in first_seen:
+                first_seen.append(kind)
+        assert first_seen == ["task-defined", "task-pending", "task-running", "task-completed"]
+        after = await create(http, server.api, definition("prov/cut"))
+        await consumer.wait_for(lambda _: "task-pending" in _kinds(consumer.about(after)))
+    finally:
+        await proxy.close()

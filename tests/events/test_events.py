@@ -1,0 +1,140 @@
+"""Task events on AMQP exchanges (source document 004), on a real RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+
+import aiohttp
+
+from tests import sas
+from tests.conftest import ServerFactory
+from tests.events.conftest import ConsumerFactory, Received, assert_valid
+from tests.tasks import create, definition, slugid
+
+
+def _kinds(messages: list[Received]) -> list[str]:
+    return [m.exchange for m in messages]
+
+
+async def _claim(http: aiohttp.ClientSession, api: str, task_id: str, run_id: int = 0) -> dict:
+    code, body = await sas.post(http, f"{api}/task/{task_id}/runs/{run_id}/claim",
+                                {"workerGroup": "wg", "workerId": "w1"})
+    assert code == 200, body
+    return body
+
+
+async def test_primary_binding_sees_the_whole_life_cycle_in_order(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """'You'll notice that all the exchanges in the document shares the same routing key
+    pattern': defined, pending, running, artifact-created, completed, with routing keys
+    primary.<taskId>.<runId>.<workerGroup>.<workerId>.<provisionerId>.<workerType>.
+    <schedulerId>.<taskGroupId>._ and payloads valid against our schema."""
+    consumer = await consume("primary.#")
+    server = await make_server(amqp_url=amqp_url)
+    group = slugid()
+    task_id = await create(http, server.api, definition("prov/life", taskGroupId=group))
+    await _claim(http, server.api, task_id)
+    code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/artifacts/public/x", {
+        "storageType": "reference", "expires": definition()["deadline"],
+        "url": "https://example.com/x"})
+    assert code == 200
+    await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    await consumer.wait_for(lambda _: len(consumer.about(task_id)) >= 5)
+    mine = consumer.about(task_id)
+    assert _kinds(mine) == ["task-defined", "task-pending", "task-running", "artifact-created",
+                            "task-completed"]
+    keys = [m.routing_key for m in mine]
+    assert keys[0] == f"primary.{task_id}._._._.prov.life.-.{group}._"
+    assert keys[1] == f"primary.{task_id}.0._._.prov.life.-.{group}._"
+    assert keys[2:] == [f"primary.{task_id}.0.wg.w1.prov.life.-.{group}._"] * 3
+    for m in mine:
+        assert_valid(m)
+    assert mine[1].body["runId"] == 0
+    assert mine[2].body["takenUntil"] and mine[2].body["workerId"] == "w1"
+    assert mine[3].body["artifact"]["name"] == "public/x"
+    assert mine[4].body["status"]["state"] == "completed"
+
+    failed = await create(http, server.api, definition("prov/life"))
+    await _claim(http, server.api, failed)
+    await sas.post(http, f"{server.api}/task/{failed}/runs/0/failed")
+    await consumer.wait_for(lambda _: "task-failed" in _kinds(consumer.about(failed)))
+    assert _kinds(consumer.about(failed)) == ["task-defined", "task-pending", "task-running",
+                                              "task-failed"]
+    for m in consumer.about(failed):
+        assert_valid(m)
+
+
+async def test_routes_are_cced_and_delivered_once_per_bound_queue(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """'all messages about this task will be CC'ed with the routing-key
+    route.notify.by-email' and 'the message will only arrive in your queue once'."""
+    routed = await consume("route.notify.by-email")
+    both = await consume("route.notify.by-email", "primary.#")
+    server = await make_server(amqp_url=amqp_url)
+    task_id = await create(http, server.api, definition("prov/routes",
+                                                        routes=["notify.by-email"]))
+    await _claim(http, server.api, task_id)
+    await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    for consumer in (routed, both):
+        await consumer.wait_for(lambda _, c=consumer: "task-completed" in _kinds(c.about(task_id)))
+    await asyncio.sleep(0.5)  # anything duplicated would have arrived by now
+    expected = ["task-defined", "task-pending", "task-running", "task-completed"]
+    assert _kinds(routed.about(task_id)) == expected
+    assert _kinds(both.about(task_id)) == expected
+    # Delivered under the primary routing key, CC'd to the route.
+    assert all(m.routing_key.startswith(f"primary.{task_id}.") and m.cc == ["route.notify.by-email"]
+               for m in routed.about(task_id))
+
+
+async def test_claim_expired_retry_publishes_pending_and_exhaustion_publishes_exception(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    consumer = await consume("primary.#")
+    server = await make_server(amqp_url=amqp_url, claim_timeout=1.0,
+                               claim_resolver_interval=0.3)
+    task_id = await create(http, server.api, definition("prov/expire", retries=1))
+    await _claim(http, server.api, task_id, 0)
+    await consumer.wait_for(lambda _: _kinds(consumer.about(task_id)).count("task-pending") == 2)
+    await _claim(http, server.api, task_id, 1)
+    await consumer.wait_for(lambda _: "task-exception" in _kinds(consumer.about(task_id)))
+    mine = consumer.about(task_id)
+    assert _kinds(mine) == ["task-defined", "task-pending", "task-running", "task-pending",
+                            "task-running", "task-exception"]
+    assert mine[3].body["runId"] == 1 and mine[3].body["status"]["runs"][0]["reasonResolved"] == (
+        "claim-expired")
+    assert mine[5].body["runId"] == 1
+    assert mine[5].body["status"]["runs"][1]["reasonResolved"] == "claim-expired"
+    for m in mine:
+        assert_valid(m)
+
+
+async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """'A message is published on task-group-resolved whenever all submitted tasks ...
+    for a given task group have been resolved'; 'A task group may be resolved multiple
+    times, since new tasks may be submitted against an already resolved task group.'"""
+    group = slugid()
+    consumer = await consume(f"primary.{group}.#", exchanges=("task-group-resolved",))
+    server = await make_server(amqp_url=amqp_url)
+    tasks = [await create(http, server.api, definition("prov/group", taskGroupId=group))
+             for _ in range(3)]
+    for i, task_id in enumerate(tasks):
+        await _claim(http, server.api, task_id)
+        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+        if i < 2:
+            await asyncio.sleep(0.3)
+            assert consumer.messages == [], f"group resolved after {i + 1} of 3 tasks"
+    await consumer.wait_for(lambda m: len(m) >= 1)
+    await asyncio.sleep(0.5)
+    [message] = consumer.messages
+    assert message.routing_key == f"primary.{group}.-._"
+    assert message.body == {"version": 1, "taskGroupId": group, "schedulerId": "-"}
+    assert_valid(message)
+
+    late = await create(http, server.api, definition("prov/group", taskGroupId=group))
+    await _claim(http, server.api, late)
+    await sas.post(http, f"{server.api}/task/{late}/runs/0/exception", {"reason": "malformed-payload"})
+    await consumer.wait_for(lambda m: len(m) >= 2)
