@@ -74,6 +74,7 @@ async def metrics(http: aiohttp.ClientSession, api: str) -> Counter[str]:
 async def main(args: argparse.Namespace) -> None:
     port = free_port()
     env = {**os.environ, **QUIET_RESOLVERS, "AZQUEUE_LOG_LEVEL": "WARNING",
+           "AZQUEUE_AMQP_URL": args.amqp,
            "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID, "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN}
     server = subprocess.Popen([str(ROOT / ".venv/bin/azqueue"), "dev", "--port", str(port)],
                               env=env, stdout=subprocess.DEVNULL)
@@ -99,7 +100,7 @@ async def main(args: argparse.Namespace) -> None:
             server_side = await metrics(http, api) - before
             n = args.lifecycles
             print(f"Azure Storage requests per lifecycle (priority {args.priority}, "
-                  f"mean of {n}, resolvers idle):")
+                  f"mean of {n}, resolvers idle, events {'on' if args.amqp else 'off'}):")
             for name, count in sorted(server_side.items()):
                 print(f"  server  {name:<34} {count / n:5.2f}")
             for name, count in sorted(worker.items()):
@@ -133,4 +134,5 @@ if __name__ == "__main__":
     parser.add_argument("--duration", type=float, default=20.0)
     parser.add_argument("--lifecycles", type=int, default=50)
     parser.add_argument("--priority", default="lowest")
+    parser.add_argument("--amqp", default="", help="AMQP URL: publish events (default: off)")
     asyncio.run(main(parser.parse_args()))
