@@ -15,11 +15,10 @@ from aiohttp import web
 
 from azqueue import __version__
 from azqueue.api.app import create_app
-from azqueue.background import claims, deadlines
-from azqueue.config import ConfigError, Settings, StorageSettings, new_secret
+from azqueue.background import claims, deadlines, events
+from azqueue.config import ConfigError, Settings, new_secret
 from azqueue.devstorage import Azurite
-from azqueue.service.queue import QueueService
-from azqueue.storage.account import StorageAccount
+from azqueue.service.wiring import open_services
 
 log = logging.getLogger("azqueue")
 
@@ -80,25 +79,23 @@ async def _dev(args: argparse.Namespace) -> None:
 
 async def _resolve(which: str) -> None:
     settings = Settings.from_env()
-    loops: dict[str, tuple[Callable[[QueueService, float, asyncio.Event],
-                                    Coroutine[Any, Any, None]], float]] = {
-        "claims": (claims.run, settings.claim_resolver_interval),
-        "deadlines": (deadlines.run, settings.deadline_resolver_interval),
-    }
-    chosen = list(loops) if which == "all" else [which]
-    account = StorageAccount(StorageSettings.from_env())
-    try:
-        service = QueueService(settings, account)
-        await service.setup()
+    async with open_services(settings) as services:
+        if which == "events" and services.outbox is None:
+            raise ConfigError("`azqueue resolve events` needs AZQUEUE_AMQP_URL")
+        loops: dict[str, Coroutine[Any, Any, None]] = {}
         stop = asyncio.Event()
-        tasks = [asyncio.create_task(loops[name][0](service, loops[name][1], stop))
-                 for name in chosen]
-        log.info("running resolvers: %s", ", ".join(chosen))
+        if which in ("claims", "all"):
+            loops["claims"] = claims.run(services.queue, settings.claim_resolver_interval, stop)
+        if which in ("deadlines", "all"):
+            loops["deadlines"] = deadlines.run(services.queue,
+                                               settings.deadline_resolver_interval, stop)
+        if which in ("events", "all") and services.outbox is not None:
+            loops["events"] = events.run(services.outbox, settings.events_resolver_interval, stop)
+        tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
+        log.info("running resolvers: %s", ", ".join(loops))
         await _until_signalled()
         stop.set()
         await asyncio.wait(tasks, timeout=10)
-    finally:
-        await account.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
     dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
     resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
-    resolve.add_argument("which", choices=["claims", "deadlines", "all"])
+    resolve.add_argument("which", choices=["claims", "deadlines", "events", "all"])
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,

@@ -17,19 +17,12 @@ from aiohttp import web
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
 from azqueue.api.routes import ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
-from datetime import timedelta
-
 from azqueue.background import claims, deadlines
 from azqueue.background import events as events_resolver
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
-from azqueue.events.publisher import Publisher
-from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
-from azqueue.storage.account import StorageAccount
-from azqueue.storage.groups import GroupStore
-from azqueue.storage.queues import Queues
-from azqueue.storage.tasks import TaskStore
+from azqueue.service.wiring import open_services
 
 log = logging.getLogger(__name__)
 
@@ -40,32 +33,11 @@ STOP_TIMEOUT = 10.0
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS_KEY]
-    account = StorageAccount(settings.storage)
-    publisher = None
-    try:
-        outbox = None
-        if settings.amqp_url:
-            publisher = Publisher(settings.amqp_url, settings.exchange_prefix)
-            outbox = make_outbox(settings, account, publisher)
-            await outbox.setup()
-        else:
-            log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
-        service = QueueService(settings, account, outbox)
-        await service.setup()
-        app[OUTBOX_KEY] = outbox
-        artifacts = ArtifactService(account, service.tasks, outbox)
-        await artifacts.setup()
-        app[SERVICE_KEY] = service
-        app[ARTIFACTS_KEY] = artifacts
-        if account.account_key is None:
-            log.warning("no storage account key: pollTaskUrls cannot sign queue SAS URLs and "
-                        "will answer 503")
+    async with open_services(app[SETTINGS_KEY]) as services:
+        app[SERVICE_KEY] = services.queue
+        app[ARTIFACTS_KEY] = services.artifacts
+        app[OUTBOX_KEY] = services.outbox
         yield
-    finally:
-        if publisher is not None:
-            await publisher.close()
-        await account.close()
 
 
 def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event],
@@ -84,12 +56,6 @@ def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event],
         except TimeoutError:
             log.warning("%s did not stop within %.0fs; cancelled", name, STOP_TIMEOUT)
     return ctx
-
-
-def make_outbox(settings: Settings, account: StorageAccount, publisher: Publisher) -> Outbox:
-    tasks = TaskStore(account)
-    return Outbox(tasks, GroupStore(account), Queues(account), publisher,
-                  account.queue_name("events"), timedelta(seconds=settings.events_recovery_delay))
 
 
 async def _events_ctx(app: web.Application) -> AsyncIterator[None]:

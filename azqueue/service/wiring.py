@@ -1,0 +1,60 @@
+"""Everything a process needs to act on the queue, opened and closed together.
+
+Both the HTTP server and the stand-alone resolvers (``azqueue resolve``) build their
+services here, so a state change made anywhere writes and publishes its events.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+
+from azqueue.config import Settings
+from azqueue.events.outbox import Outbox
+from azqueue.events.publisher import Publisher
+from azqueue.service.artifacts import ArtifactService
+from azqueue.service.queue import QueueService
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.groups import GroupStore
+from azqueue.storage.queues import Queues
+from azqueue.storage.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Services:
+    queue: QueueService
+    artifacts: ArtifactService
+    outbox: Outbox | None
+
+
+@asynccontextmanager
+async def open_services(settings: Settings) -> AsyncIterator[Services]:
+    account = StorageAccount(settings.storage)
+    publisher = None
+    try:
+        outbox = None
+        if settings.amqp_url:
+            publisher = Publisher(settings.amqp_url, settings.exchange_prefix)
+            outbox = Outbox(TaskStore(account), GroupStore(account), Queues(account), publisher,
+                            account.queue_name("events"),
+                            timedelta(seconds=settings.events_recovery_delay))
+            await outbox.setup()
+        else:
+            log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
+        queue = QueueService(settings, account, outbox)
+        await queue.setup()
+        artifacts = ArtifactService(account, queue.tasks, outbox)
+        await artifacts.setup()
+        if account.account_key is None:
+            log.warning("no storage account key: pollTaskUrls and artifact URLs cannot be "
+                        "signed and will answer 503")
+        yield Services(queue, artifacts, outbox)
+    finally:
+        if publisher is not None:
+            await publisher.close()
+        await account.close()
