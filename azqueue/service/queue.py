@@ -38,7 +38,7 @@ from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.model.priority import ORDER
+from azqueue.model.priority import ORDER, Priority
 from azqueue.model.tip import Tip, TipSigner
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.claims import ClaimRecord, ClaimStore
@@ -85,6 +85,7 @@ class QueueService:
         self.signer = TipSigner(settings.tip_secrets)
         self.workers = WorkerStore(account)
         self.signals = WorkSignals()
+        self._bookkeeping: set[asyncio.Task[None]] = set()
         self.deadline_queue = account.queue_name("deadline")
         self.claim_timeout = timedelta(seconds=settings.claim_timeout)
         root = settings.root
@@ -138,7 +139,7 @@ class QueueService:
                 await self._queue_tip(existing, last.run_id)
             return existing.status()
         await self.queues.put(queue_name, self.signer.tip(task_id, 0).encode())
-        self.signals.notify(task.task_queue_id)
+        self.signals.notify(task.task_queue_id, task.priority)
         return task.status()
 
     async def definition(self, task_id: str) -> dict[str, Any]:
@@ -150,7 +151,7 @@ class QueueService:
     async def _queue_tip(self, task: Task, run_id: int) -> None:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
         await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
-        self.signals.notify(task.task_queue_id)
+        self.signals.notify(task.task_queue_id, task.priority)
 
     async def _change(self, task_id: str, fn: Callable[[Task], Task],
                       loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
@@ -346,24 +347,44 @@ class QueueService:
         for priority in ORDER:
             await self.pending.ensure(task_queue_id, priority)
         claims: list[dict[str, Any]] = []
+        priorities = ORDER
         while True:
             await self._claim_from_queues(task_queue_id, worker_group, worker_id, count, claims,
-                                          connected)
+                                          connected, priorities)
             remaining = end - loop.time()
             if claims or remaining <= 0 or not connected():
                 break
             woken = await self.signals.wait(task_queue_id,
                                             min(self.settings.claim_work_poll_interval, remaining))
-            if woken and not connected():
-                self.signals.notify(task_queue_id)  # pass the wake-up on to a live caller
-        await self.workers.seen(task_queue_id, worker_group, worker_id, timeutil.utcnow(),
-                                [(c["status"]["taskId"], c["runId"]) for c in claims])
+            if woken is not None and not connected():
+                self.signals.notify(task_queue_id, woken)  # pass it on to a live caller
+            # Woken for a tip of priority p: the queues above p were empty a moment ago and
+            # a tip put there in this process would have woken us for it, so start at p.
+            # A regular poll (timeout) looks at every queue again.
+            priorities = ORDER[woken.rank:] if woken is not None else ORDER
+        # Recording the worker is bookkeeping: it must not delay the answer.
+        record = asyncio.create_task(self.workers.seen(
+            task_queue_id, worker_group, worker_id, timeutil.utcnow(),
+            [(c["status"]["taskId"], c["runId"]) for c in claims]))
+        self._bookkeeping.add(record)
+        record.add_done_callback(self._bookkeeping_done)
         return claims
+
+    async def close(self) -> None:
+        """Let in-flight bookkeeping finish (briefly) before the storage clients close."""
+        if self._bookkeeping:
+            await asyncio.wait(self._bookkeeping, timeout=5)
+
+    def _bookkeeping_done(self, task: asyncio.Task[None]) -> None:
+        self._bookkeeping.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("could not record a worker: %s", task.exception())
 
     async def _claim_from_queues(self, task_queue_id: str, worker_group: str, worker_id: str,
                                  count: int, claims: list[dict[str, Any]],
-                                 connected: Callable[[], bool]) -> None:
-        for priority in ORDER:
+                                 connected: Callable[[], bool],
+                                 priorities: tuple[Priority, ...] = ORDER) -> None:
+        for priority in priorities:
             wanted = count - len(claims)
             if wanted <= 0 or not connected():
                 return
@@ -419,7 +440,7 @@ class QueueService:
                 if retry_pending:
                     await self.queues.update(record.queue_name, record.message_id,
                                              record.pop_receipt, timedelta(0))
-                    self.signals.notify(task.task_queue_id)
+                    self.signals.notify(task.task_queue_id, task.priority)
                     tip_ready = True
                 else:
                     await self.queues.delete(record.queue_name, record.message_id,

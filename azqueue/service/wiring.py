@@ -53,7 +53,10 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
         if account.account_key is None:
             log.warning("no storage account key: pollTaskUrls and artifact URLs cannot be "
                         "signed and will answer 503")
-        yield Services(queue, artifacts, outbox)
+        try:
+            yield Services(queue, artifacts, outbox)
+        finally:
+            await queue.close()
     finally:
         if publisher is not None:
             await publisher.close()
