@@ -19,6 +19,7 @@ from azqueue.background import claims, deadlines, events
 from azqueue.config import ConfigError, Settings, new_secret
 from azqueue.devstorage import Azurite
 from azqueue.service.wiring import open_services
+from azqueue.worker import commands
 
 log = logging.getLogger("azqueue")
 
@@ -108,11 +109,14 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
     resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
     resolve.add_argument("which", choices=["claims", "deadlines", "events", "all"])
+    commands.add_parsers(sub)
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("azure").setLevel(logging.WARNING)
+    if args.command in ("worker", "task"):
+        return commands.run(args)
     try:
         if args.command == "serve":
             asyncio.run(_serve(Settings.from_env()))

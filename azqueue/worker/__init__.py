@@ -1,0 +1,13 @@
+"""The worker SDK: a client of the queue's HTTP API and of SAS URLs only."""
+
+from azqueue.worker.client import Credentials
+from azqueue.worker.errors import (
+    IntermittentTask,
+    MalformedPayload,
+    ResourceUnavailable,
+    TaskFailed,
+)
+from azqueue.worker.worker import TaskRun, Worker, WorkerConfig, WorkerState
+
+__all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "ResourceUnavailable",
+           "TaskFailed", "TaskRun", "Worker", "WorkerConfig", "WorkerState"]

@@ -1,0 +1,116 @@
+"""The task handler of ``azqueue worker``: run the payload's command in a subprocess.
+
+Payload: ``{command: [program, arg, ...], env: {NAME: value}, maxRunTime: seconds}``.
+The output (stdout and stderr) is written to a log as it comes and uploaded as the
+artifact ``public/logs/live.log`` before the run is reported. Exit 0: completed; any
+other exit, or running past ``maxRunTime`` (the process group is killed): failed; a
+payload that does not fit: exception ``malformed-payload`` with the explanation in the
+log. The command does not inherit the worker's environment (and so never its
+credentials): it gets PATH, HOME, LANG, the payload's ``env``, TASK_ID and RUN_ID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import tempfile
+from typing import Any
+
+from azqueue.worker.errors import MalformedPayload, TaskFailed
+from azqueue.worker.worker import TaskRun
+
+LOG_ARTIFACT = "public/logs/live.log"
+DEFAULT_MAX_RUN_TIME = 3600
+MAX_RUN_TIME = 86400
+INHERITED = ("PATH", "HOME", "LANG", "TZ")
+
+
+def check_payload(payload: Any) -> tuple[list[str], dict[str, str], int]:
+    """The command, env and maxRunTime of a payload; MalformedPayload saying what is wrong."""
+    if not isinstance(payload, dict):
+        raise MalformedPayload("the payload must be an object "
+                               '{"command": [...], "env": {...}, "maxRunTime": seconds}')
+    unknown = sorted(set(payload) - {"command", "env", "maxRunTime"})
+    if unknown:
+        raise MalformedPayload(f"unknown payload field(s) {unknown}; allowed: command, env, "
+                               "maxRunTime")
+    command = payload.get("command")
+    if (not isinstance(command, list) or not command
+            or not all(isinstance(c, str) for c in command)):
+        raise MalformedPayload('`command` must be a non-empty list of strings, e.g. '
+                               '["sh", "-c", "make test"]')
+    env = payload.get("env", {})
+    if not isinstance(env, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise MalformedPayload("`env` must map names to string values")
+    max_run_time = payload.get("maxRunTime", DEFAULT_MAX_RUN_TIME)
+    if (not isinstance(max_run_time, int) or isinstance(max_run_time, bool)
+            or not 1 <= max_run_time <= MAX_RUN_TIME):
+        raise MalformedPayload(f"`maxRunTime` must be a whole number of seconds from 1 to "
+                               f"{MAX_RUN_TIME}")
+    return command, env, max_run_time
+
+
+def _kill(process: asyncio.subprocess.Process) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
+async def run_command(run: TaskRun) -> None:
+    with tempfile.TemporaryFile() as log:
+        def write(text: str) -> None:
+            log.write(text.encode())
+
+        async def upload() -> None:
+            log.seek(0)
+            await run.upload_artifact(LOG_ARTIFACT, log.read(), "text/plain; charset=utf-8")
+
+        write(f"[azqueue] task {run.task_id} run {run.run_id}\n")
+        try:
+            command, env, max_run_time = check_payload(run.payload)
+        except MalformedPayload as e:
+            write(f"[azqueue] malformed payload: {e}\n")
+            await upload()
+            raise
+        child_env = {k: os.environ[k] for k in INHERITED if k in os.environ}
+        child_env.update(env)
+        child_env.update(TASK_ID=run.task_id, RUN_ID=str(run.run_id))
+        write(f"[azqueue] running {command!r} (maxRunTime {max_run_time}s)\n")
+        try:
+            process = await asyncio.create_subprocess_exec(
+                *command, env=child_env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True)
+        except OSError as e:
+            write(f"[azqueue] cannot start {command[0]!r}: {e}\n")
+            await upload()
+            raise TaskFailed(f"cannot start {command[0]!r}: {e}") from None
+
+        async def copy_output() -> None:
+            assert process.stdout is not None
+            while chunk := await process.stdout.read(65536):
+                log.write(chunk)
+
+        copier = asyncio.ensure_future(copy_output())
+        try:
+            await asyncio.wait_for(process.wait(), max_run_time)
+        except TimeoutError:
+            _kill(process)
+            await process.wait()
+            await copier
+            write(f"\n[azqueue] killed: the command ran longer than maxRunTime "
+                  f"({max_run_time}s)\n")
+            await upload()
+            raise TaskFailed(f"exceeded maxRunTime ({max_run_time}s)") from None
+        except asyncio.CancelledError:
+            _kill(process)
+            await process.wait()
+            copier.cancel()
+            raise
+        await copier
+        write(f"\n[azqueue] exit code {process.returncode}\n")
+        await upload()
+        if process.returncode != 0:
+            raise TaskFailed(f"the command exited with {process.returncode}")
