@@ -1,0 +1,78 @@
+"""Running workers for tests: in-process `Worker`s and `azqueue worker` subprocesses."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from azqueue.worker import Credentials, Worker, WorkerConfig
+from azqueue.worker import shell
+from tests.conftest import ROOT, Server
+from tests.tasks import status
+
+AZQUEUE = str(Path(sys.executable).parent / "azqueue")
+CREDENTIALS = Credentials(ROOT.client_id, ROOT.access_token)
+
+
+def config(server: Server, queue: str, worker_id: str, **overrides: Any) -> WorkerConfig:
+    values: dict[str, Any] = {"root_url": server.root_url, "credentials": CREDENTIALS,
+                              "task_queue_id": queue, "worker_group": "tests",
+                              "worker_id": worker_id, "idle_sleep": 0.3, **overrides}
+    return WorkerConfig(**values)
+
+
+@asynccontextmanager
+async def running(*workers: Worker) -> AsyncIterator[list[asyncio.Task[None]]]:
+    tasks = [asyncio.ensure_future(w.start()) for w in workers]
+    try:
+        yield tasks
+    finally:
+        await asyncio.gather(*(w.stop() for w in workers))
+        await asyncio.gather(*tasks)
+
+
+def shell_worker(server: Server, queue: str, worker_id: str, **overrides: Any) -> Worker:
+    return Worker(config(server, queue, worker_id, **overrides), shell.run_command)
+
+
+def spawn(server: Server, queue: str, worker_id: str, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TASKCLUSTER_ROOT_URL": server.root_url,
+           "TASKCLUSTER_CLIENT_ID": ROOT.client_id, "TASKCLUSTER_ACCESS_TOKEN": ROOT.access_token}
+    return subprocess.Popen([AZQUEUE, "worker", "--task-queue", queue, "--worker-id", worker_id,
+                             *extra], env=env, stderr=subprocess.PIPE)
+
+
+def finish(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> str:
+    if process.poll() is None:
+        process.send_signal(sig)
+    _, err = process.communicate(timeout=30)
+    return err.decode(errors="replace")
+
+
+async def wait_status(http: aiohttp.ClientSession, server: Server, task_id: str,
+                      done: Any, timeout: float = 60.0) -> dict[str, Any]:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while True:
+        s = await status(http, server.api, task_id)
+        if done(s):
+            return s
+        if loop.time() > end:
+            raise AssertionError(f"status never reached the expected state: {s}")
+        await asyncio.sleep(0.2)
+
+
+async def log_of(http: aiohttp.ClientSession, server: Server, task_id: str, run_id: int) -> str:
+    async with http.get(f"{server.api}/task/{task_id}/runs/{run_id}/artifacts/"
+                        f"{shell.LOG_ARTIFACT}") as r:
+        assert r.status == 200, await r.text()
+        return await r.text()

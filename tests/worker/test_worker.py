@@ -1,0 +1,218 @@
+"""The worker SDK and `azqueue worker`, following documents 000, 001, 002 and 003."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import signal
+from collections import Counter
+
+import aiohttp
+import pytest
+
+from azqueue.model.priority import Priority
+from azqueue.worker import Worker, WorkerState
+from azqueue.worker.sas import SasSource
+from tests import sas
+from tests.conftest import ServerFactory
+from tests.tasks import create, definition, status
+from tests.worker.helpers import (
+    CREDENTIALS,
+    config,
+    finish,
+    log_of,
+    running,
+    shell_worker,
+    spawn,
+    wait_status,
+)
+
+
+def command(*argv: str, **payload: object) -> dict:
+    return {"command": list(argv), **payload}
+
+
+async def test_fifty_tasks_three_sas_and_two_claim_work_workers_each_completed_once(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'if the worker received multiple <QueueMessage> entries ... it must also claim these
+    tasks. This is worker that has capacity to run multiple tasks in parallel' (001)."""
+    server = await make_server(claim_work_wait=1.0, claim_work_poll_interval=0.3)
+    tasks = [await create(http, server.api, definition(
+        "prov/fifty", payload=command("sh", "-c", "echo done $TASK_ID")))
+        for _ in range(50)]
+    workers = [shell_worker(server, "prov/fifty", f"sas{i}", mode="sas", capacity=4)
+               for i in range(3)]
+    workers += [shell_worker(server, "prov/fifty", f"cw{i}", mode="claim-work", capacity=4)
+                for i in range(2)]
+    async with running(*workers):
+        for task_id in tasks:
+            await wait_status(http, server, task_id, lambda s: s["state"] != "pending"
+                              and s["state"] != "running", timeout=90)
+    assert sum(w.completed for w in workers) == 50
+    assert all(w.state is WorkerState.STOPPED for w in workers)
+    for task_id in tasks:
+        s = await status(http, server.api, task_id)
+        assert [r["state"] for r in s["runs"]] == ["completed"], s
+        assert f"done {task_id}" in await log_of(http, server, task_id, 0)
+
+
+async def test_a_worker_killed_mid_task_is_replaced_after_its_claim_expires(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'If a worker fails to reclaimTask the run will be resolved exception, and a new
+    pending run will be created if retries haven't be exhausted' (003)."""
+    server = await make_server(claim_timeout=3.0, claim_resolver_interval=0.5)
+    task_id = await create(http, server.api, definition(
+        "prov/killed", payload=command("sh", "-c", '[ "$RUN_ID" != 0 ] || sleep 60')))
+    doomed = spawn(server, "prov/killed", "doomed", "--reclaim-margin", "1")
+    try:
+        await wait_status(http, server, task_id, lambda s: s["state"] == "running")
+    finally:
+        finish(doomed, signal.SIGKILL)
+    async with running(shell_worker(server, "prov/killed", "survivor")):
+        s = await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
+    r0, r1 = s["runs"]
+    assert (r0["state"], r0["reasonResolved"], r0["workerId"]) == (
+        "exception", "claim-expired", "doomed")
+    assert (r1["state"], r1["reasonCreated"], r1["workerId"]) == ("completed", "retry", "survivor")
+
+
+async def test_sigterm_reports_worker_shutdown_and_the_retry_completes_elsewhere(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'If the worker finds itself having to terminate early ... the worker should report an
+    exception with the reason worker-shutdown' (000)."""
+    server = await make_server()
+    task_id = await create(http, server.api, definition(
+        "prov/sigterm", payload=command("sh", "-c", '[ "$RUN_ID" != 0 ] || sleep 60')))
+    leaving = spawn(server, "prov/sigterm", "leaving", "--mode", "sas")
+    try:
+        await wait_status(http, server, task_id, lambda s: s["state"] == "running")
+    finally:
+        output = await asyncio.to_thread(finish, leaving, signal.SIGTERM)
+    assert leaving.returncode == 0, output
+    s = await status(http, server.api, task_id)
+    assert (s["runs"][0]["state"], s["runs"][0]["reasonResolved"]) == ("exception", "worker-shutdown")
+    async with running(shell_worker(server, "prov/sigterm", "next", mode="sas")):
+        s = await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
+    assert [r["state"] for r in s["runs"]] == ["exception", "completed"]
+
+
+async def test_a_reclaim_answered_409_stops_the_subprocess_and_forgets_the_task(
+        make_server: ServerFactory, http: aiohttp.ClientSession, tmp_path) -> None:
+    """'If an attempt to call reclaimTask returns 409 ... the worker should halt execution,
+    cleanup, and forget all about the task' (003)."""
+    server = await make_server(claim_timeout=3.0, run_resolvers=False)
+    pid_file = tmp_path / "pid"
+    task_id = await create(http, server.api, definition(
+        "prov/reclaim409", payload=command("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60")))
+    worker = shell_worker(server, "prov/reclaim409", "loser", reclaim_margin=1.5)
+    async with running(worker):
+        await wait_status(http, server, task_id, lambda s: s["state"] == "running")
+        for _ in range(50):
+            if pid_file.exists() and pid_file.read_text().strip():
+                break
+            await asyncio.sleep(0.1)
+        pid = int(pid_file.read_text())
+        # Somebody else resolves the run: the next reclaim (1.5 s before takenUntil) gets 409.
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/exception",
+                                 {"reason": "malformed-payload"})
+        assert code == 200
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 3.0 + 1.0  # the reclaim is due within 3 s; then one second
+        while _alive(pid):
+            assert loop.time() < end, "the subprocess outlived the lost claim"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+    s = await status(http, server.api, task_id)
+    assert s["runs"][0]["reasonResolved"] == "malformed-payload"  # no report of ours on top
+    async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts") as r:
+        assert (await r.json())["artifacts"] == []  # no artifacts either
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_outcomes_malformed_payload_exit_code_and_overrun(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'If the worker is unable execute the task specific payload ... report exception with
+    the reason malformed-payload' and 'it is still important to write a detailed explanation
+    ... to the task log'; 'If ... the code crashes or exists non-zero, then the task is said
+    to be failed' (000/003)."""
+    server = await make_server()
+    bad = await create(http, server.api, definition("prov/outcomes", payload={"command": "ls"}))
+    exit3 = await create(http, server.api, definition(
+        "prov/outcomes", payload=command("sh", "-c", "echo failing; exit 3")))
+    slow = await create(http, server.api, definition(
+        "prov/outcomes", payload=command("sleep", "30", maxRunTime=1)))
+    async with running(shell_worker(server, "prov/outcomes", "w", capacity=3)):
+        done = lambda s: s["state"] in ("completed", "failed", "exception")  # noqa: E731
+        s_bad = await wait_status(http, server, bad, done)
+        s_exit3 = await wait_status(http, server, exit3, done)
+        s_slow = await wait_status(http, server, slow, done)
+    assert (s_bad["state"], s_bad["runs"][0]["reasonResolved"]) == ("exception", "malformed-payload")
+    assert len(s_bad["runs"]) == 1  # never retried
+    assert "`command` must be a non-empty list of strings" in await log_of(http, server, bad, 0)
+    assert s_exit3["state"] == "failed"
+    log = await log_of(http, server, exit3, 0)
+    assert "failing" in log and "exit code 3" in log
+    assert s_slow["state"] == "failed"
+    assert "ran longer than maxRunTime (1s)" in await log_of(http, server, slow, 0)
+
+
+async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_logged(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """'workers reads the value of the <DequeueCount> and logs messages that alerts the
+    operator if a message has been dequeued a significant number of times. For example
+    more than 10' and 'workers logs failures to delete messages from Azure queues' (000)."""
+    server = await make_server()
+    task_id = await create(http, server.api, definition("prov/dequeue"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "dequeue")
+    poll = urls["queues"][6]["signedPollUrl"]
+    qclient = server.service.queues.client(server.service.pending.name("prov/dequeue",
+                                                                       Priority.LOWEST))
+    for _ in range(11):  # dequeue it 11 times, making it visible again each time
+        [m] = await sas.get_messages(http, poll)
+        await qclient.update_message(m.message_id, pop_receipt=m.pop_receipt, visibility_timeout=0)
+    # A tip for a task that does not exist: its claim is a 4xx, and its delete will fail
+    # because the delete URL's signature is broken.
+    await qclient.send_message(base64.b64encode(json.dumps(
+        {"taskId": "fakefakefakeQfakefake", "runId": 0, "signature": "x"}).encode()).decode())
+    caplog.set_level(logging.INFO)
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, CREDENTIALS, "prov/dequeue", "g", "w",
+                           idle_sleep=0.1)
+        queues = await source._queues()
+        for q in queues:
+            q["signedDeleteUrl"] = q["signedDeleteUrl"].replace("sig=", "sig=broken")
+        claims = []
+        for _ in range(5):
+            claims += await source.get(2, asyncio.Event())
+            if claims and any("could not delete" in r.message for r in caplog.records):
+                break
+    assert [c["status"]["taskId"] for c in claims] == [task_id]
+    assert any("OPERATOR" in r.message and "dequeued 12 times" in r.message
+               for r in caplog.records if r.levelno == logging.WARNING)
+    assert any("could not delete message" in r.message for r in caplog.records
+               if r.levelno == logging.WARNING)
+
+
+@pytest.mark.parametrize("mode", ["sas", "claim-work"])
+async def test_stop_returns_promptly_while_the_queue_is_empty(
+        make_server: ServerFactory, mode: str) -> None:
+    """Document 002's worker: 'an event loop whose blocking lease has a timeout so stop is
+    prompt'; here every wait is bounded, even claimWork's 20-second long poll."""
+    server = await make_server()
+    worker = Worker(config(server, "prov/idle", "idle", mode=mode), lambda run: asyncio.sleep(0))
+    started = asyncio.ensure_future(worker.start())
+    await asyncio.sleep(1.0)
+    assert worker.state is WorkerState.RUNNING
+    await asyncio.wait_for(worker.stop(), 5)
+    assert worker.state is WorkerState.STOPPED
+    await started
