@@ -14,23 +14,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from azqueue.devstorage import free_port  # noqa: E402
-from tests.signing import hawk_signer  # noqa: E402
+from benchlib import dev_server  # noqa: E402
 from tests.tasks import definition, slugid  # noqa: E402
-
-ROOT_ID, ROOT_TOKEN = "root", "bench-root-access-token-0123456789"
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -81,30 +75,12 @@ async def scenario(http: aiohttp.ClientSession, api: str, workers: int, tasks: i
 
 
 async def main(args: argparse.Namespace) -> None:
-    port = free_port()
-    env = {**os.environ, "AZQUEUE_LOG_LEVEL": "WARNING", "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID,
-           "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN}
-    server = subprocess.Popen([str(ROOT / ".venv/bin/azqueue"), "dev", "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL)
-    api = f"http://127.0.0.1:{port}/api/queue/v1"
-    try:
-        async with aiohttp.ClientSession(middlewares=(hawk_signer(ROOT_ID, ROOT_TOKEN),)) as http:
-            for _ in range(300):
-                try:
-                    async with http.get(f"{api}/ping") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
+    async with dev_server() as (api, http):
             for workers in (1, 8):
                 lat = [x * 1000 for x in await scenario(http, api, workers, args.tasks)]
                 print(f"{workers} waiting claimWork worker(s), {args.tasks} tasks created one at "
                       f"a time: p50 {percentile(lat, 50):.1f} ms, p99 {percentile(lat, 99):.1f} "
                       f"ms, max {max(lat):.1f} ms, mean {statistics.mean(lat):.1f} ms")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -27,15 +25,11 @@ from pathlib import Path
 
 import aiohttp
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from azqueue.devstorage import free_port  # noqa: E402
+from benchlib import dev_server  # noqa: E402
 from tests import sas  # noqa: E402
-from tests.signing import hawk_signer  # noqa: E402
 from tests.tasks import definition, slugid  # noqa: E402
-
-ROOT_ID, ROOT_TOKEN = "root", "bench-root-access-token-0123456789"
 
 QUIET_RESOLVERS = {"AZQUEUE_CLAIM_RESOLVER_INTERVAL": "3600",
                    "AZQUEUE_DEADLINE_RESOLVER_INTERVAL": "3600"}
@@ -72,25 +66,8 @@ async def metrics(http: aiohttp.ClientSession, api: str) -> Counter[str]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    port = free_port()
-    env = {**os.environ, **QUIET_RESOLVERS, "AZQUEUE_LOG_LEVEL": "WARNING",
-           "AZQUEUE_AMQP_URL": args.amqp,
-           "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID, "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN}
-    server = subprocess.Popen([str(ROOT / ".venv/bin/azqueue"), "dev", "--port", str(port)],
-                              env=env, stdout=subprocess.DEVNULL)
-    api = f"http://127.0.0.1:{port}/api/queue/v1"
-    try:
-        async with aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=args.workers * 4),
-                middlewares=(hawk_signer(ROOT_ID, ROOT_TOKEN),)) as http:
-            for _ in range(300):
-                try:
-                    async with http.get(f"{api}/ping") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
+    settings = {**QUIET_RESOLVERS, "AZQUEUE_AMQP_URL": args.amqp}
+    async with dev_server(args.workers * 4, **settings) as (api, http):
             urls = await sas.poll_task_urls(http, api, "bench", "count")
             worker: Counter[str] = Counter()
             await lifecycle(http, api, urls, "bench/count", args.priority, Counter())  # warm-up
@@ -123,9 +100,6 @@ async def main(args: argparse.Namespace) -> None:
             elapsed = time.monotonic() - started
             print(f"\n{args.workers} concurrent plain-HTTP workers on `azqueue dev` (Azurite): "
                   f"{done} lifecycles in {elapsed:.1f}s = {done / elapsed:.1f} lifecycles/s")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 if __name__ == "__main__":

@@ -1,19 +1,31 @@
 """The worker's view of the queue: the official client, plus the one call it lacks.
 
-``pollTaskUrls`` is not in the official client's API reference any more, so it is made
-here as a Hawk-signed GET (mohawk, which the official client itself signs with).
+* ``Credentials``: a client's or a claim's credentials (temporary ones carry a
+  ``certificate``), read from the usual ``TASKCLUSTER_*`` variables or a claim answer.
+* ``queue()``: the official ``taskcluster.aio.Queue`` on a shared aiohttp session; it
+  signs with Hawk and retries 5xx answers and connection errors with backoff.
+* ``poll_task_urls()``: ``GET poll-task-url/<provisionerId>/<workerType>`` is not in the
+  official client's API reference, so it is signed here with mohawk, the library the
+  official client signs with, and the client's own Hawk ``ext`` (certificate,
+  authorizedScopes).
+* ``status_of()``: the HTTP status of any failure the official client raises.
 """
 
 from __future__ import annotations
 
-import base64
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import aiohttp
 import mohawk
 import taskcluster.aio
+from taskcluster.exceptions import TaskclusterFailure
+
+from azqueue.worker.errors import QueueUnavailable
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +41,20 @@ class Credentials:
         return out
 
     @classmethod
-    def from_claim(cls, data: dict[str, Any]) -> Credentials:
+    def from_claim(cls, data: Mapping[str, Any]) -> Credentials:
+        """The ``credentials`` of a claimTask, claimWork or reclaimTask answer."""
         token = data["accessToken"]
         return cls(data["clientId"], token.decode() if isinstance(token, bytes) else token,
                    data.get("certificate"))
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Credentials | None:
+        """``TASKCLUSTER_CLIENT_ID``/``_ACCESS_TOKEN``/``_CERTIFICATE``; None if unset."""
+        client_id = env.get("TASKCLUSTER_CLIENT_ID", "")
+        token = env.get("TASKCLUSTER_ACCESS_TOKEN", "")
+        if not client_id or not token:
+            return None
+        return cls(client_id, token, env.get("TASKCLUSTER_CERTIFICATE") or None)
 
 
 def queue(root_url: str, credentials: Credentials | None,
@@ -45,19 +67,41 @@ def queue(root_url: str, credentials: Credentials | None,
 
 async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
                          credentials: Credentials | None, task_queue_id: str) -> dict[str, Any]:
+    """``{expires, queues: [{signedPollUrl, signedDeleteUrl}, ...]}``, highest priority
+    first; ``QueueUnavailable`` saying why otherwise."""
     url = f"{root_url.rstrip('/')}/api/queue/v1/poll-task-url/{task_queue_id}"
     headers = {}
     if credentials is not None:
-        ext = None
-        if credentials.certificate:
-            ext = base64.urlsafe_b64encode(json.dumps(
-                {"certificate": json.loads(credentials.certificate)}).encode()).decode()
+        ext = queue(root_url, credentials).makeHawkExt()
         sender = mohawk.Sender({"id": credentials.client_id, "key": credentials.access_token,
                                 "algorithm": "sha256"}, url, "GET",
-                               always_hash_content=False, ext=ext)
+                               always_hash_content=False, ext=ext or None)
         headers["Authorization"] = sender.request_header
     async with session.get(url, headers=headers) as r:
-        body: dict[str, Any] = await r.json()
+        text = await r.text()
         if r.status != 200:
-            raise RuntimeError(f"pollTaskUrls answered {r.status}: {body.get('message')}")
-        return body
+            raise QueueUnavailable(f"pollTaskUrls answered {r.status}: {text[:300]}")
+    try:
+        body: dict[str, Any] = json.loads(text)
+        parse_time(body["expires"])
+        if not all("signedPollUrl" in q and "signedDeleteUrl" in q for q in body["queues"]):
+            raise ValueError("a queue without signedPollUrl/signedDeleteUrl")
+    except (ValueError, KeyError, TypeError) as e:
+        raise QueueUnavailable(f"pollTaskUrls answered something unexpected: {e!r}") from None
+    return body
+
+
+def status_of(error: BaseException) -> int | None:
+    """The HTTP status behind an official-client failure (it raises aiohttp's
+    ``ClientResponseError`` once its retries of a 5xx are used up), or None."""
+    if isinstance(error, TaskclusterFailure):
+        status = getattr(error, "status_code", None)
+        return status if isinstance(status, int) else None
+    if isinstance(error, aiohttp.ClientResponseError):
+        return error.status
+    return None
+
+
+def parse_time(value: str) -> datetime:
+    """An ISO 8601 timestamp as the queue writes them (``...Z``), timezone-aware."""
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))

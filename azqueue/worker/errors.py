@@ -1,35 +1,54 @@
 """How a task handler says how its task ended (documents 000 and 003).
 
-Return normally: reportCompleted. Raise:
+The handler returns normally: ``reportCompleted``. Otherwise it raises::
 
-* ``TaskFailed``: the task's own code failed (e.g. exited non-zero): reportFailed;
-* ``MalformedPayload``: the payload cannot be run; the explanation goes to the task log,
-  then reportException ``malformed-payload`` (never retried);
-* ``ResourceUnavailable``: something the task needs is missing for now:
-  ``resource-unavailable``;
-* ``IntermittentTask``: the task asked to be retried: ``intermittent-task``.
+    TaskOutcome
+    ├── TaskFailed              the task's own code failed (e.g. exited non-zero): reportFailed
+    └── TaskException           reportException with ``reason``
+        ├── MalformedPayload    "malformed-payload": the payload cannot be run; never retried
+        ├── ResourceUnavailable "resource-unavailable": something the task needs is missing
+        ├── IntermittentTask    "intermittent-task": the task asked to be retried
+        └── InternalError       "internal-error": the worker itself is broken
 
-Any other exception is a bug in the worker: ``internal-error``.
+Any other exception escaping a handler is a bug in the worker and is reported
+``internal-error`` too. The worker logs each exception's message; the handler owns the
+task log and should write the explanation there before raising ("it is still important
+to write a detailed explanation of what is wrong with the task definition to the task
+log", document 003), as ``azqueue.worker.shell`` does.
 """
 
 from __future__ import annotations
 
 
 class TaskOutcome(Exception):
-    reason = ""
+    """Base of the outcomes a handler can raise."""
 
 
 class TaskFailed(TaskOutcome):
-    """The task's own code failed."""
+    """The task's own code failed: reportFailed."""
 
 
-class MalformedPayload(TaskOutcome):
+class TaskException(TaskOutcome):
+    """The run is resolved exception with ``reason``."""
+
+    reason = "internal-error"
+
+
+class MalformedPayload(TaskException):
     reason = "malformed-payload"
 
 
-class ResourceUnavailable(TaskOutcome):
+class ResourceUnavailable(TaskException):
     reason = "resource-unavailable"
 
 
-class IntermittentTask(TaskOutcome):
+class IntermittentTask(TaskException):
     reason = "intermittent-task"
+
+
+class InternalError(TaskException):
+    reason = "internal-error"
+
+
+class QueueUnavailable(Exception):
+    """The queue answered a call the worker needs (e.g. pollTaskUrls) with an error."""

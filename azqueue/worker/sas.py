@@ -26,7 +26,6 @@ from typing import Any
 from urllib.parse import quote
 
 import aiohttp
-from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.worker import client
 
@@ -76,7 +75,7 @@ class SasSource:
         if self._urls is None or datetime.now(UTC) >= self._expires - REFRESH_BEFORE:
             self._urls = await client.poll_task_urls(self.session, self.root_url,
                                                      self.credentials, self.task_queue_id)
-            self._expires = datetime.fromisoformat(self._urls["expires"].replace("Z", "+00:00"))
+            self._expires = client.parse_time(self._urls["expires"])
         return list(self._urls["queues"])
 
     async def get(self, wanted: int, stop: asyncio.Event) -> list[dict[str, Any]]:
@@ -122,10 +121,11 @@ class SasSource:
                 "messageId": message.message_id, "receipt": message.pop_receipt,
                 "signature": signature})
             return claim
-        except TaskclusterRestFailure as e:
-            if e.status_code is not None and 400 <= e.status_code < 500:
+        except Exception as e:
+            status = client.status_of(e)
+            if status is not None and 400 <= status < 500:
                 log.info("claim of %s/%d refused (%d): %s; deleting its message", task_id, run_id,
-                         e.status_code, e)
+                         status, e)
                 await self._delete(message, delete_template)
             else:
                 log.warning("claim of %s/%d failed after retries: %s", task_id, run_id, e)

@@ -25,14 +25,13 @@ import logging
 import random
 import signal
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any
 
 import aiohttp
 import taskcluster.aio
-from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.worker import client, errors
 from azqueue.worker.client import Credentials
@@ -82,7 +81,6 @@ class TaskRun:
     root_url: str
     session: aiohttp.ClientSession
     lost: bool = False
-    log_lines: list[str] = field(default_factory=list)
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -93,9 +91,6 @@ class TaskRun:
     def queue(self) -> taskcluster.aio.Queue:
         """A queue client with the task's current temporary credentials."""
         return client.queue(self.root_url, self.credentials, self.session)
-
-    def log(self, line: str) -> None:
-        self.log_lines.append(line)
 
     async def upload_artifact(self, name: str, data: bytes, content_type: str) -> None:
         """A blob artifact expiring with the task: created, PUT, finished."""
@@ -108,10 +103,6 @@ class TaskRun:
 
 
 Handler = Callable[[TaskRun], Awaitable[None]]
-
-
-def _parse_time(value: str) -> datetime:
-    return datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
 class Worker:
@@ -221,7 +212,7 @@ class Worker:
 
     def _spawn(self, session: aiohttp.ClientSession, claim: dict[str, Any]) -> None:
         run = TaskRun(task_id=claim["status"]["taskId"], run_id=int(claim["runId"]),
-                      task=claim["task"], taken_until=_parse_time(claim["takenUntil"]),
+                      task=claim["task"], taken_until=client.parse_time(claim["takenUntil"]),
                       credentials=Credentials.from_claim(claim["credentials"]),
                       root_url=self.config.root_url, session=session)
         task = asyncio.ensure_future(self._run(run))
@@ -247,9 +238,8 @@ class Worker:
                 outcome = ("exception", "worker-shutdown")
             except errors.TaskFailed as e:
                 outcome = ("failed", str(e))
-            except errors.TaskOutcome as e:
-                if isinstance(e, errors.MalformedPayload):
-                    run.log(f"malformed payload: {e}")
+            except errors.TaskException as e:
+                log.info("task %s/%d: %s: %s", run.task_id, run.run_id, e.reason, e)
                 outcome = ("exception", e.reason)
             except Exception:
                 log.exception("task %s/%d: the handler failed (a worker bug)", run.task_id,
@@ -268,15 +258,15 @@ class Worker:
             await asyncio.sleep(max(0.5, due))
             try:
                 answer = await run.queue.reclaimTask(run.task_id, run.run_id)
-            except TaskclusterRestFailure as e:
-                if e.status_code == 409:
+            except Exception as e:
+                if client.status_of(e) == 409:
                     run.lost = True
                     handler.cancel()
                     return
                 log.warning("task %s/%d: reclaim failed (%s); retrying", run.task_id,
                             run.run_id, e)
                 continue
-            run.taken_until = _parse_time(answer["takenUntil"])
+            run.taken_until = client.parse_time(answer["takenUntil"])
             run.credentials = Credentials.from_claim(answer["credentials"])
 
     async def _report(self, run: TaskRun, state: str, reason: str) -> None:
@@ -291,5 +281,5 @@ class Worker:
                 await queue.reportException(run.task_id, run.run_id, {"reason": reason})
             log.info("task %s/%d: reported %s%s", run.task_id, run.run_id, state,
                      f" ({reason})" if reason else "")
-        except TaskclusterRestFailure as e:
+        except Exception as e:
             log.warning("task %s/%d: reporting %s failed: %s", run.task_id, run.run_id, state, e)
