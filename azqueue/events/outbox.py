@@ -41,6 +41,9 @@ class Outbox:
 
     async def finish(self, task_id: str, trigger: Message) -> None:
         """Publish what the change wrote; on failure leave it to the recovery loop."""
+        if not self.publisher.reachable:
+            log.debug("broker away: events of task %s left to recovery", task_id)
+            return
         try:
             await asyncio.wait_for(self.deliver(task_id), FAST_PATH_TIMEOUT)
         except Exception as e:
@@ -76,13 +79,19 @@ class Outbox:
         now = timeutil.utcnow()
         for member, written in await self.groups.unresolved(task_group_id):
             try:
-                await self.tasks.get(member)
+                task = await self.tasks.get(member)
             except errors.NotFound:
                 if now - written > ORPHAN_AGE:
                     await self.groups.drop(task_group_id, member)
                     continue
-            return  # a member is still unresolved (or about to be written)
-        await self.publisher.publish(events.task_group_resolved(task_group_id, scheduler_id))
+                return  # about to be written
+            if task.definition["taskGroupId"] != task_group_id:
+                # Left by a createTask refused as a conflicting redefinition.
+                await self.groups.drop(task_group_id, member)
+                continue
+            return  # a member is still unresolved
+        if await self.groups.claim_announcement(task_group_id, task_id):
+            await self.publisher.publish(events.task_group_resolved(task_group_id, scheduler_id))
 
     async def recover(self) -> int:
         """Handle the triggers that became visible: their changes were not published."""

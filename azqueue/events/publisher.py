@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
@@ -16,6 +17,9 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT = 5.0
 RECONNECT_INTERVAL = 1.0
+# After a failed first connection, requests leave their events to recovery this long
+# before one of them tries again.
+FIRST_CONNECT_RETRY = 10.0
 PUBLISH_TIMEOUT = 10.0
 
 
@@ -29,6 +33,18 @@ class Publisher:
         self._channel: AbstractRobustChannel | None = None
         self._exchanges: dict[str, AbstractExchange] = {}
         self._lock = asyncio.Lock()
+        self._failed_at: float | None = None  # the last failed first connection attempt
+
+    @property
+    def reachable(self) -> bool:
+        """False while the broker is known to be away (connection lost and not yet back,
+        or the first connection failed less than ``FIRST_CONNECT_RETRY`` ago): publishing
+        now would only wait for it."""
+        if self._connection is None:
+            return (self._failed_at is None
+                    or time.monotonic() - self._failed_at > FIRST_CONNECT_RETRY)
+        connected = getattr(self._connection, "connected", None)
+        return connected is None or connected.is_set()
 
     async def _ready(self) -> None:
         """Connected, with the exchanges declared; raises if the broker cannot be reached.
@@ -39,8 +55,12 @@ class Publisher:
         """
         async with self._lock:
             if self._channel is None:
-                connection = await aio_pika.connect_robust(
-                    self._url, timeout=CONNECT_TIMEOUT, reconnect_interval=RECONNECT_INTERVAL)
+                try:
+                    connection = await aio_pika.connect_robust(
+                        self._url, timeout=CONNECT_TIMEOUT, reconnect_interval=RECONNECT_INTERVAL)
+                except BaseException:
+                    self._failed_at = time.monotonic()
+                    raise
                 try:
                     channel = await connection.channel(publisher_confirms=True)
                     assert isinstance(channel, AbstractRobustChannel)

@@ -161,14 +161,17 @@ class QueueService:
         trigger = await self.outbox.begin(task_id)
         try:
             before, after = await self.tasks.modify(task_id, fn, loaded, events.for_change)
-        except Exception:
-            await self.outbox.discard(trigger)
+        except errors.QueueError as e:
+            # A decision refused the change and nothing was written. A storage failure may
+            # have come after the write, though: then the trigger stays for recovery.
+            if not isinstance(e, errors.StorageError):
+                await self.outbox.discard(trigger)
             raise
-        if after is before:
-            await self.outbox.discard(trigger)
-        else:
+        if after is not before:
             self._fault_point()
-            await self.outbox.finish(task_id, trigger)
+        # With no change, this publishes what an earlier change may have left behind
+        # (one whose answer was lost after it was stored).
+        await self.outbox.finish(task_id, trigger)
         return before, after
 
     def _fault_point(self) -> None:
@@ -206,7 +209,7 @@ class QueueService:
         current = loaded[0]
         authorize(current)
         if model.is_claimed_by(current, run_id, worker_group, worker_id):
-            return self._claim_answer(current, run_id)  # a repeated claim
+            return await self._repeated_claim(current, run_id, tip)
         try:
             decide(current)  # refuse early, before touching the message
         except errors.Conflict:
@@ -233,6 +236,10 @@ class QueueService:
             if tip:
                 await self._drop_message(queue_name, tip.message_id, receipt)
             raise
+        except BaseException:
+            if tip:  # nothing is claimed: give run run_id its tip back, visible now
+                await self._restore_tip(queue_name, tip.message_id, receipt, task_id, run_id)
+            raise
         if not model.is_claimed_by(after, run_id, worker_group, worker_id):
             # The claim expired run run_id - 1 and no retries were left: the task is resolved.
             if tip:
@@ -248,6 +255,34 @@ class QueueService:
             # This claim expired the previous run, whose message it now holds.
             await self.claims.delete(task_id, run_id - 1)
         return self._claim_answer(after, run_id)
+
+    async def _repeated_claim(self, task: Task, run_id: int,
+                              tip: TipClaim | None) -> dict[str, Any]:
+        """The caller already holds this run: answer as before, unless it presents another
+        message than the one its claim took (a duplicate tip, which it should delete)."""
+        record = await self.claims.get(task.task_id, run_id)
+        if tip and record is not None and record.message_id != tip.message_id:
+            raise errors.Conflict(
+                f"run {run_id} of task {task.task_id} is already claimed by you through "
+                "another message; this message is a duplicate tip: delete it")
+        if record is None:
+            # The first claim died before recording itself. With its tip, we know the
+            # message but not its new receipt: the claim resolver will expire the claim
+            # if nobody reclaims it, and the message itself is deleted when it reappears.
+            run = task.runs[run_id]
+            assert run.taken_until is not None
+            queue_name = self.pending.name(task.task_queue_id, task.priority) if tip else ""
+            await self.claims.put(ClaimRecord(task.task_id, run_id, run.taken_until, queue_name,
+                                              tip.message_id if tip else ""))
+        return self._claim_answer(task, run_id)
+
+    async def _restore_tip(self, queue_name: str, message_id: str, receipt: str,
+                           task_id: str, run_id: int) -> None:
+        try:
+            await self.queues.update(queue_name, message_id, receipt, timedelta(0),
+                                     text=self.signer.tip(task_id, run_id).encode())
+        except Exception as e:  # best effort: the tip reappears at takenUntil regardless
+            log.warning("could not give task %s run %d its tip back: %s", task_id, run_id, e)
 
     async def _repair_orphaned_tip(self, task: Task, run_id: int) -> None:
         """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
@@ -332,6 +367,8 @@ class QueueService:
             await self.queues.update(queue_name, message_id, receipt, timedelta(0))
         except MessageGone:
             pass
+        except Exception as e:  # it becomes visible by itself when its hold ends
+            log.warning("could not release message %s of %s: %s", message_id, queue_name, e)
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
@@ -349,8 +386,15 @@ class QueueService:
         claims: list[dict[str, Any]] = []
         priorities = ORDER
         while True:
-            await self._claim_from_queues(task_queue_id, worker_group, worker_id, count, claims,
-                                          connected, priorities)
+            try:
+                await self._claim_from_queues(task_queue_id, worker_group, worker_id, count,
+                                              claims, connected, priorities)
+            except Exception:
+                if not claims:
+                    raise
+                # Answer with the claims already made rather than strand them.
+                log.exception("claimWork on %s stopped early", task_queue_id)
+                break
             remaining = end - loop.time()
             if claims or remaining <= 0 or not connected():
                 break
@@ -407,9 +451,11 @@ class QueueService:
                         TipClaim(message.message_id, message.pop_receipt, tip.signature)))
                 except (errors.Conflict, errors.InputError, errors.NotFound):
                     await self._drop_message(name, message.message_id, message.pop_receipt)
-                except Exception:
+                except Exception as e:
+                    # Not this caller's fault, and the claims already made are its own:
+                    # give this tip back and go on with the others.
+                    log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
                     await self._release(name, message.message_id, message.pop_receipt)
-                    raise
 
     # -- resolution ------------------------------------------------------------------
 
@@ -465,7 +511,7 @@ class QueueService:
         run = after.runs[record.run_id] if record.run_id < len(after.runs) else None
         if run is not None and run.state is RunState.RUNNING and run.taken_until is not None:
             if run.taken_until != record.taken_until:  # a reclaim whose row write was lost
-                await self.claims.put(replace(record, taken_until=run.taken_until))
+                await self.claims.extend(record.task_id, record.run_id, run.taken_until)
             return False
         await self.settle(after, record.run_id)
         return after is not before

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from azure.data.tables import UpdateMode
+
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityNotFound, translate
 
@@ -61,6 +63,17 @@ class ClaimStore:
     async def put(self, record: ClaimRecord) -> None:
         with translate(f"storing the claim of {record.task_id}/{record.run_id}"):
             await self._table.upsert_entity(record.to_entity())
+
+    async def extend(self, task_id: str, run_id: int, taken_until: datetime) -> None:
+        """Set ``takenUntil`` alone, leaving the receipt a concurrent reclaim may have
+        written; nothing if the row is gone."""
+        try:
+            with translate(f"extending the claim of {task_id}/{run_id}"):
+                await self._table.update_entity(
+                    {"PartitionKey": task_id, "RowKey": str(run_id), "takenUntil": taken_until},
+                    mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            pass
 
     async def get(self, task_id: str, run_id: int) -> ClaimRecord | None:
         try:

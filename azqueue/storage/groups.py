@@ -4,18 +4,25 @@ PartitionKey = taskGroupId, RowKey = taskId, ``resolved``. A member is added bef
 its task is written and marked resolved when the task's final resolution is published,
 so "no member unresolved" means the group is resolved. A member whose task never got
 written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``.
+
+The row ``~announced`` (``~`` is not a taskId character) says which set of members was
+last announced resolved, and by which task's resolution: resolutions racing to announce
+the same set write it conditionally, and only the winner publishes.
 """
 
 from __future__ import annotations
 
+import hashlib
 from datetime import UTC, datetime, timedelta
 
+from azure.core import MatchConditions
 from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import EntityExists, translate
+from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
 
 ORPHAN_AGE = timedelta(minutes=5)
+ANNOUNCED = "~announced"
 
 
 class GroupStore:
@@ -53,3 +60,35 @@ class GroupStore:
     async def drop(self, task_group_id: str, task_id: str) -> None:
         with translate(f"dropping task {task_id} from group {task_group_id}"):
             await self._table.delete_entity(task_group_id, task_id)
+
+    async def claim_announcement(self, task_group_id: str, by_task_id: str) -> bool:
+        """Whether the resolution of ``by_task_id`` is to announce the group resolved: true
+        for the first to claim the current set of members, and again for that same task
+        (its announcement may not have gone out), false for everyone else."""
+        with translate(f"reading group {task_group_id}"):
+            rows = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": task_group_id},
+                                              select=["RowKey"])
+            members = sorted([str(r["RowKey"]) async for r in rows if r["RowKey"] != ANNOUNCED])
+        digest = hashlib.sha256("\n".join(members).encode()).hexdigest()
+        marker = {"PartitionKey": task_group_id, "RowKey": ANNOUNCED, "members": digest,
+                  "by": by_task_id}
+        try:
+            with translate(f"reading group {task_group_id}"):
+                current = await self._table.get_entity(task_group_id, ANNOUNCED)
+        except EntityNotFound:
+            try:
+                with translate(f"announcing group {task_group_id}"):
+                    await self._table.create_entity(marker)
+            except EntityExists:
+                return False
+            return True
+        if current.get("members") == digest:
+            return bool(current.get("by") == by_task_id)
+        try:
+            with translate(f"announcing group {task_group_id}"):
+                await self._table.update_entity(marker, mode=UpdateMode.REPLACE,
+                                                etag=current.metadata["etag"],
+                                                match_condition=MatchConditions.IfNotModified)
+        except (ETagMismatch, EntityNotFound):
+            return False
+        return True

@@ -133,10 +133,18 @@ class TaskStore:
             return [(str(row["RowKey"]), event_from_row(row)) async for row in rows]
 
     async def delete_outbox(self, task_id: str, row_keys: list[str]) -> None:
+        """Delete outbox rows; rows another process deleted already are no error."""
         for i in range(0, len(row_keys), 100):
-            with translate(f"clearing the outbox of task {task_id}"):
-                await self._table.submit_transaction(
-                    [("delete", {"PartitionKey": task_id, "RowKey": k}) for k in row_keys[i:i + 100]])
+            chunk = row_keys[i:i + 100]
+            try:
+                with translate(f"clearing the outbox of task {task_id}"):
+                    await self._table.submit_transaction(
+                        [("delete", {"PartitionKey": task_id, "RowKey": k}) for k in chunk])
+            except StorageError:
+                # One row was gone (a concurrent delivery): the batch failed as a whole.
+                for k in chunk:
+                    with translate(f"clearing the outbox of task {task_id}"):
+                        await self._table.delete_entity(task_id, k)
 
     async def get(self, task_id: str) -> Task:
         task, _ = await self.load(task_id)

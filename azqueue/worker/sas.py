@@ -5,9 +5,10 @@
 * ``<MessageText>`` base64-decoded and JSON-parsed into ``{taskId, runId, signature}``;
 * claimTask with messageId, receipt and signature; after a successful claim the message
   is left alone (the queue rewrote it to enforce the claim);
-* after a 4xx answer, the message is deleted through signedDeleteUrl with the
+* after a 400, 404 or 409 answer, the message is deleted through signedDeleteUrl with the
   URI-encoded receipt, and a failed delete is logged ("failure to delete messages from
-  Azure queue is serious");
+  Azure queue is serious"); after a 401 or 403 the worker's own credentials are at
+  fault, so the message is left for another worker and an error is logged;
 * a message dequeued more than 10 times is reported to the operator;
 * 5xx answers are retried with backoff by the official client.
 """
@@ -34,6 +35,9 @@ log = logging.getLogger(__name__)
 MAX_MESSAGES = 32
 DEQUEUE_ALERT = 10
 REFRESH_BEFORE = timedelta(minutes=2)
+# Answers to claimTask after which the message is deleted: the task does not exist, is
+# not (or no longer) pending, or the tip is not valid (documents 000 and 001).
+DELETE_AFTER = frozenset({400, 404, 409})
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +127,16 @@ class SasSource:
             return claim
         except Exception as e:
             status = client.status_of(e)
-            if status is not None and 400 <= status < 500:
+            if status in DELETE_AFTER:
                 log.info("claim of %s/%d refused (%d): %s; deleting its message", task_id, run_id,
                          status, e)
                 await self._delete(message, delete_template)
+            elif status in (401, 403):
+                # Our own credentials are wrong, not the task: leave the tip for a worker
+                # that may claim it, and slow down.
+                log.error("claim of %s/%d refused (%d): %s; check this worker's credentials "
+                          "and scopes", task_id, run_id, status, e)
+                await asyncio.sleep(self.idle_sleep * random.uniform(1, 2))
             else:
                 log.warning("claim of %s/%d failed after retries: %s", task_id, run_id, e)
             return None

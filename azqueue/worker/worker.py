@@ -211,6 +211,10 @@ class Worker:
     # -- running one task ------------------------------------------------------------
 
     def _spawn(self, session: aiohttp.ClientSession, claim: dict[str, Any]) -> None:
+        key = (claim["status"]["taskId"], int(claim["runId"]))
+        if any((r.task_id, r.run_id) == key for r in self._running.values()):
+            log.warning("task %s/%d was handed out twice; running it once", *key)
+            return
         run = TaskRun(task_id=claim["status"]["taskId"], run_id=int(claim["runId"]),
                       task=claim["task"], taken_until=client.parse_time(claim["takenUntil"]),
                       credentials=Credentials.from_claim(claim["credentials"]),
@@ -222,6 +226,8 @@ class Worker:
     async def _run(self, run: TaskRun) -> None:
         handler = asyncio.ensure_future(self.handler(run))
         reclaimer = asyncio.ensure_future(self._reclaim(run, handler))
+        if self._shutdown:  # claimed while a forced stop was under way: hand it back
+            handler.cancel()
         outcome: tuple[str, str] | None = None
         try:
             try:
@@ -250,7 +256,13 @@ class Worker:
             with contextlib.suppress(BaseException):
                 await reclaimer
             if outcome is not None and not run.lost:
-                await self._report(run, *outcome)
+                # A forced stop must not cancel a report that is already due.
+                report = asyncio.ensure_future(self._report(run, *outcome))
+                try:
+                    await asyncio.shield(report)
+                except asyncio.CancelledError:
+                    await report
+                    raise
 
     async def _reclaim(self, run: TaskRun, handler: asyncio.Future[None]) -> None:
         while not handler.done():
