@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import base64
 import binascii
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from azqueue.config import Settings
 from azqueue.errors import AuthenticationFailed, InsufficientScopes
-from azqueue.model import credentials, scopes
+from azqueue.model import credentials, jsontext, scopes
 from azqueue.model.credentials import Principal
 from azqueue.api import hawk
 
@@ -33,7 +32,7 @@ class Caller:
 
 def _decode_ext(ext: str) -> dict[str, Any]:
     try:
-        data = json.loads(base64.urlsafe_b64decode(ext + "=" * (-len(ext) % 4)))
+        data = jsontext.loads(base64.urlsafe_b64decode(ext + "=" * (-len(ext) % 4)))
     except (binascii.Error, ValueError):
         raise AuthenticationFailed("the Hawk `ext` is not base64-encoded JSON") from None
     if not isinstance(data, dict):

@@ -6,7 +6,6 @@ Taskcluster clients percent-encode every path parameter (``/`` in a taskQueueId 
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,7 @@ from azqueue import __version__, errors
 from azqueue.api import validation
 from azqueue.api.auth import Authenticator, Caller, require
 from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
-from azqueue.model import timeutil
+from azqueue.model import jsontext, timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.scopes import Expression
 from azqueue.model.task import ReasonResolved, RunState, Task
@@ -95,8 +94,8 @@ async def _body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
         body: Any = {}
     else:
         try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            body = jsontext.loads(raw)
+        except ValueError as e:
             raise errors.MalformedPayload(f"the request body is not valid JSON: {e}") from None
     request[PAYLOAD_KEY] = body
     validation.validate(schema, body, what)

@@ -30,7 +30,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azqueue.errors import AuthenticationFailed
-from azqueue.model import scopes as scopeset
+from azqueue.model import jsontext, scopes as scopeset
 
 SLACK = timedelta(minutes=5)
 MAX_LIFETIME = timedelta(days=31)
@@ -86,7 +86,7 @@ def verify(raw: Any, hawk_id: str, lookup: Callable[[str], Principal | None],
     """The principal a certificate makes of ``hawk_id``, or AuthenticationFailed saying why."""
     if isinstance(raw, str):
         try:
-            raw = json.loads(raw)
+            raw = jsontext.loads(raw)
         except ValueError:
             raise _fail("the certificate is not JSON") from None
     if not isinstance(raw, dict):
@@ -103,8 +103,12 @@ def verify(raw: Any, hawk_id: str, lookup: Callable[[str], Principal | None],
         raise _fail("scopes must be a list of strings")
     if not isinstance(cert.get("signature"), str):
         raise _fail("the certificate has no signature")
-    start_at = datetime.fromtimestamp(start / 1000, UTC)
-    expiry_at = datetime.fromtimestamp(expiry / 1000, UTC)
+    try:
+        start_at = datetime.fromtimestamp(start / 1000, UTC)
+        expiry_at = datetime.fromtimestamp(expiry / 1000, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise _fail("start and expiry must be times (milliseconds since the epoch) in years "
+                    "1970-9999") from None
     if expiry_at - start_at > MAX_LIFETIME:
         raise _fail("temporary credentials may last at most 31 days")
     if now < start_at - SLACK:

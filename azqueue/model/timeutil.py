@@ -22,7 +22,10 @@ def parse(value: str) -> datetime:
     frac = (m.group(7) or "").ljust(6, "0")
     tz = m.group(8)
     text = f"{value[:19]}.{frac}{'+00:00' if tz == 'Z' else tz}"
-    return datetime.fromisoformat(text).astimezone(UTC)
+    try:
+        return datetime.fromisoformat(text).astimezone(UTC)
+    except OverflowError:
+        raise ValueError(f"{value!r} is out of range (years 1-9999 in UTC)") from None
 
 
 def fmt(moment: datetime) -> str:

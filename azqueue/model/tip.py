@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, hmac
 
+from azqueue.model import jsontext
+
 
 @dataclass(frozen=True, slots=True)
 class Tip:
@@ -34,10 +36,10 @@ class Tip:
     def decode(cls, text: str) -> Tip:
         """ValueError when ``text`` is not a tip."""
         try:
-            data = json.loads(base64.b64decode(text, validate=True))
+            data = jsontext.loads(base64.b64decode(text, validate=True))
             return cls(task_id=str(data["taskId"]), run_id=int(data["runId"]),
                        signature=str(data["signature"]))
-        except (binascii.Error, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+        except (binascii.Error, ValueError, KeyError, TypeError) as e:
             raise ValueError(f"not a tip: {e}") from None
 
 

@@ -87,6 +87,8 @@ BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
     ("unknown field", {"colour": "blue"}, "colour"),
     ("task queue forms disagree", {"provisionerId": "other"}, "provisionerId"),
     ("bad taskGroupId", {"taskGroupId": "not-a-slugid"}, "taskGroupId"),
+    ("expires beyond year 9999 in UTC", {"expires": "9999-12-31T23:59:59.000-01:00"}, "expires"),
+    ("created before year 1 in UTC", {"created": "0001-01-01T00:00:00.000+01:00"}, "created"),
 ]
 
 
@@ -116,6 +118,11 @@ async def test_missing_required_fields_and_malformed_json(
     assert code == 400 and "metadata" in err["message"]
     code, err = await _put(http, server, slugid(), "{not json")
     assert code == 400 and err["code"] == "MalformedPayload"
+    code, err = await _put(http, server, slugid(), "[" * 100_000)
+    assert code == 400 and err["code"] == "MalformedPayload" and "nested" in err["message"]
+    nan = json.dumps({**definition(), "payload": {"x": float("nan")}})
+    code, err = await _put(http, server, slugid(), nan)
+    assert code == 400 and err["code"] == "MalformedPayload" and "NaN" in err["message"]
     code, err = await _put(http, server, "not-a-slug", definition())
     assert code == 400 and "taskId" in err["message"]
     code, err = await _put(http, server, slugid(), {**definition(), "payload": {"x": "x" * 500_000}})

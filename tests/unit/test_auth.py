@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import mohawk
@@ -85,3 +86,13 @@ def test_certificates_we_issue_verify_like_the_official_clients() -> None:
     with pytest.raises(AuthenticationFailed, match="31 days"):
         credentials.verify(credentials.issue(issuer, [], now, now + timedelta(days=32))
                            ["certificate"], "issuer", lookup, now)
+
+
+@pytest.mark.parametrize("start", [10**20, -(10**20)])
+def test_certificate_times_out_of_range_are_refused_not_crashed(start: int) -> None:
+    issuer = Principal("issuer", "issuer-token", ("queue:*",))
+    now = datetime.now(UTC)
+    cert = credentials.issue(issuer, ["queue:a"], now, now + timedelta(hours=1))["certificate"]
+    forged = {**json.loads(cert), "start": start}
+    with pytest.raises(AuthenticationFailed, match="1970-9999"):
+        credentials.verify(json.dumps(forged), "issuer", {"issuer": issuer}.get, now)
