@@ -138,3 +138,27 @@ async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
     await _claim(http, server.api, late)
     await sas.post(http, f"{server.api}/task/{late}/runs/0/exception", {"reason": "malformed-payload"})
     await consumer.wait_for(lambda m: len(m) >= 2)
+
+
+async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """The last tasks of a group resolved at the same moment, on two replicas: still one
+    task-group-resolved per group."""
+    groups = [slugid() for _ in range(4)]
+    consumer = await consume("primary.#", exchanges=("task-group-resolved",))
+    replicas = [await make_server(amqp_url=amqp_url), await make_server(amqp_url=amqp_url)]
+    api = replicas[0].api
+    members = {g: [await create(http, api, definition("prov/race", taskGroupId=g))
+                   for _ in range(4)] for g in groups}
+    for tasks in members.values():
+        for task_id in tasks:
+            await _claim(http, api, task_id)
+    await asyncio.gather(*(
+        sas.post(http, f"{replicas[i % 2].api}/task/{task_id}/runs/0/completed")
+        for tasks in members.values() for i, task_id in enumerate(tasks)))
+    await consumer.wait_for(lambda m: {x.body["taskGroupId"] for x in m} >= set(groups))
+    await asyncio.sleep(1.0)  # any second announcement would have arrived by now
+    announced = [m.body["taskGroupId"] for m in consumer.messages
+                 if m.body["taskGroupId"] in groups]
+    assert sorted(announced) == sorted(groups)

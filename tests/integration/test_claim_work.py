@@ -148,3 +148,37 @@ async def test_claim_work_and_sas_workers_never_share_a_run(
     for task_id in tasks[:10]:
         assert [r["state"] for r in (await status(http, replicas[0].api, task_id))["runs"]] == [
             "completed"]
+
+
+async def test_a_duplicate_tip_never_hands_a_run_out_twice(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A createTask retried with the same definition queues a second tip for run 0 (the
+    first attempt may have died before queuing one). Neither claimWork nor a SAS worker
+    may get run 0 twice from it, even the worker that already holds it; the duplicate
+    is deleted."""
+    server = await make_server(claim_work_wait=1.0)
+    body = definition("prov/dup")
+    task_id = await create(http, server.api, body)
+    assert await create(http, server.api, body, task_id=task_id) == task_id
+    claims = await claim_work(http, server, "prov/dup", tasks=4)
+    assert [(c["status"]["taskId"], c["runId"]) for c in claims] == [(task_id, 0)]
+    assert await claim_work(http, server, "prov/dup", tasks=4) == []  # after the long poll
+    urls = await sas.poll_task_urls(http, server.api, "prov", "dup")
+    for q in urls["queues"]:
+        assert await sas.get_messages(http, q["signedPollUrl"], 32) == []
+
+    # The SAS flow: the worker holding run 0 presents the duplicate and is told to drop it.
+    other_body = definition("prov/dup")
+    other = await create(http, server.api, other_body)
+    assert await create(http, server.api, other_body, task_id=other) == other
+    queue = urls["queues"][6]
+    first, second = (await sas.get_messages(http, queue["signedPollUrl"], 1),
+                     await sas.get_messages(http, queue["signedPollUrl"], 1))
+    code, _ = await sas.claim(http, server.api, first[0], worker_id="w1")
+    assert code == 200
+    code, err = await sas.claim(http, server.api, second[0], worker_id="w1")
+    assert code == 409 and "duplicate" in err["message"], err
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], second[0]) in (200, 204)
+    # Repeating the first claim as it was sent (a client retry) answers it again.
+    code, again = await sas.claim(http, server.api, first[0], worker_id="w1")
+    assert code == 200 and again["runId"] == 0
