@@ -69,7 +69,7 @@ def add_parsers(sub: Any) -> None:
     for name, text in (("status", "print the task's status"),
                        ("wait", "wait until the task is resolved; exit 0 if completed"),
                        ("log", "print the latest run's public/logs/live.log"),
-                       ("cancel", "cancel the task")):
+                       ("cancel", "cancel the task (not yet: the queue has no cancelTask)")):
         tsub.add_parser(name, help=text).add_argument("task_id")
 
 
