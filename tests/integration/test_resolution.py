@@ -173,3 +173,24 @@ async def test_background_resolver_expires_unpolled_claims_once_within_its_lag(
         assert m.tip["runId"] == 1
         code, claim = await sas.claim(http, api, m, worker_id="w2")
         assert code == 200 and claim["runId"] == 1
+
+
+async def test_a_resolver_that_lost_the_race_to_a_late_reclaim_leaves_its_receipt_alone(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """The claim resolver lists a claim just expired; a late reclaim lands before the
+    resolver acts on it. The resolver must not put the listed (stale) pop receipt back,
+    or the next reclaim of the still-running run would be refused 409."""
+    server = await make_server(claim_timeout=2.0, run_resolvers=False)
+    task_id = await create(http, server.api, definition("prov/stale"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "stale")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    code, _ = await sas.claim(http, server.api, message)
+    assert code == 200
+    await asyncio.sleep(2.5)
+    [listed] = await server.service.expired_claims()
+    code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
+    assert code == 200, body
+    assert await server.service.expire_claim(listed) is False
+    code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
+    assert code == 200, body
+    assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
