@@ -18,6 +18,11 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 * Duplicate and stale tips are harmless: a claim is decided by the Task entity alone
   (conditional on its ETag), and a tip for a run that cannot be claimed answers 4xx,
   upon which the worker deletes it.
+* Every message put with a tip is recorded (row ``tip:<messageId>`` in the task's
+  partition, read with the task in one request), and a worker's claim must name such a
+  message: a worker that pairs a tip with another message it holds is refused before
+  that message is touched. A rewrite keeps the messageId, so the record holds for
+  ``r + 1`` too.
 """
 
 from __future__ import annotations
@@ -59,6 +64,8 @@ RECLAIM_RECEIPT_ATTEMPTS = 3
 # How long claimWork holds a received tip before it claims or releases it (a crash
 # mid-claim leaves it invisible no longer than this).
 CLAIM_WORK_HOLD = timedelta(seconds=30)
+# How long a claim waits for the record of a tip that was put a moment ago.
+TIP_RECORD_WAIT = timedelta(seconds=1)
 # Claim credentials stay valid this long past takenUntil (the run's state still decides).
 CREDENTIALS_AFTER_TAKEN_UNTIL = timedelta(minutes=5)
 
@@ -138,8 +145,7 @@ class QueueService:
             if last is not None and last.state is RunState.PENDING:
                 await self._queue_tip(existing, last.run_id)
             return existing.status()
-        await self.queues.put(queue_name, self.signer.tip(task_id, 0).encode())
-        self.signals.notify(task.task_queue_id, task.priority)
+        await self._queue_tip(task, 0)
         return task.status()
 
     async def definition(self, task_id: str) -> dict[str, Any]:
@@ -149,9 +155,32 @@ class QueueService:
         return (await self.tasks.get(task_id)).status()
 
     async def _queue_tip(self, task: Task, run_id: int) -> None:
+        """Put a tip for run ``run_id`` and record its messageId, so that a claim can tell
+        the task's own messages from others."""
         name = await self.pending.ensure(task.task_queue_id, task.priority)
-        await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+        message = await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+        await self.tasks.record_tip(task.task_id, message.message_id)
         self.signals.notify(task.task_queue_id, task.priority)
+
+    async def _load_for_tip(self, task_id: str, tip: TipClaim) -> tuple[Task, str]:
+        """The task, once ``tip.message_id`` is known to be one of its tips; InputError
+        (and a fresh tip for a pending run) when it is not."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + TIP_RECORD_WAIT.total_seconds()
+        while True:
+            task, etag, known = await self.tasks.load_with_tip(task_id, tip.message_id)
+            if known:
+                return task, etag
+            if loop.time() >= give_up:
+                break
+            await asyncio.sleep(0.1)  # a tip just put may not be recorded yet
+        last = task.last_run
+        if last is not None and last.state is RunState.PENDING:
+            # In case the presented message is this task's tip whose record was lost.
+            await self._queue_tip(task, last.run_id)
+        raise errors.InputError(
+            f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
+            "MessageId and PopReceipt of the message this tip came from, as received")
 
     async def _change(self, task_id: str, fn: Callable[[Task], Task],
                       loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
@@ -192,8 +221,13 @@ class QueueService:
 
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
                          tip: TipClaim | None = None,
-                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
-        """Claim a run; ``authorize`` sees the task before anything changes."""
+                         authorize: Callable[[Task], None] = lambda t: None,
+                         tip_read_here: bool = False) -> dict[str, Any]:
+        """Claim a run; ``authorize`` sees the task before anything changes.
+
+        A ``tip`` presented by a worker must name a message recorded as one of the task's
+        tips, so that a worker mixing up messages cannot rewrite another task's tip;
+        ``tip_read_here`` (claimWork, which read the message itself) skips that check."""
         now = timeutil.utcnow()
         tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
 
@@ -205,7 +239,10 @@ class QueueService:
             raise errors.InputError(
                 f"`signature` does not match task {task_id} run {run_id}: the message was altered "
                 "or not issued by this queue; delete it and poll again")
-        loaded = await self.tasks.load(task_id)
+        if tip and not tip_read_here:
+            loaded = await self._load_for_tip(task_id, tip)
+        else:
+            loaded = await self.tasks.load(task_id)
         current = loaded[0]
         authorize(current)
         if model.is_claimed_by(current, run_id, worker_group, worker_id):
@@ -448,7 +485,8 @@ class QueueService:
                 try:
                     claims.append(await self.claim_task(
                         tip.task_id, tip.run_id, worker_group, worker_id,
-                        TipClaim(message.message_id, message.pop_receipt, tip.signature)))
+                        TipClaim(message.message_id, message.pop_receipt, tip.signature),
+                        tip_read_here=True))
                 except (errors.Conflict, errors.InputError, errors.NotFound):
                     await self._drop_message(name, message.message_id, message.pop_receipt)
                 except Exception as e:

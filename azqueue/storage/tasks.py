@@ -37,6 +37,8 @@ EventsFor = Callable[[Task | None, Task], list[Event]]
 MAX_DEFINITION_CHARS = 400_000
 MAX_MODIFY_ATTEMPTS = 50
 ROW = "task"
+# Rows "tip:<messageId>": the Azure messages that were put carrying this task's tips.
+TIP = "tip:"
 
 
 def _put_chunks(entity: dict[str, Any], name: str, text: str) -> None:
@@ -123,6 +125,29 @@ class TaskStore:
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
         return from_entity(entity), str(entity.metadata["etag"])
+
+    async def load_with_tip(self, task_id: str, message_id: str) -> tuple[Task, str, bool]:
+        """``load``, and whether ``message_id`` is recorded as one of the task's tips (in
+        the same request)."""
+        tip_key = TIP + message_id
+        with translate(f"reading task {task_id}"):
+            rows = [row async for row in self._table.query_entities(
+                "PartitionKey eq @pk and ( RowKey eq @task or RowKey eq @tip )",
+                parameters={"pk": task_id, "task": ROW, "tip": tip_key})]
+        entity = next((r for r in rows if r["RowKey"] == ROW), None)
+        if entity is None:
+            raise NotFound(f"task {task_id} does not exist (or has expired)")
+        known = any(r["RowKey"] == tip_key for r in rows)
+        return from_entity(entity), str(entity.metadata["etag"]), known
+
+    async def record_tip(self, task_id: str, message_id: str) -> None:
+        """Remember that the message ``message_id`` was put carrying a tip of this task."""
+        try:
+            with translate(f"recording a tip of task {task_id}"):
+                await self._table.create_entity({"PartitionKey": task_id,
+                                                 "RowKey": TIP + message_id})
+        except EntityExists:
+            pass
 
     async def outbox(self, task_id: str) -> list[tuple[str, Event]]:
         """The task's unpublished events, oldest first, with their RowKeys."""

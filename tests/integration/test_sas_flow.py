@@ -171,3 +171,52 @@ async def test_bad_signature_or_foreign_message_is_refused_and_worker_deletes_ti
     assert await sas.delete_message(http, queue["signedDeleteUrl"], m_b) == 204
     # A delete with a stale receipt is "not mine any more" (400 on Azurite, 404 on Azure).
     assert await sas.delete_message(http, queue["signedDeleteUrl"], m_a) in (400, 404)
+
+
+async def test_a_tip_paired_with_another_held_message_is_refused_and_strands_nothing(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """The signature 'reduces the workers ability to mix-up claimed tasks by accident'
+    (001); the receipt does not help when both messages are held (Azurite hands every
+    message of one GET the same receipt). Task A's tip presented with task B's message
+    is refused before B's message is touched, and both tasks are then claimed normally."""
+    server = await make_server()
+    task_a = await create(http, server.api, definition("prov/mixup"))
+    task_b = await create(http, server.api, definition("prov/mixup"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "mixup")
+    queue = urls["queues"][6]
+    held = await sas.get_messages(http, queue["signedPollUrl"], 2)
+    m_a = next(m for m in held if m.tip["taskId"] == task_a)
+    m_b = next(m for m in held if m.tip["taskId"] == task_b)
+    mixed = sas.QueueMessage(m_b.message_id, m_b.pop_receipt, 1, m_a.text)
+    code, err = await sas.claim(http, server.api, mixed)
+    assert code == 400 and "does not carry a tip" in err["message"], err
+    # B's message still says B: claiming it as received works.
+    code, claim_b = await sas.claim(http, server.api, m_b, worker_id="w2")
+    assert code == 200 and claim_b["status"]["taskId"] == task_b
+    code, claim_a = await sas.claim(http, server.api, m_a)
+    assert code == 200 and claim_a["status"]["taskId"] == task_a
+    for task_id in (task_a, task_b):
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+        assert code == 200
+
+
+async def test_a_tip_whose_record_was_lost_is_replaced_by_a_recorded_one(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """If the queue died between putting a tip and recording it, the tip is refused (and
+    deleted by the worker) but the pending run gets a new, recorded tip at once."""
+    server = await make_server()
+    task_id = await create(http, server.api, definition("prov/unrecorded"))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "unrecorded")
+    queue = urls["queues"][6]
+    [recorded] = await sas.get_messages(http, queue["signedPollUrl"])
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], recorded) == 204
+    qclient = server.service.queues.client(server.service.pending.name("prov/unrecorded",
+                                                                       Priority.LOWEST))
+    await qclient.send_message(server.service.signer.tip(task_id, 0).encode())  # unrecorded
+    [orphan] = await sas.get_messages(http, queue["signedPollUrl"])
+    code, err = await sas.claim(http, server.api, orphan)
+    assert code == 400 and "does not carry a tip" in err["message"]
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], orphan) == 204
+    [fresh] = await sas.get_messages(http, queue["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, fresh)
+    assert code == 200 and claim["status"]["taskId"] == task_id
