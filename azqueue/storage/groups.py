@@ -66,29 +66,24 @@ class GroupStore:
         for the first to claim the current set of members, and again for that same task
         (its announcement may not have gone out), false for everyone else."""
         with translate(f"reading group {task_group_id}"):
-            rows = self._table.query_entities("PartitionKey eq @pk", parameters={"pk": task_group_id},
-                                              select=["RowKey"])
-            members = sorted([str(r["RowKey"]) async for r in rows if r["RowKey"] != ANNOUNCED])
+            rows = [r async for r in self._table.query_entities(
+                "PartitionKey eq @pk", parameters={"pk": task_group_id},
+                select=["RowKey", "members", "by"])]
+        members = sorted(str(r["RowKey"]) for r in rows if r["RowKey"] != ANNOUNCED)
+        current = next((r for r in rows if r["RowKey"] == ANNOUNCED), None)
         digest = hashlib.sha256("\n".join(members).encode()).hexdigest()
         marker = {"PartitionKey": task_group_id, "RowKey": ANNOUNCED, "members": digest,
                   "by": by_task_id}
         try:
-            with translate(f"reading group {task_group_id}"):
-                current = await self._table.get_entity(task_group_id, ANNOUNCED)
-        except EntityNotFound:
-            try:
-                with translate(f"announcing group {task_group_id}"):
-                    await self._table.create_entity(marker)
-            except EntityExists:
-                return False
-            return True
-        if current.get("members") == digest:
-            return bool(current.get("by") == by_task_id)
-        try:
             with translate(f"announcing group {task_group_id}"):
-                await self._table.update_entity(marker, mode=UpdateMode.REPLACE,
-                                                etag=current.metadata["etag"],
-                                                match_condition=MatchConditions.IfNotModified)
-        except (ETagMismatch, EntityNotFound):
-            return False
+                if current is None:
+                    await self._table.create_entity(marker)
+                elif current.get("members") == digest:
+                    return bool(current.get("by") == by_task_id)
+                else:
+                    await self._table.update_entity(
+                        marker, mode=UpdateMode.REPLACE, etag=current.metadata["etag"],
+                        match_condition=MatchConditions.IfNotModified)
+        except (EntityExists, ETagMismatch, EntityNotFound):
+            return False  # another resolution announced this set just now
         return True
