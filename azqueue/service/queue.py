@@ -159,8 +159,10 @@ class QueueService:
         the task's own messages from others."""
         name = await self.pending.ensure(task.task_queue_id, task.priority)
         message = await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
-        await self.tasks.record_tip(task.task_id, message.message_id)
+        # claimWork in this process reads the tip from the queue itself and needs no
+        # record, so it may start on it while the record is written.
         self.signals.notify(task.task_queue_id, task.priority)
+        await self.tasks.record_tip(task.task_id, message.message_id)
 
     async def _load_for_tip(self, task_id: str, tip: TipClaim) -> tuple[Task, str]:
         """The task, once ``tip.message_id`` is known to be one of its tips; InputError
