@@ -35,6 +35,18 @@ def queue(server: Server, credentials: dict[str, Any] | None = None,
     return taskcluster.Queue(opts)
 
 
+async def call(flavour: str, server: Server, credentials: dict[str, Any] | None, method: str,
+               *args: Any, **options: Any) -> Any:
+    """``method`` of the official client's Queue: ``taskcluster.Queue`` (in a thread) or
+    ``taskcluster.aio.Queue``, as ``flavour`` says."""
+    opts: dict[str, Any] = {"rootUrl": server.root_url, "maxRetries": 0, **options}
+    if credentials:
+        opts["credentials"] = credentials
+    if flavour == "aio":
+        return await getattr(taskcluster.aio.Queue(opts), method)(*args)
+    return await asyncio.to_thread(getattr(taskcluster.Queue(opts), method), *args)
+
+
 def creds(client: Client) -> dict[str, str]:
     return {"clientId": client.client_id, "accessToken": client.access_token}
 
@@ -54,22 +66,26 @@ async def _signed(http: aiohttp.ClientSession, method: str, url: str, body: byte
         return r.status, await r.json(), header
 
 
+@pytest.fixture(params=["sync", "aio"])
+def flavour(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture
 async def auth_server(make_server: ServerFactory) -> Server:
     return await make_server(clients=(LIMITED, ISSUER), anonymous_scopes=())
 
 
 async def test_authentication_failures_are_401_and_change_nothing(
-        auth_server: Server, anonymous: aiohttp.ClientSession) -> None:
+        auth_server: Server, anonymous: aiohttp.ClientSession, flavour: str) -> None:
     server = auth_server
-    root = queue(server, creds(ROOT))
     body = definition()
     refused: list[str] = []
     for bad in ({"clientId": "root", "accessToken": "wrong-token-0123456789012"},
                 {"clientId": "nobody", "accessToken": ROOT.access_token}):
         task_id = slugid()
         with pytest.raises(TaskclusterAuthFailure) as info:
-            await asyncio.to_thread(queue(server, bad).createTask, task_id, body)
+            await call(flavour, server, bad, "createTask", task_id, body)
         assert info.value.status_code == 401
         assert info.value.body["code"] == "AuthenticationFailed"
         assert ROOT.access_token not in json.dumps(info.value.body)
@@ -89,7 +105,7 @@ async def test_authentication_failures_are_401_and_change_nothing(
     # A replayed request: the first is served, the identical second refused.
     served = slugid()
     url = f"{server.api}/task/{served}/runs/0/claim"
-    await asyncio.to_thread(root.createTask, served, body)
+    await call(flavour, server, creds(ROOT), "createTask", served, body)
     claim = json.dumps({"workerGroup": "g", "workerId": "first"}).encode()
     code, _, header = await _signed(anonymous, "POST", url, claim)
     assert code == 200
@@ -99,9 +115,9 @@ async def test_authentication_failures_are_401_and_change_nothing(
     # Nothing was written by the refused requests.
     for task_id in refused:
         with pytest.raises(TaskclusterRestFailure) as info:
-            await asyncio.to_thread(root.status, task_id)
+            await call(flavour, server, creds(ROOT), "status", task_id)
         assert info.value.status_code == 404
-    status = (await asyncio.to_thread(root.status, served))["status"]
+    status = (await call(flavour, server, creds(ROOT), "status", served))["status"]
     assert [r["state"] for r in status["runs"]] == ["running"]
 
 
@@ -118,48 +134,51 @@ async def test_refused_credentials_leave_no_task(auth_server: Server) -> None:
 
 
 async def test_missing_create_task_scope_is_403_naming_it_and_writes_nothing(
-        auth_server: Server) -> None:
-    limited = queue(auth_server, creds(LIMITED))
+        auth_server: Server, flavour: str) -> None:
+    async def limited(method: str, *args: Any) -> Any:
+        return await call(flavour, auth_server, creds(LIMITED), method, *args)
+
     task_id = slugid()
     with pytest.raises(TaskclusterRestFailure) as info:
-        await asyncio.to_thread(limited.createTask, task_id, definition("prov/wt"))
+        await limited("createTask", task_id, definition("prov/wt"))
     assert info.value.status_code == 403
     message = info.value.body["message"]
     assert "queue:create-task:lowest:prov/wt" in message and "limited" in message
     with pytest.raises(TaskclusterRestFailure) as info:
-        await asyncio.to_thread(limited.status, task_id)
+        await limited("status", task_id)
     assert info.value.status_code == 404
     # The scopes it has are enough for the queue they name, at the priority they name.
     ok = slugid()
-    await asyncio.to_thread(limited.createTask, ok, definition("prov/other"))
+    await limited("createTask", ok, definition("prov/other"))
+    assert (await limited("status", ok))["status"]["state"] == "pending"
     with pytest.raises(TaskclusterRestFailure) as info:
-        await asyncio.to_thread(limited.createTask, slugid(),
-                                definition("prov/other", priority="high"))
+        await limited("createTask", slugid(), definition("prov/other", priority="high"))
     assert info.value.status_code == 403 and "queue:create-task:high:prov/other" in str(info.value)
     with pytest.raises(TaskclusterRestFailure) as info:
-        await asyncio.to_thread(limited.createTask, slugid(),
-                                definition("prov/other", routes=["notify.x"]))
+        await limited("createTask", slugid(), definition("prov/other", routes=["notify.x"]))
     assert info.value.status_code == 403 and "queue:route:notify.x" in str(info.value)
 
 
-async def test_temporary_credentials_named_and_unnamed(auth_server: Server) -> None:
+async def test_temporary_credentials_named_and_unnamed(auth_server: Server,
+                                                       flavour: str) -> None:
     now = datetime.now(UTC)
     scopes = ["queue:create-task:lowest:prov/temp", "queue:scheduler-id:-", "queue:status:*"]
     for name in (None, "temp/ci-job"):
         temp = taskcluster.createTemporaryCredentials(
             ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1), scopes, name=name)
-        q = queue(auth_server, temp)
         task_id = slugid()
-        await asyncio.to_thread(q.createTask, task_id, definition("prov/temp"))
-        assert (await asyncio.to_thread(q.status, task_id))["status"]["state"] == "pending"
+        await call(flavour, auth_server, temp, "createTask", task_id, definition("prov/temp"))
+        assert (await call(flavour, auth_server, temp, "status", task_id)
+                )["status"]["state"] == "pending"
         with pytest.raises(TaskclusterRestFailure) as info:  # beyond the certificate's scopes
-            await asyncio.to_thread(q.createTask, slugid(), definition("prov/elsewhere"))
+            await call(flavour, auth_server, temp, "createTask", slugid(),
+                       definition("prov/elsewhere"))
         assert info.value.status_code == 403
 
     async def refused(temp: dict[str, Any]) -> str:
         with pytest.raises(TaskclusterAuthFailure) as info:
-            await asyncio.to_thread(queue(auth_server, temp).createTask, slugid(),
-                                    definition("prov/temp"))
+            await call(flavour, auth_server, temp, "createTask", slugid(),
+                       definition("prov/temp"))
         return str(info.value.body["message"])
 
     expired = taskcluster.createTemporaryCredentials(
@@ -178,14 +197,20 @@ async def test_temporary_credentials_named_and_unnamed(auth_server: Server) -> N
     assert "signature" in await refused(forged)
 
 
-async def test_authorized_scopes_narrow_what_a_request_may_do(auth_server: Server) -> None:
-    narrowed = queue(auth_server, creds(ROOT), authorizedScopes=["queue:status:*"])
+async def test_authorized_scopes_narrow_what_a_request_may_do(auth_server: Server,
+                                                             flavour: str) -> None:
+    task_id = slugid()
     with pytest.raises(TaskclusterRestFailure) as info:
-        await asyncio.to_thread(narrowed.createTask, slugid(), definition())
-    assert info.value.status_code == 403
-    greedy = queue(auth_server, creds(LIMITED), authorizedScopes=["queue:*"])
+        await call(flavour, auth_server, creds(ROOT), "createTask", task_id, definition(),
+                   authorizedScopes=["queue:status:*"])
+    assert info.value.status_code == 403 and "queue:create-task:lowest:prov/wt" in str(info.value)
+    with pytest.raises(TaskclusterRestFailure) as info:  # what it still may do, it can
+        await call(flavour, auth_server, creds(ROOT), "status", task_id,
+                   authorizedScopes=["queue:status:*"])
+    assert info.value.status_code == 404
     with pytest.raises(TaskclusterAuthFailure):
-        await asyncio.to_thread(greedy.createTask, slugid(), definition("prov/other"))
+        await call(flavour, auth_server, creds(LIMITED), "createTask", slugid(),
+                   definition("prov/other"), authorizedScopes=["queue:*"])
 
 
 async def test_claim_credentials_resolve_their_run_and_no_other(auth_server: Server) -> None:
