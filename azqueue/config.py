@@ -10,7 +10,7 @@ import os
 import re
 import secrets
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from azqueue.errors import QueueError
 
@@ -35,12 +35,34 @@ def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     return value
 
 
+_ACCOUNT_URL_RE = re.compile(
+    r"^(?P<scheme>https?)://(?P<account>[a-z0-9]{3,24})\.(?:blob|queue|table|dfs|file)\."
+    r"(?P<suffix>[a-z0-9.-]+?)/?$")
+
+
+def connection_settings(conn: str) -> dict[str, str]:
+    """The ``key=value`` pairs of a storage connection string, keys lowercased."""
+    pairs = [part.split("=", 1) for part in conn.strip().rstrip(";").split(";") if part]
+    if not pairs or any(len(pair) != 2 for pair in pairs):
+        raise ConfigError("AZQUEUE_STORAGE_CONNECTION_STRING is malformed: it is a list of "
+                          "`Key=value` pairs separated by `;`")
+    return {key.strip().lower(): value.strip() for key, value in pairs}
+
+
 @dataclass(frozen=True, slots=True)
 class StorageSettings:
-    """Where the state lives: one storage account, names prefixed by ``prefix``."""
+    """Where the state lives: one storage account, names prefixed by ``prefix``.
+
+    A connection string with ``AccountKey`` (or ``SharedAccessSignature``) carries its own
+    credential; one with neither authenticates with azure-identity: ``credential`` if given
+    (an async ``TokenCredential``), else ``DefaultAzureCredential``. ``ca_file`` is a CA
+    bundle to trust for the storage endpoints (an emulator with its own certificate).
+    """
 
     connection_string: str
     prefix: str = "azq"
+    ca_file: str | None = None
+    credential: object | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not _PREFIX_RE.match(self.prefix):
@@ -48,16 +70,38 @@ class StorageSettings:
                 f"AZQUEUE_STORAGE_PREFIX={self.prefix!r}: use 1-16 lowercase letters and digits, "
                 "starting with a letter (it becomes part of Azure queue and table names)"
             )
+        connection_settings(self.connection_string)
+
+    @property
+    def uses_identity(self) -> bool:
+        """True when requests are authenticated with azure-identity, not the account key."""
+        conn = connection_settings(self.connection_string)
+        return "accountkey" not in conn and "sharedaccesssignature" not in conn
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> StorageSettings:
         conn = env.get("AZQUEUE_STORAGE_CONNECTION_STRING", "")
+        url = env.get("AZQUEUE_STORAGE_ACCOUNT_URL", "")
+        if conn and url:
+            raise ConfigError("set AZQUEUE_STORAGE_CONNECTION_STRING or "
+                              "AZQUEUE_STORAGE_ACCOUNT_URL, not both")
+        if url:
+            m = _ACCOUNT_URL_RE.match(url.strip().lower())
+            if m is None:
+                raise ConfigError(
+                    f"AZQUEUE_STORAGE_ACCOUNT_URL={url!r} is not a storage account URL such as "
+                    "https://myaccount.blob.core.windows.net; for other endpoints give a "
+                    "connection string with BlobEndpoint, QueueEndpoint and TableEndpoint")
+            conn = (f"DefaultEndpointsProtocol={m['scheme']};AccountName={m['account']};"
+                    f"EndpointSuffix={m['suffix']}")
         if not conn:
             raise ConfigError(
                 "AZQUEUE_STORAGE_CONNECTION_STRING is not set: give the storage account's "
-                "connection string (or run `azqueue dev` for an embedded Azurite)"
+                "connection string, or AZQUEUE_STORAGE_ACCOUNT_URL to sign in with "
+                "azure-identity (or run `azqueue dev` for an embedded Azurite)"
             )
-        return cls(connection_string=conn, prefix=env.get("AZQUEUE_STORAGE_PREFIX", "azq"))
+        return cls(connection_string=conn, prefix=env.get("AZQUEUE_STORAGE_PREFIX", "azq"),
+                   ca_file=env.get("AZQUEUE_STORAGE_CA_FILE") or None)
 
 
 @dataclass(frozen=True, slots=True)

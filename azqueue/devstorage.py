@@ -55,17 +55,30 @@ class Azurite:
     table_port: int
     workdir: str
     owns_workdir: bool
+    scheme: str = "http"
 
     @property
-    def connection_string(self) -> str:
-        base = "http://127.0.0.1"
-        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
-                f"BlobEndpoint={base}:{self.blob_port}/{ACCOUNT};"
+    def endpoints(self) -> str:
+        base = f"{self.scheme}://127.0.0.1"
+        return (f"BlobEndpoint={base}:{self.blob_port}/{ACCOUNT};"
                 f"QueueEndpoint={base}:{self.queue_port}/{ACCOUNT};"
                 f"TableEndpoint={base}:{self.table_port}/{ACCOUNT};")
 
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol={self.scheme};AccountName={ACCOUNT};AccountKey={KEY};"
+                + self.endpoints)
+
+    @property
+    def identity_connection_string(self) -> str:
+        """The same endpoints without the key: requests then sign in with a token."""
+        return f"AccountName={ACCOUNT};" + self.endpoints
+
     @classmethod
-    async def start(cls, data_dir: str | None = None, timeout: float = 60.0) -> Azurite:
+    async def start(cls, data_dir: str | None = None, timeout: float = 60.0,
+                    tls: tuple[str, str] | None = None) -> Azurite:
+        """Start Azurite; with ``tls`` (certificate and key PEM files) it serves HTTPS and
+        accepts OAuth bearer tokens too (``--oauth basic``: claims checked, signature not)."""
         binary = await asyncio.to_thread(azurite_bin)
         workdir = data_dir or tempfile.mkdtemp(prefix="azqueue-azurite-")
         ports = [free_port(), free_port(), free_port()]
@@ -74,11 +87,14 @@ class Azurite:
                 "--blobPort", str(ports[0]), "--queuePort", str(ports[1]),
                 "--tablePort", str(ports[2])]
         args += ["--location", workdir] if data_dir else ["--inMemoryPersistence"]
+        if tls:
+            args += ["--cert", tls[0], "--key", tls[1], "--oauth", "basic"]
         with open(Path(workdir) / "azurite.log", "ab") as log:
             process = await asyncio.create_subprocess_exec(
                 *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
                 cwd=workdir, start_new_session=True)
-        azurite = cls(process, ports[0], ports[1], ports[2], workdir, owns_workdir=data_dir is None)
+        azurite = cls(process, ports[0], ports[1], ports[2], workdir, owns_workdir=data_dir is None,
+                      scheme="https" if tls else "http")
         try:
             await azurite._wait_ready(timeout)
         except BaseException:

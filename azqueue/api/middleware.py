@@ -40,7 +40,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except errors.QueueError as e:
-        if e.status >= 500:
+        if e.status >= 500 and not isinstance(e, errors.NotConfigured):
+            # NotConfigured is the deployment's choice, announced at start-up: no incident.
             incident = uuid.uuid4().hex
             log.error("incident %s: %s %s: %s", incident, request.method, request.path, e.message,
                       exc_info=e.__cause__ or e)

@@ -52,6 +52,9 @@ class ArtifactService:
         task.run(run_id)
         wanted = model.from_request(task, run_id, name, body)
         model.check_can_create(task, run_id, now)
+        put_url = ""
+        if wanted.storage_type == "blob":  # signed first: a refusal must write nothing
+            put_url = await self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME)
         trigger = await self.outbox.begin(task_id) if self.outbox else None
         outbox = [outbox_row(task_id, events.artifact_created(task, run_id, wanted.info()))
                   ] if trigger else []
@@ -69,7 +72,7 @@ class ArtifactService:
         if wanted.storage_type == "blob":
             content_type = wanted.content_type or "application/octet-stream"
             answer.update(
-                putUrl=self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME),
+                putUrl=put_url,
                 expires=timeutil.fmt(now + UPLOAD_URL_LIFETIME), contentType=content_type,
                 headers={"x-ms-blob-type": "BlockBlob", "Content-Type": content_type})
         return answer
@@ -118,8 +121,8 @@ class ArtifactService:
         if found.storage_type == "blob":
             if not found.present:
                 raise errors.NotFound(f"artifact {found.name!r} has not been uploaded yet")
-            return Target(found, self.blobs.download_url(found.blob_name, timeutil.utcnow(),
-                                                         DOWNLOAD_URL_LIFETIME))
+            return Target(found, await self.blobs.download_url(
+                found.blob_name, timeutil.utcnow(), DOWNLOAD_URL_LIFETIME))
         return Target(found)
 
     async def list(self, task_id: str, run_id: int, continuation: str | None,

@@ -50,9 +50,14 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
         await queue.setup()
         artifacts = ArtifactService(account, queue.tasks, outbox)
         await artifacts.setup()
-        if account.account_key is None:
-            log.warning("no storage account key: pollTaskUrls and artifact URLs cannot be "
-                        "signed and will answer 503")
+        if account.uses_identity:
+            log.warning("storage: signed in with azure-identity, no account key: pollTaskUrls "
+                        "cannot sign queue SAS URLs and answers 503 (Azure has no "
+                        "user-delegation SAS for queues); workers must use claimWork. Artifact "
+                        "URLs are signed with a user delegation key")
+        elif account.account_key is None:
+            log.warning("storage: no account key: pollTaskUrls and artifact URLs cannot be "
+                        "signed and answer 503; workers must use claimWork")
         try:
             yield Services(queue, artifacts, outbox)
         finally:

@@ -2,16 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.data.tables.aio import TableServiceClient
+from azure.identity.aio import DefaultAzureCredential
+from azure.storage.blob import UserDelegationKey
 from azure.storage.blob.aio import BlobServiceClient
 from azure.storage.queue.aio import QueueServiceClient
 
-from azqueue.config import ConfigError, StorageSettings
+from azqueue.config import ConfigError, StorageSettings, connection_settings
+from azqueue.storage.errors import translate
+
+# A user delegation key may last 7 days; ask for one a day, renew it when it has less
+# than the longest-lived SAS URL made from it (an hour is plenty) left.
+DELEGATION_KEY_LIFETIME = timedelta(days=1)
+DELEGATION_KEY_MARGIN = timedelta(hours=2)
+DELEGATION_KEY_START_SLACK = timedelta(minutes=5)
 
 
 class CountingTransport(AioHttpTransport):  # type: ignore[misc]
@@ -27,26 +38,88 @@ class CountingTransport(AioHttpTransport):  # type: ignore[misc]
         return await super().send(request, **kwargs)
 
 
+def service_endpoint(conn: dict[str, str], service: str) -> str:
+    """The endpoint of ``service`` (blob, queue, table) named by a connection string."""
+    explicit = conn.get(f"{service}endpoint")
+    if explicit:
+        return explicit.rstrip("/")
+    if "accountname" not in conn:
+        raise ConfigError(f"AZQUEUE_STORAGE_CONNECTION_STRING gives neither "
+                          f"{service.capitalize()}Endpoint nor AccountName")
+    return (f"{conn.get('defaultendpointsprotocol', 'https')}://{conn['accountname']}."
+            f"{service}.{conn.get('endpointsuffix', 'core.windows.net')}")
+
+
 @dataclass
 class StorageAccount:
-    """Clients for the account's Table, Queue and Blob services, opened and closed together."""
+    """Clients for the account's Table, Queue and Blob services, opened and closed together.
+
+    With an account key every SAS is signed with it. With azure-identity there is no key:
+    blob SAS URLs are signed with a user delegation key, queue SAS URLs cannot be made.
+    """
 
     settings: StorageSettings
     requests: Counter[str] = field(default_factory=Counter)
 
     def __post_init__(self) -> None:
         conn = self.settings.connection_string
-        self.tables = TableServiceClient.from_connection_string(
-            conn, transport=CountingTransport(self.requests, "table"))
-        self.queues = QueueServiceClient.from_connection_string(
-            conn, transport=CountingTransport(self.requests, "queue"))
-        self.blobs = BlobServiceClient.from_connection_string(
-            conn, transport=CountingTransport(self.requests, "blob"))
-        credential = self.queues.credential
-        self.account_name: str = self.queues.account_name or ""
-        self.account_key: str | None = getattr(credential, "account_key", None)
+        options: dict[str, Any] = {}
+        if self.settings.ca_file:
+            options["connection_verify"] = self.settings.ca_file
+
+        def transport(service: str) -> CountingTransport:
+            return CountingTransport(self.requests, service, **options)
+
+        self._own_credential: Any = None
+        self._delegation_key: UserDelegationKey | None = None
+        self._delegation_expiry = datetime.min.replace(tzinfo=UTC)
+        self._delegation_lock = asyncio.Lock()
+        if self.settings.uses_identity:
+            parts = connection_settings(conn)
+            for service in ("table", "queue", "blob"):
+                if not service_endpoint(parts, service).lower().startswith("https://"):
+                    raise ConfigError(
+                        f"the {service} endpoint {service_endpoint(parts, service)} is not https: "
+                        "azure-identity tokens are only sent over TLS; use https endpoints, or "
+                        "a connection string with AccountKey")
+            credential: Any = self.settings.credential
+            if credential is None:
+                credential = self._own_credential = DefaultAzureCredential()
+            self.tables = TableServiceClient(service_endpoint(parts, "table"),
+                                             credential=credential, transport=transport("table"))
+            self.queues = QueueServiceClient(service_endpoint(parts, "queue"),
+                                             credential=credential, transport=transport("queue"))
+            self.blobs = BlobServiceClient(service_endpoint(parts, "blob"),
+                                           credential=credential, transport=transport("blob"))
+            self.account_name: str = parts.get("accountname") or self.queues.account_name or ""
+            self.account_key: str | None = None
+        else:
+            self.tables = TableServiceClient.from_connection_string(
+                conn, transport=transport("table"))
+            self.queues = QueueServiceClient.from_connection_string(
+                conn, transport=transport("queue"))
+            self.blobs = BlobServiceClient.from_connection_string(
+                conn, transport=transport("blob"))
+            self.account_name = self.queues.account_name or ""
+            self.account_key = getattr(self.queues.credential, "account_key", None)
         if not self.account_name:
             raise ConfigError("AZQUEUE_STORAGE_CONNECTION_STRING names no AccountName")
+
+    @property
+    def uses_identity(self) -> bool:
+        return self.settings.uses_identity
+
+    async def user_delegation_key(self, now: datetime) -> UserDelegationKey:
+        """A user delegation key (azure-identity only) valid at least until
+        ``now + DELEGATION_KEY_MARGIN``; fetched once a day or so, shared by all callers."""
+        async with self._delegation_lock:
+            if self._delegation_key is None or self._delegation_expiry < now + DELEGATION_KEY_MARGIN:
+                expiry = now + DELEGATION_KEY_LIFETIME
+                with translate("getting a user delegation key to sign blob SAS URLs"):
+                    self._delegation_key = await self.blobs.get_user_delegation_key(
+                        now - DELEGATION_KEY_START_SLACK, expiry)
+                self._delegation_expiry = expiry
+            return self._delegation_key
 
     def table_name(self, kind: str) -> str:
         return f"{self.settings.prefix}{kind}"
@@ -58,3 +131,5 @@ class StorageAccount:
         await self.tables.close()
         await self.queues.close()
         await self.blobs.close()
+        if self._own_credential is not None:
+            await self._own_credential.close()

@@ -1,12 +1,14 @@
 """Artifact content in Azure Blob storage: one container, reached through SAS URLs.
 
 Uploaders get a URL with only create and write permission; readers a read-only one.
-Both are short-lived. Blob names are ``<taskId>/<runId>/<artifact name>``.
+Both are short-lived, signed with the account key or, with azure-identity, a user
+delegation key. Blob names are ``<taskId>/<runId>/<artifact name>``.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import quote
 
 from azure.storage.blob import BlobSasPermissions, generate_blob_sas
@@ -31,22 +33,28 @@ class BlobStore:
         except EntityExists:
             pass
 
-    def _url(self, blob: str, permission: BlobSasPermissions, now: datetime,
-             lifetime: timedelta) -> str:
-        key = self._account.account_key
-        if not key:
-            raise NotConfigured("artifact URLs need the storage account key to sign blob SAS "
-                                "URLs; configure a connection string with AccountKey")
+    async def _url(self, blob: str, permission: BlobSasPermissions, now: datetime,
+                   lifetime: timedelta) -> str:
+        signing: dict[str, Any]
+        if self._account.account_key:
+            signing = {"account_key": self._account.account_key}
+        elif self._account.uses_identity:
+            signing = {"user_delegation_key": await self._account.user_delegation_key(now)}
+        else:
+            raise NotConfigured("artifact URLs need the storage account key or azure-identity "
+                                "to sign blob SAS URLs; configure a connection string with "
+                                "AccountKey, or one with neither AccountKey nor "
+                                "SharedAccessSignature to sign in with azure-identity")
         sas = generate_blob_sas(self._account.account_name, self.container, blob,
-                                account_key=key, permission=permission,
-                                start=now - SAS_START_SLACK, expiry=now + lifetime)
+                                permission=permission, start=now - SAS_START_SLACK,
+                                expiry=now + lifetime, **signing)
         return f"{self._client.url}/{quote(blob)}?{sas}"
 
-    def upload_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
-        return self._url(blob, BlobSasPermissions(create=True, write=True), now, lifetime)
+    async def upload_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
+        return await self._url(blob, BlobSasPermissions(create=True, write=True), now, lifetime)
 
-    def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
-        return self._url(blob, BlobSasPermissions(read=True), now, lifetime)
+    async def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
+        return await self._url(blob, BlobSasPermissions(read=True), now, lifetime)
 
     async def content_type(self, blob: str) -> str | None:
         """The uploaded blob's content type, or None if nothing was uploaded."""

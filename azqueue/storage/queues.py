@@ -112,9 +112,10 @@ class Queues:
         key = self._account.account_key
         if not key:
             raise NotConfigured(
-                "pollTaskUrls needs the storage account key to sign queue SAS URLs (Azure has no "
-                "user-delegation SAS for queues); configure a connection string with AccountKey, "
-                "or have workers use claimWork")
+                "pollTaskUrls needs the storage account key to sign queue SAS URLs, and this "
+                "deployment has none (it signs in with azure-identity, or a SAS token): Azure has "
+                "no user-delegation SAS for queues. Have workers use claimWork, or configure a "
+                "connection string with AccountKey")
         sas = generate_queue_sas(self._account.account_name, name, key,
                                  permission=QueueSasPermissions(process=True),
                                  start=start, expiry=expiry)

@@ -1,0 +1,53 @@
+"""Storage configuration: a connection string with a key, or azure-identity."""
+
+from __future__ import annotations
+
+import pytest
+
+from azqueue.config import ConfigError, StorageSettings
+from azqueue.devstorage import KEY
+from azqueue.storage.account import StorageAccount
+
+
+async def test_an_account_url_signs_in_with_azure_identity_on_all_three_services() -> None:
+    settings = StorageSettings.from_env(
+        {"AZQUEUE_STORAGE_ACCOUNT_URL": "https://myaccount.queue.core.windows.net/"})
+    assert settings.uses_identity
+    account = StorageAccount(settings)
+    try:
+        assert account.account_name == "myaccount" and account.account_key is None
+        assert account.tables.url.startswith("https://myaccount.table.core.windows.net")
+        assert account.queues.url.startswith("https://myaccount.queue.core.windows.net")
+        assert account.blobs.url.startswith("https://myaccount.blob.core.windows.net")
+    finally:
+        await account.close()
+
+
+def test_a_connection_string_with_a_key_uses_the_key() -> None:
+    conn = f"DefaultEndpointsProtocol=https;AccountName=myaccount;AccountKey={KEY};" \
+           "EndpointSuffix=core.windows.net"
+    assert not StorageSettings(conn).uses_identity
+    keyless = "BlobEndpoint=https://b.example/acct;QueueEndpoint=https://q.example/acct;" \
+              "TableEndpoint=https://t.example/acct;AccountName=acct"
+    assert StorageSettings(keyless).uses_identity
+
+
+@pytest.mark.parametrize(("env", "names"), [
+    ({}, "AZQUEUE_STORAGE_CONNECTION_STRING"),
+    ({"AZQUEUE_STORAGE_CONNECTION_STRING": "AccountName=a;AccountKey=k",
+      "AZQUEUE_STORAGE_ACCOUNT_URL": "https://a.blob.core.windows.net"}, "not both"),
+    ({"AZQUEUE_STORAGE_ACCOUNT_URL": "https://example.com/storage"},
+     "https://myaccount.blob.core.windows.net"),
+    ({"AZQUEUE_STORAGE_CONNECTION_STRING": "just-a-key"}, "`Key=value` pairs"),
+])
+def test_storage_configuration_mistakes_say_what_to_set(env: dict[str, str], names: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        StorageSettings.from_env(env)
+    assert names in info.value.message
+
+
+def test_azure_identity_needs_https_endpoints() -> None:
+    with pytest.raises(ConfigError) as info:
+        StorageAccount(StorageSettings("AccountName=a;QueueEndpoint=http://127.0.0.1:1/a;"
+                                       "TableEndpoint=https://t/a;BlobEndpoint=https://b/a"))
+    assert "http://127.0.0.1:1/a is not https" in info.value.message
