@@ -267,6 +267,18 @@ async def report_exception(request: web.Request, params: dict[str, str]) -> Any:
                                                      ReasonResolved(body["reason"]))}
 
 
+@route("POST", f"{API}/task/<taskId>/cancel")
+async def cancel_task(request: web.Request, params: dict[str, str]) -> Any:
+    task_id = _task_id(params)
+    await _body(request, "empty-request.json", "the cancelTask request")
+
+    def authorize(task: Task) -> None:
+        d = task.definition
+        _require(request, f"queue:cancel-task:{d['schedulerId']}/{d['taskGroupId']}/{task_id}")
+
+    return {"status": await _service(request).cancel_task(task_id, authorize)}
+
+
 # -- artifacts --------------------------------------------------------------------------
 
 

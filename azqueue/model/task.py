@@ -15,6 +15,8 @@ Run rules (Taskcluster's, see the task status structure of source document 004):
   ``intermittent-task`` is followed by a new pending run (``retry``, ``retry``,
   ``task-retry``) while ``retriesLeft`` > 0, which it decrements.
 * At the deadline every unresolved run is resolved exception ``deadline-exceeded``.
+* cancelTask resolves the unresolved run exception ``canceled`` (a task with no run gets
+  one, resolved at once); it never retries, and a resolved task is left as it is.
 """
 
 from __future__ import annotations
@@ -312,14 +314,29 @@ def expire_claim(task: Task, run_id: int, now: datetime) -> Task:
     return _finish(task, run, RunState.EXCEPTION, ReasonResolved.CLAIM_EXPIRED, now)
 
 
+def _resolve_unscheduled(task: Task, reason: ReasonResolved, now: datetime) -> Task:
+    """A task with no run gets run 0, resolved exception ``reason`` at once."""
+    run = Run(run_id=0, state=RunState.EXCEPTION, reason_created=ReasonCreated.EXCEPTION,
+              scheduled=now, reason_resolved=reason, resolved=now)
+    return replace(task, runs=(run,))
+
+
+def cancel(task: Task, now: datetime) -> Task:
+    """Resolve the unresolved run exception ``canceled``; a resolved task is unchanged."""
+    if not task.runs:
+        return _resolve_unscheduled(task, ReasonResolved.CANCELED, now)
+    last = task.runs[-1]
+    if last.state.resolved:
+        return task
+    return _finish(task, last, RunState.EXCEPTION, ReasonResolved.CANCELED, now)
+
+
 def resolve_deadline(task: Task, now: datetime) -> Task:
     """At the deadline, resolve every unresolved run exception ``deadline-exceeded``."""
     if now < task.deadline:
         return task
     if not task.runs:
-        run = Run(run_id=0, state=RunState.EXCEPTION, reason_created=ReasonCreated.EXCEPTION,
-                  scheduled=now, reason_resolved=ReasonResolved.DEADLINE_EXCEEDED, resolved=now)
-        return replace(task, runs=(run,))
+        return _resolve_unscheduled(task, ReasonResolved.DEADLINE_EXCEEDED, now)
     last = task.runs[-1]
     if last.state.resolved:
         return task

@@ -507,6 +507,21 @@ class QueueService:
         await self.settle(after, run_id)
         return after.status()
 
+    async def cancel_task(self, task_id: str,
+                          authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """Resolve the task's unresolved run exception ``canceled``; ``authorize`` sees the
+        task first. A resolved task answers its status unchanged."""
+        now = timeutil.utcnow()
+        loaded = await self.tasks.load(task_id)
+        authorize(loaded[0])
+        _, after = await self._change(task_id, lambda t: model.cancel(t, now), loaded)
+        last = after.last_run
+        if last is not None:
+            # A running run's tip is deleted with its receipt; a pending run's tip stays
+            # until a worker finds it, is refused (409) and deletes it.
+            await self.settle(after, last.run_id)
+        return after.status()
+
     async def settle(self, task: Task, run_id: int) -> None:
         """Bring run ``run_id``'s message and Claims row in line with its resolution.
 

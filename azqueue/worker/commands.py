@@ -69,7 +69,7 @@ def add_parsers(sub: Any) -> None:
     for name, text in (("status", "print the task's status"),
                        ("wait", "wait until the task is resolved; exit 0 if completed"),
                        ("log", "print the latest run's public/logs/live.log"),
-                       ("cancel", "cancel the task (not yet: the queue has no cancelTask)")):
+                       ("cancel", "cancel the task: its current run is resolved exception canceled")):
         tsub.add_parser(name, help=text).add_argument("task_id")
 
 
@@ -128,9 +128,9 @@ def _task(args: argparse.Namespace) -> int:
                 if queue.options.get("credentials") else \
                 queue.buildUrl("getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
             return asyncio.run(_print_url(url))
-        print("azqueue: this queue has no cancelTask yet, so tasks cannot be canceled; "
-              "a running task ends at its deadline", file=sys.stderr)
-        return 2
+        status = queue.cancelTask(args.task_id)["status"]  # the last command: cancel
+        print(_describe(status))
+        return 0
     except TaskclusterFailure as e:
         print(f"azqueue: {e}", file=sys.stderr)
         return 1

@@ -55,3 +55,11 @@ def test_task_group_resolved_routing_key() -> None:
     event = events.task_group_resolved("G" * 22, "sched")
     assert event.routing_key == f"primary.{'G' * 22}.sched._"
     assert event.payload == {"version": 1, "taskGroupId": "G" * 22, "schedulerId": "sched"}
+
+
+def test_a_canceled_run_publishes_task_exception_with_the_group_check() -> None:
+    claimed = model.claim(_task(), 0, "g", "a", NOW, TIMEOUT)
+    [event] = events.for_change(claimed, model.cancel(claimed, NOW))
+    assert event.exchange == "task-exception" and event.group is not None
+    assert event.payload["runId"] == 0 and event.payload["workerId"] == "a"
+    assert event.payload["status"]["runs"][0]["reasonResolved"] == "canceled"

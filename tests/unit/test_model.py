@@ -131,3 +131,23 @@ def test_timestamps_accept_0_to_6_fraction_digits(text: str, expected: str) -> N
 def test_timestamps_reject_other_forms(text: str) -> None:
     with pytest.raises(ValueError):
         timeutil.parse(text)
+
+
+def test_cancel_resolves_the_current_run_canceled_and_never_retries() -> None:
+    """cancelTask: 'resolve the current run as exception with reasonResolved set to
+    canceled'; 'if you try to cancel a task that isn't unscheduled, pending or running,
+    this operation will just return the current task status' (Queue reference)."""
+    pending = _task(retries=3)
+    for task in (pending, model.claim(pending, 0, "g", "a", NOW, TIMEOUT)):
+        canceled = model.cancel(task, NOW)
+        assert [(r.state, r.reason_resolved) for r in canceled.runs] == [
+            (RunState.EXCEPTION, ReasonResolved.CANCELED)]
+        assert canceled.retries_left == 3 and canceled.runs[0].resolved == NOW
+        assert model.cancel(canceled, NOW + TIMEOUT) is canceled
+    unscheduled = model.Task("U", pending.definition, (), 3)
+    [run] = model.cancel(unscheduled, NOW).runs
+    assert (run.state, run.reason_created, run.reason_resolved) == (
+        RunState.EXCEPTION, model.ReasonCreated.EXCEPTION, ReasonResolved.CANCELED)
+    completed = model.resolve(model.claim(pending, 0, "g", "a", NOW, TIMEOUT), 0,
+                              RunState.COMPLETED, ReasonResolved.COMPLETED, NOW)
+    assert model.cancel(completed, NOW) is completed

@@ -44,11 +44,15 @@ def shell_worker(server: Server, queue: str, worker_id: str, **overrides: Any) -
     return Worker(config(server, queue, worker_id, **overrides), shell.run_command)
 
 
+def cli_env(server: Server) -> dict[str, str]:
+    """The environment of an `azqueue` command run by the root client."""
+    return {**os.environ, "TASKCLUSTER_ROOT_URL": server.root_url,
+            "TASKCLUSTER_CLIENT_ID": ROOT.client_id, "TASKCLUSTER_ACCESS_TOKEN": ROOT.access_token}
+
+
 def spawn(server: Server, queue: str, worker_id: str, *extra: str) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "TASKCLUSTER_ROOT_URL": server.root_url,
-           "TASKCLUSTER_CLIENT_ID": ROOT.client_id, "TASKCLUSTER_ACCESS_TOKEN": ROOT.access_token}
     return subprocess.Popen([AZQUEUE, "worker", "--task-queue", queue, "--worker-id", worker_id,
-                             *extra], env=env, stderr=subprocess.PIPE)
+                             *extra], env=cli_env(server), stderr=subprocess.PIPE)
 
 
 def finish(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> str:

@@ -7,9 +7,10 @@ import base64
 import json
 import logging
 import signal
+import subprocess
 from collections import Counter
 from datetime import UTC, datetime, timedelta
-
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,10 +21,12 @@ from azqueue.model.priority import Priority
 from azqueue.worker import Credentials, Worker, WorkerState
 from azqueue.worker.sas import SasSource
 from tests import sas
-from tests.conftest import ROOT, ServerFactory
+from tests.conftest import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
 from tests.worker.helpers import (
+    AZQUEUE,
     CREDENTIALS,
+    cli_env,
     config,
     finish,
     log_of,
@@ -109,15 +112,10 @@ async def test_a_reclaim_answered_409_stops_the_subprocess_and_forgets_the_task(
     server = await make_server(claim_timeout=3.0, run_resolvers=False)
     pid_file = tmp_path / "pid"
     task_id = await create(http, server.api, definition(
-        "prov/reclaim409", payload=command("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60")))
+        "prov/reclaim409", payload=_sleeper(pid_file)))
     worker = shell_worker(server, "prov/reclaim409", "loser", reclaim_margin=1.5)
     async with running(worker):
-        await wait_status(http, server, task_id, lambda s: s["state"] == "running")
-        for _ in range(50):
-            if pid_file.exists() and pid_file.read_text().strip():
-                break
-            await asyncio.sleep(0.1)
-        pid = int(pid_file.read_text())
+        pid = await _pid_once_running(http, server, task_id, pid_file)
         taken_until = datetime.fromisoformat(
             (await status(http, server.api, task_id))["runs"][0]["takenUntil"].replace("Z", "+00:00"))
         # Somebody else resolves the run: the next reclaim (1.5 s before takenUntil) gets 409,
@@ -134,6 +132,47 @@ async def test_a_reclaim_answered_409_stops_the_subprocess_and_forgets_the_task(
     assert s["runs"][0]["reasonResolved"] == "malformed-payload"  # no report of ours on top
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts") as r:
         assert (await r.json())["artifacts"] == []  # no artifacts either
+
+
+async def test_task_cancel_stops_the_running_subprocess_at_its_next_reclaim(
+        make_server: ServerFactory, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """`azqueue task cancel`: the run resolves exception canceled, and the worker, told by
+    its next reclaim (409), 'should halt execution ... and forget all about the task' (003)."""
+    server = await make_server(claim_timeout=3.0)
+    pid_file = tmp_path / "pid"
+    task_id = await create(http, server.api, definition(
+        "prov/cancel", payload=_sleeper(pid_file)))
+    worker = shell_worker(server, "prov/cancel", "canceled", reclaim_margin=1.5)
+    async with running(worker):
+        pid = await _pid_once_running(http, server, task_id, pid_file)
+        canceled = await asyncio.to_thread(
+            subprocess.run, [AZQUEUE, "task", "cancel", task_id], env=cli_env(server),
+            capture_output=True, text=True, timeout=30)
+        assert canceled.returncode == 0, canceled.stderr
+        assert canceled.stdout.strip() == f"{task_id} exception: run 0 exception (canceled)"
+        end = datetime.now(UTC) + timedelta(seconds=3.0 + 1.0)  # a reclaim, plus a second
+        while _alive(pid):
+            assert datetime.now(UTC) < end, "the subprocess outlived the canceled run"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
+    s = await status(http, server.api, task_id)
+    assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
+    assert worker.completed == 0
+
+
+def _sleeper(pid_file: Path) -> dict:
+    """A payload that writes its process id to ``pid_file`` and sleeps a minute."""
+    return command("sh", "-c", f"echo $$ > {pid_file}; exec sleep 60")
+
+
+async def _pid_once_running(http: aiohttp.ClientSession, server: Server, task_id: str,
+                            pid_file: Path) -> int:
+    await wait_status(http, server, task_id, lambda s: s["state"] == "running")
+    for _ in range(50):
+        if pid_file.exists() and pid_file.read_text().strip():
+            break
+        await asyncio.sleep(0.1)
+    return int(pid_file.read_text())
 
 
 def _alive(pid: int) -> bool:
