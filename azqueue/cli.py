@@ -15,7 +15,7 @@ from aiohttp import web
 
 from azqueue import __version__
 from azqueue.api.app import create_app
-from azqueue.background import claims, deadlines, events
+from azqueue.background import claims, deadlines, dependencies, events
 from azqueue.config import ConfigError, Settings, new_secret
 from azqueue.devstorage import Azurite
 from azqueue.service.wiring import open_services
@@ -90,6 +90,9 @@ async def _resolve(which: str) -> None:
         if which in ("deadlines", "all"):
             loops["deadlines"] = deadlines.run(services.queue,
                                                settings.deadline_resolver_interval, stop)
+        if which in ("dependencies", "all"):
+            loops["dependencies"] = dependencies.run(services.queue,
+                                                     settings.dependency_resolver_interval, stop)
         if which in ("events", "all") and services.outbox is not None:
             loops["events"] = events.run(services.outbox, settings.events_resolver_interval, stop)
         tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
@@ -108,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
     dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
     resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
-    resolve.add_argument("which", choices=["claims", "deadlines", "events", "all"])
+    resolve.add_argument("which", choices=["claims", "deadlines", "dependencies", "events", "all"])
     commands.add_parsers(sub)
     args = parser.parse_args(argv)
 

@@ -131,7 +131,7 @@ def _load_clients(path: str) -> tuple[Client, ...]:
 
 
 DEFAULT_ANONYMOUS_SCOPES = ("queue:get-task:*", "queue:status:*", "queue:list-artifacts:*",
-                            "queue:get-artifact:public/*")
+                            "queue:get-artifact:public/*", "queue:list-dependent-tasks:*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +158,9 @@ class Settings:
     exchange_prefix: str = "exchange/taskcluster-queue/v1/"
     events_recovery_delay: float = 30.0
     events_resolver_interval: float = 2.0
+    # Dependencies: when a resolution that its process did not pass on is recovered.
+    dependencies_recovery_delay: float = 30.0
+    dependency_resolver_interval: float = 5.0
     # Test-only fault injection: exit the process right after a state change is stored,
     # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
     crash_after_commit: bool = False
@@ -217,6 +220,9 @@ class Settings:
             exchange_prefix=env.get("AZQUEUE_EXCHANGE_PREFIX", "exchange/taskcluster-queue/v1/"),
             events_recovery_delay=_seconds(env, "AZQUEUE_EVENTS_RECOVERY_DELAY", 30.0),
             events_resolver_interval=_seconds(env, "AZQUEUE_EVENTS_RESOLVER_INTERVAL", 2.0),
+            dependencies_recovery_delay=_seconds(env, "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY", 30.0),
+            dependency_resolver_interval=_seconds(env, "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
+                                                  5.0),
             crash_after_commit=env.get("AZQUEUE_TEST_CRASH_AFTER_COMMIT", "") == "1",
         )
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
 from azqueue.api.routes import ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
-from azqueue.background import claims, deadlines
+from azqueue.background import claims, deadlines, dependencies
 from azqueue.background import events as events_resolver
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
@@ -85,6 +85,8 @@ def create_app(settings: Settings) -> web.Application:
             "claim resolver", claims.run, lambda s: s.claim_resolver_interval))
         app.cleanup_ctx.append(_background(
             "deadline resolver", deadlines.run, lambda s: s.deadline_resolver_interval))
+        app.cleanup_ctx.append(_background(
+            "dependency resolver", dependencies.run, lambda s: s.dependency_resolver_interval))
         app.cleanup_ctx.append(_events_ctx)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app

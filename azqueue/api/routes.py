@@ -31,6 +31,8 @@ SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za
 IDENTIFIER = re.compile(r"^[a-zA-Z0-9_-]{1,38}$")
 TASK_QUEUE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}$")
 MAX_RUN_ID = 1000
+# listDependentTasks loads each dependent's status: a smaller page unless `limit` asks more.
+DEPENDENTS_PAGE = 100
 
 SERVICE_KEY = web.AppKey("service", QueueService)
 ARTIFACTS_KEY = web.AppKey("artifacts", ArtifactService)
@@ -267,16 +269,37 @@ async def report_exception(request: web.Request, params: dict[str, str]) -> Any:
                                                      ReasonResolved(body["reason"]))}
 
 
+def _on_task_scope(request: web.Request, action: str) -> Callable[[Task], None]:
+    """The check of scheduleTask and cancelTask, which need the task to name the scope:
+    ``queue:<action>:<schedulerId>/<taskGroupId>/<taskId>``."""
+    def authorize(task: Task) -> None:
+        d = task.definition
+        _require(request, f"queue:{action}:{d['schedulerId']}/{d['taskGroupId']}/{task.task_id}")
+    return authorize
+
+
+@route("POST", f"{API}/task/<taskId>/schedule")
+async def schedule_task(request: web.Request, params: dict[str, str]) -> Any:
+    task_id = _task_id(params)
+    await _body(request, "empty-request.json", "the scheduleTask request")
+    return {"status": await _service(request).schedule_task(
+        task_id, _on_task_scope(request, "schedule-task"))}
+
+
+@route("GET", f"{API}/task/<taskId>/dependents")
+async def list_dependent_tasks(request: web.Request, params: dict[str, str]) -> Any:
+    task_id = _task_id(params)
+    _require(request, f"queue:list-dependent-tasks:{task_id}")
+    return await _service(request).list_dependents(
+        task_id, request.query.get("continuationToken"), _limit(request) or DEPENDENTS_PAGE)
+
+
 @route("POST", f"{API}/task/<taskId>/cancel")
 async def cancel_task(request: web.Request, params: dict[str, str]) -> Any:
     task_id = _task_id(params)
     await _body(request, "empty-request.json", "the cancelTask request")
-
-    def authorize(task: Task) -> None:
-        d = task.definition
-        _require(request, f"queue:cancel-task:{d['schedulerId']}/{d['taskGroupId']}/{task_id}")
-
-    return {"status": await _service(request).cancel_task(task_id, authorize)}
+    return {"status": await _service(request).cancel_task(
+        task_id, _on_task_scope(request, "cancel-task"))}
 
 
 # -- artifacts --------------------------------------------------------------------------

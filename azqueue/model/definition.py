@@ -44,10 +44,6 @@ def normalize(task_id: str, body: Mapping[str, Any], now: datetime) -> dict[str,
         raise InputError("task definition: give `taskQueueId` (`<provisionerId>/<workerType>`) "
                          "or both `provisionerId` and `workerType`")
 
-    if body.get("dependencies"):
-        raise InputError("task definition: `dependencies` are not supported yet; "
-                         "create dependent tasks once their dependencies have resolved")
-
     created = _time(body, "created")
     deadline = _time(body, "deadline")
     if abs(created - now) > CREATED_SKEW:

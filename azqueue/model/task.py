@@ -15,6 +15,9 @@ Run rules (Taskcluster's, see the task status structure of source document 004):
   ``intermittent-task`` is followed by a new pending run (``retry``, ``retry``,
   ``task-retry``) while ``retriesLeft`` > 0, which it decrements.
 * At the deadline every unresolved run is resolved exception ``deadline-exceeded``.
+* A task with dependencies is defined unscheduled (no runs) and gets run 0 when every
+  dependency is satisfied (``requires``: all completed, or all resolved in any way) or
+  scheduleTask says so; never after its deadline.
 * cancelTask resolves the unresolved run exception ``canceled`` (a task with no run gets
   one, resolved at once); it never retries, and a resolved task is left as it is.
 """
@@ -39,6 +42,10 @@ class TaskState(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     EXCEPTION = "exception"
+
+    @property
+    def resolved(self) -> bool:
+        return self in (TaskState.COMPLETED, TaskState.FAILED, TaskState.EXCEPTION)
 
 
 class RunState(StrEnum):
@@ -150,12 +157,17 @@ class Run:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """A task as stored: its (normalized) definition, its runs and retries left."""
+    """A task as stored: its (normalized) definition, its runs and retries left.
+
+    ``has_dependents``: some task was defined depending on this one, so its resolution
+    must be passed on to them.
+    """
 
     task_id: str
     definition: Mapping[str, Any]
     runs: tuple[Run, ...]
     retries_left: int
+    has_dependents: bool = False
 
     @property
     def task_queue_id(self) -> str:
@@ -178,6 +190,10 @@ class Task:
         if not self.runs:
             return TaskState.UNSCHEDULED
         return TaskState(str(self.runs[-1].state))
+
+    @property
+    def dependencies(self) -> frozenset[str]:
+        return frozenset(self.definition["dependencies"])
 
     @property
     def last_run(self) -> Run | None:
@@ -211,12 +227,30 @@ class Task:
 # -- transitions ------------------------------------------------------------------------
 
 
-def new_task(task_id: str, definition: Mapping[str, Any], now: datetime) -> Task:
-    """A freshly defined task with run 0 pending (dependencies are not supported yet)."""
+def new_task(task_id: str, definition: Mapping[str, Any], now: datetime,
+             scheduled: bool = True) -> Task:
+    """A freshly defined task: run 0 pending, or no run yet when not ``scheduled`` (it
+    waits for dependencies)."""
+    task = Task(task_id=task_id, definition=definition, runs=(),
+                retries_left=int(definition["retries"]))
+    return schedule(task, now) if scheduled else task
+
+
+def schedule(task: Task, now: datetime) -> Task:
+    """Give an unscheduled task its pending run 0; unchanged if it has runs or its
+    deadline has passed (the deadline resolver resolves it then)."""
+    if task.runs or now >= task.deadline:
+        return task
     first = Run(run_id=0, state=RunState.PENDING, reason_created=ReasonCreated.SCHEDULED,
                 scheduled=now)
-    return Task(task_id=task_id, definition=definition, runs=(first,),
-                retries_left=int(definition["retries"]))
+    return replace(task, runs=(first,))
+
+
+def satisfies(dependency: Task, requires: str) -> bool:
+    """Whether ``dependency``'s state lets a task with this ``requires`` go ahead."""
+    if requires == "all-resolved":
+        return dependency.state.resolved
+    return dependency.state is TaskState.COMPLETED
 
 
 def _replace_run(task: Task, run: Run) -> Task:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -15,6 +13,7 @@ from azqueue.model import events
 from azqueue.model import timeutil
 from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
+from azqueue.service import paging
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore
 from azqueue.storage.blobs import BlobStore
@@ -130,15 +129,10 @@ class ArtifactService:
         task = await self._task(task_id)
         if run_id >= len(task.runs):
             raise errors.NotFound(f"task {task_id} has no run {run_id}")
-        after = None
-        if continuation:
-            try:
-                after = base64.urlsafe_b64decode(continuation.encode()).decode()
-            except (binascii.Error, UnicodeDecodeError):
-                raise errors.InputError("`continuationToken` is not one this API returned") from None
+        after = paging.after(continuation)
         page, last = await self.records.list(task_id, run_id, after,
                                              min(limit or MAX_LIMIT, MAX_LIMIT))
         answer: dict[str, Any] = {"artifacts": [a.info() for a in page]}
         if last is not None:
-            answer["continuationToken"] = base64.urlsafe_b64encode(last.encode()).decode()
+            answer["continuationToken"] = paging.token(last)
         return answer

@@ -23,6 +23,8 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   message: a worker that pairs a tip with another message it holds is refused before
   that message is touched. A rewrite keeps the messageId, so the record holds for
   ``r + 1`` too.
+* An **unscheduled** task (waiting for dependencies, see ``dependencies``) has no tip;
+  it gets one when it is scheduled.
 """
 
 from __future__ import annotations
@@ -50,7 +52,10 @@ from azqueue.storage.claims import ClaimRecord, ClaimStore
 from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, PendingQueues, Queues, decode_json, encode_json
 from azqueue.storage.tasks import MAX_DEFINITION_CHARS, TaskStore, definition_size
+from azqueue.storage.dependents import DependentStore
 from azqueue.storage.workers import WorkerStore
+from azqueue.service import paging
+from azqueue.service.dependencies import Dependencies
 from azqueue.service.signals import WorkSignals
 
 log = logging.getLogger(__name__)
@@ -92,6 +97,9 @@ class QueueService:
         self.signer = TipSigner(settings.tip_secrets)
         self.workers = WorkerStore(account)
         self.signals = WorkSignals()
+        self.dependencies = Dependencies(
+            self.tasks, DependentStore(account), self.queues, account.queue_name("dependencies"),
+            timedelta(seconds=settings.dependencies_recovery_delay), self._schedule)
         self._bookkeeping: set[asyncio.Task[None]] = set()
         self.deadline_queue = account.queue_name("deadline")
         self.claim_timeout = timedelta(seconds=settings.claim_timeout)
@@ -104,6 +112,7 @@ class QueueService:
         await self.claims.ensure()
         await self.workers.ensure()
         await self.queues.ensure(self.deadline_queue)
+        await self.dependencies.setup()
 
     # -- tasks -----------------------------------------------------------------------
 
@@ -117,13 +126,21 @@ class QueueService:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
         authorize(definition)
-        task = model.new_task(task_id, definition, now)
-        queue_name = await self.pending.ensure(task.task_queue_id, task.priority)
+        waiting: list[str] = []
+        if definition["dependencies"]:
+            existing = await self.tasks.find(task_id)
+            if existing is not None:  # nothing of a repeated or refused definition is written
+                return await self._defined_before(existing, definition)
+            waiting = await self.dependencies.check_new(task_id, definition)
+        task = model.new_task(task_id, definition, now, scheduled=not waiting)
+        await self.pending.ensure(task.task_queue_id, task.priority)
         # The deadline trigger goes first: if we die after it, the resolver finds no
         # task at the deadline and drops it; if we died after the insert without it,
         # nothing would ever resolve the task.
         await self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
                               visible_in=task.deadline - now, forever=True)
+        if waiting:
+            await self.dependencies.track(task_id, definition["requires"], waiting)
         trigger = None
         if self.outbox is not None:
             await self.outbox.groups.add(task.definition["taskGroupId"], task_id)
@@ -136,17 +153,60 @@ class QueueService:
             # any task-running of a worker that finds it.
             await self.outbox.finish(task_id, trigger)
         if not inserted:
-            existing = await self.tasks.get(task_id)
-            if dict(existing.definition) != definition:
-                raise errors.Conflict(
-                    f"task {task_id} already exists with a different definition; createTask "
-                    "is idempotent only for an identical definition: use a new taskId")
-            last = existing.last_run
-            if last is not None and last.state is RunState.PENDING:
-                await self._queue_tip(existing, last.run_id)
-            return existing.status()
+            return await self._defined_before(await self.tasks.get(task_id), definition)
+        if waiting:
+            await self.dependencies.recheck(task)
+            return (await self.tasks.get(task_id)).status()
         await self._queue_tip(task, 0)
         return task.status()
+
+    async def _defined_before(self, existing: Task, definition: dict[str, Any]) -> dict[str, Any]:
+        """The answer to a createTask for a task that exists: its status if the definition
+        is the same (finishing what a failed first attempt may have left undone), else 409."""
+        if dict(existing.definition) != definition:
+            raise errors.Conflict(
+                f"task {existing.task_id} already exists with a different definition; "
+                "createTask is idempotent only for an identical definition: use a new taskId")
+        last = existing.last_run
+        if last is not None and last.state is RunState.PENDING:
+            await self._queue_tip(existing, last.run_id)
+        elif last is None and existing.dependencies:
+            await self.dependencies.recheck(existing)
+            existing = await self.tasks.get(existing.task_id)
+        return existing.status()
+
+    async def schedule_task(self, task_id: str,
+                            authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """Schedule an unscheduled task whatever its dependencies say (scheduleTask)."""
+        loaded = await self.tasks.load(task_id)
+        authorize(loaded[0])
+        return (await self._schedule(task_id, loaded, True)).status()
+
+    async def _schedule(self, task_id: str, loaded: tuple[Task, str] | None,
+                        requeue: bool) -> Task:
+        """Give an unscheduled task its pending run 0 and queue its tip. With ``requeue``,
+        a task that was pending already gets a tip again (the first may have been lost)."""
+        now = timeutil.utcnow()
+        before, after = await self._change(task_id, lambda t: model.schedule(t, now), loaded)
+        last = after.last_run
+        if last is not None and last.state is RunState.PENDING and (after is not before or requeue):
+            await self._queue_tip(after, last.run_id)
+        return after
+
+    async def list_dependents(self, task_id: str, continuation: str | None,
+                              limit: int) -> dict[str, Any]:
+        """listDependentTasks: the tasks that depend on ``task_id``, a page at a time."""
+        await self.tasks.get(task_id)
+        after = paging.after(continuation)
+        page, last = await self.dependencies.dependents.page(task_id, after, limit)
+        found = [t for t in await asyncio.gather(*(self.tasks.find(d.task_id) for d in page))
+                 if t is not None and task_id in t.dependencies]
+        answer: dict[str, Any] = {"taskId": task_id,
+                                  "tasks": [{"taskId": t.task_id, "status": t.status()}
+                                            for t in found]}
+        if last is not None:
+            answer["continuationToken"] = paging.token(last)
+        return answer
 
     async def definition(self, task_id: str) -> dict[str, Any]:
         return dict((await self.tasks.get(task_id)).definition)
@@ -186,23 +246,31 @@ class QueueService:
 
     async def _change(self, task_id: str, fn: Callable[[Task], Task],
                       loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
-        """``tasks.modify`` with the change's events written to the outbox and published."""
+        """``tasks.modify`` with the change's events written to the outbox and published,
+        and a resolution passed on to the tasks that depend on this one."""
+        watch = self.dependencies.watch(task_id)
         if self.outbox is None:
-            return await self.tasks.modify(task_id, fn, loaded)
-        trigger = await self.outbox.begin(task_id)
-        try:
-            before, after = await self.tasks.modify(task_id, fn, loaded, events.for_change)
-        except errors.QueueError as e:
-            # A decision refused the change and nothing was written. A storage failure may
-            # have come after the write, though: then the trigger stays for recovery.
-            if not isinstance(e, errors.StorageError):
-                await self.outbox.discard(trigger)
-            raise
-        if after is not before:
-            self._fault_point()
-        # With no change, this publishes what an earlier change may have left behind
-        # (one whose answer was lost after it was stored).
-        await self.outbox.finish(task_id, trigger)
+            before, after = await self.tasks.modify(task_id, fn, loaded,
+                                                    before_write=watch.before_write)
+            if after is not before:
+                self._fault_point()
+        else:
+            trigger = await self.outbox.begin(task_id)
+            try:
+                before, after = await self.tasks.modify(task_id, fn, loaded, events.for_change,
+                                                        watch.before_write)
+            except errors.QueueError as e:
+                # A decision refused the change and nothing was written. A storage failure
+                # may have come after the write, though: then the trigger stays for recovery.
+                if not isinstance(e, errors.StorageError):
+                    await self.outbox.discard(trigger)
+                raise
+            if after is not before:
+                self._fault_point()
+            # With no change, this publishes what an earlier change may have left behind
+            # (one whose answer was lost after it was stored).
+            await self.outbox.finish(task_id, trigger)
+        await watch.after(before, after)
         return before, after
 
     def _fault_point(self) -> None:

@@ -3,7 +3,12 @@
 Entity: PartitionKey = taskId, RowKey = ``task``. The normalized definition and the
 runs are JSON, split into properties of at most ``CHUNK`` characters (Azure's limit on
 one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQueueId``,
-``deadline`` and ``retriesLeft`` are plain properties so they can be read and queried.
+``deadline`` and ``retriesLeft`` are plain properties so they can be read and queried;
+``hasDependents`` is set (merged in) by the first task defined depending on this one.
+
+Other rows in a task's partition: ``tip:<messageId>`` (messages put carrying its tips),
+``wait:<taskId>`` (dependencies it still waits for), ``outbox:…`` (unpublished events),
+``artifact:…``.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from azure.core import MatchConditions
@@ -34,11 +39,14 @@ OUTBOX = "outbox:"  # Azure refuses "/" in keys; ";" follows ":"
 _sequence = itertools.count()
 
 EventsFor = Callable[[Task | None, Task], list[Event]]
+BeforeWrite = Callable[[Task, Task], Awaitable[None]]
 MAX_DEFINITION_CHARS = 400_000
 MAX_MODIFY_ATTEMPTS = 50
 ROW = "task"
 # Rows "tip:<messageId>": the Azure messages that were put carrying this task's tips.
 TIP = "tip:"
+# Rows "wait:<taskId>": a dependency this task still waits for.
+WAIT = "wait:"
 
 
 def _put_chunks(entity: dict[str, Any], name: str, text: str) -> None:
@@ -64,6 +72,7 @@ def to_entity(task: Task) -> dict[str, Any]:
         "taskQueueId": task.task_queue_id,
         "deadline": task.deadline,
         "retriesLeft": EntityProperty(task.retries_left, EdmType.INT32),
+        "hasDependents": task.has_dependents,
     }
     _put_chunks(entity, "definition", json.dumps(task.definition, separators=(",", ":")))
     _put_chunks(entity, "runs", json.dumps([r.to_json() for r in task.runs], separators=(",", ":")))
@@ -76,6 +85,7 @@ def from_entity(entity: Mapping[str, Any]) -> Task:
         definition=json.loads(_get_chunks(entity, "definition")),
         runs=tuple(Run.from_json(r) for r in json.loads(_get_chunks(entity, "runs"))),
         retries_left=int(entity["retriesLeft"]),
+        has_dependents=bool(entity.get("hasDependents", False)),
     )
 
 
@@ -140,6 +150,52 @@ class TaskStore:
         known = any(r["RowKey"] == tip_key for r in rows)
         return from_entity(entity), str(entity.metadata["etag"]), known
 
+    async def find(self, task_id: str) -> Task | None:
+        """The task, or None if there is none."""
+        try:
+            return await self.get(task_id)
+        except NotFound:
+            return None
+
+    async def mark_has_dependents(self, task_id: str) -> None:
+        """Note on the task that another task depends on it (a merge: it moves the ETag,
+        so a concurrent ``modify`` of the task decides again and sees it)."""
+        try:
+            with translate(f"marking task {task_id} as a dependency"):
+                await self._table.update_entity({"PartitionKey": task_id, "RowKey": ROW,
+                                                 "hasDependents": True}, mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+
+    async def add_waits(self, task_id: str, required: list[str]) -> None:
+        """Rows saying that ``task_id`` waits for each of ``required`` (idempotent)."""
+        for i in range(0, len(required), 100):
+            with translate(f"recording the dependencies of task {task_id}"):
+                await self._table.submit_transaction(
+                    [("upsert", {"PartitionKey": task_id, "RowKey": WAIT + r})
+                     for r in required[i:i + 100]])
+
+    async def remove_wait(self, task_id: str, required: str) -> None:
+        try:
+            with translate(f"clearing a dependency of task {task_id}"):
+                await self._table.delete_entity(task_id, WAIT + required)
+        except EntityNotFound:
+            pass
+
+    async def load_with_waits(self, task_id: str) -> tuple[Task, str, frozenset[str]] | None:
+        """The task, its ETag and the dependencies it still waits for, in one request;
+        None if there is no such task."""
+        with translate(f"reading task {task_id}"):
+            rows = [row async for row in self._table.query_entities(
+                "PartitionKey eq @pk and ( RowKey eq @task or "
+                "( RowKey ge @low and RowKey lt @high ) )",
+                parameters={"pk": task_id, "task": ROW, "low": WAIT, "high": WAIT[:-1] + ";"})]
+        entity = next((r for r in rows if r["RowKey"] == ROW), None)
+        if entity is None:
+            return None
+        waits = frozenset(str(r["RowKey"])[len(WAIT):] for r in rows if r["RowKey"] != ROW)
+        return from_entity(entity), str(entity.metadata["etag"]), waits
+
     async def record_tip(self, task_id: str, message_id: str) -> None:
         """Remember that the message ``message_id`` was put carrying a tip of this task."""
         try:
@@ -177,7 +233,8 @@ class TaskStore:
 
     async def modify(self, task_id: str, fn: Callable[[Task], Task],
                      loaded: tuple[Task, str] | None = None,
-                     events: EventsFor | None = None) -> tuple[Task, Task]:
+                     events: EventsFor | None = None,
+                     before_write: BeforeWrite | None = None) -> tuple[Task, Task]:
         """Apply the pure ``fn`` to the stored task and write its result conditionally.
 
         Loads with the ETag, writes ``IfNotModified``, and on a lost race (412) loads again
@@ -185,7 +242,8 @@ class TaskStore:
         Returns the task ``fn`` saw and the task as now stored (the same object when ``fn``
         changed nothing, in which case nothing was written). ``loaded``, from ``load``,
         saves the first read. ``events`` gives the messages the change publishes: they are
-        written as outbox rows in the same transaction.
+        written as outbox rows in the same transaction. ``before_write(before, after)`` is
+        awaited before each attempt to write.
         """
         for _ in range(MAX_MODIFY_ATTEMPTS):
             before, etag = loaded or await self.load(task_id)
@@ -194,6 +252,8 @@ class TaskStore:
             if after is before:
                 return before, after
             outbox = [outbox_row(task_id, e) for e in events(before, after)] if events else []
+            if before_write is not None:
+                await before_write(before, after)
             try:
                 with translate(f"updating task {task_id}"):
                     if outbox:

@@ -63,3 +63,10 @@ def test_a_canceled_run_publishes_task_exception_with_the_group_check() -> None:
     assert event.exchange == "task-exception" and event.group is not None
     assert event.payload["runId"] == 0 and event.payload["workerId"] == "a"
     assert event.payload["status"]["runs"][0]["reasonResolved"] == "canceled"
+
+
+def test_a_waiting_task_is_defined_alone_and_pending_once_scheduled() -> None:
+    waiting = model.new_task("W" * 22, _task().definition, NOW, scheduled=False)
+    assert [e.exchange for e in events.for_change(None, waiting)] == ["task-defined"]
+    [pending] = events.for_change(waiting, model.schedule(waiting, NOW))
+    assert pending.exchange == "task-pending" and pending.payload["runId"] == 0

@@ -151,3 +151,28 @@ def test_cancel_resolves_the_current_run_canceled_and_never_retries() -> None:
     completed = model.resolve(model.claim(pending, 0, "g", "a", NOW, TIMEOUT), 0,
                               RunState.COMPLETED, ReasonResolved.COMPLETED, NOW)
     assert model.cancel(completed, NOW) is completed
+
+
+def test_a_waiting_task_is_unscheduled_until_scheduled_and_never_after_its_deadline() -> None:
+    waiting = model.Task("W", _task().definition, (), 1)
+    assert waiting.state is model.TaskState.UNSCHEDULED and not waiting.state.resolved
+    scheduled = model.schedule(waiting, NOW)
+    assert [(r.run_id, r.state, r.reason_created) for r in scheduled.runs] == [
+        (0, RunState.PENDING, model.ReasonCreated.SCHEDULED)]
+    assert model.schedule(scheduled, NOW) is scheduled
+    assert model.schedule(waiting, waiting.deadline) is waiting
+
+
+def test_requires_all_completed_or_all_resolved() -> None:
+    """'all-completed': every dependency completed; 'all-resolved': resolved in any way."""
+    pending = _task()
+    claimed = model.claim(pending, 0, "g", "a", NOW, TIMEOUT)
+    completed = model.resolve(claimed, 0, RunState.COMPLETED, ReasonResolved.COMPLETED, NOW)
+    failed = model.resolve(claimed, 0, RunState.FAILED, ReasonResolved.FAILED, NOW)
+    canceled = model.cancel(pending, NOW)
+    assert [model.satisfies(t, "all-completed") for t in (pending, claimed, completed, failed,
+                                                          canceled)] == [False, False, True,
+                                                                         False, False]
+    assert [model.satisfies(t, "all-resolved") for t in (pending, claimed, completed, failed,
+                                                         canceled)] == [False, False, True,
+                                                                        True, True]

@@ -1,0 +1,195 @@
+"""Task dependencies, through the official client. From the Taskcluster task definition:
+"dependencies: List of dependent tasks. These must either be _completed_ or _resolved_
+before this task is scheduled", as `requires` says: "all-completed" or "all-resolved"."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+import taskcluster.aio
+from taskcluster.exceptions import TaskclusterRestFailure
+
+from azqueue.config import Client
+from azqueue.devstorage import Azurite, free_port
+from tests import sas
+from tests.conftest import ROOT, Server, ServerFactory
+from tests.serving import serve
+from tests.tasks import definition, slugid
+
+GROUP = slugid()
+SCHEDULER = Client("scheduler", "scheduler-access-token-012345678", (
+    "queue:create-task:*", "queue:scheduler-id:*", f"queue:schedule-task:-/{GROUP}/*",
+    "queue:status:*"))
+
+
+def _queue(server: Server | str, client: Client = ROOT) -> taskcluster.aio.Queue:
+    root_url = server if isinstance(server, str) else server.root_url
+    return taskcluster.aio.Queue({"rootUrl": root_url, "maxRetries": 0, "credentials": {
+        "clientId": client.client_id, "accessToken": client.access_token}})
+
+
+async def _task(queue: taskcluster.aio.Queue, task_queue: str, **extra: Any) -> str:
+    task_id = slugid()
+    await queue.createTask(task_id, definition(task_queue, **extra))
+    return task_id
+
+
+async def _run(queue: taskcluster.aio.Queue, task_id: str, outcome: str = "completed") -> None:
+    """Claim run 0 (without a message) and report ``outcome``."""
+    await queue.claimTask(task_id, 0, {"workerGroup": "g", "workerId": "w"})
+    if outcome == "completed":
+        await queue.reportCompleted(task_id, 0)
+    else:
+        await queue.reportFailed(task_id, 0)
+
+
+async def _state(queue: taskcluster.aio.Queue, task_id: str) -> str:
+    return str((await queue.status(task_id))["status"]["state"])
+
+
+async def _tips(http: aiohttp.ClientSession, server: Server, task_queue: str) -> list[str]:
+    """The taskIds of the tips a worker finds in the task queue's lowest-priority queue."""
+    urls = await sas.poll_task_urls(http, server.api, *task_queue.split("/"))
+    return [m.tip["taskId"] for m in await sas.get_messages(http, urls["queues"][6]["signedPollUrl"],
+                                                            32)]
+
+
+async def test_a_task_waits_unscheduled_until_all_its_dependencies_complete(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    queue = _queue(server)
+    first, second = await _task(queue, "prov/deps-a"), await _task(queue, "prov/deps-a")
+    waiting, body = slugid(), definition("prov/deps-b", dependencies=[first, second])
+    created = await queue.createTask(waiting, body)
+    assert created["status"]["state"] == "unscheduled" and created["status"]["runs"] == []
+    assert await _tips(http, server, "prov/deps-b") == []  # nothing for a worker to find
+
+    await _run(queue, first)
+    assert await _state(queue, waiting) == "unscheduled"
+    await _run(queue, second)
+    status = (await queue.status(waiting))["status"]
+    assert [(r["state"], r["reasonCreated"]) for r in status["runs"]] == [("pending", "scheduled")]
+    assert await _tips(http, server, "prov/deps-b") == [waiting]
+
+    listed = await queue.listDependentTasks(first)
+    assert listed["taskId"] == first
+    assert [(t["taskId"], t["status"]["state"]) for t in listed["tasks"]] == [(waiting, "pending")]
+    assert (await queue.createTask(waiting, body))["status"] == status  # idempotent
+
+
+async def test_requires_all_completed_or_all_resolved(server: Server) -> None:
+    """'all-completed': a failed dependency keeps the task unscheduled; 'all-resolved':
+    any resolution lets it go."""
+    queue = _queue(server)
+    failing = await _task(queue, "prov/deps-req")
+    strict = await _task(queue, "prov/deps-req", dependencies=[failing])
+    lenient = await _task(queue, "prov/deps-req", dependencies=[failing], requires="all-resolved")
+    await _run(queue, failing, "failed")
+    assert await _state(queue, strict) == "unscheduled"
+    assert await _state(queue, lenient) == "pending"
+    # Created after the failure: the same decision at once.
+    assert await _state(queue, await _task(queue, "prov/deps-req", dependencies=[failing])) \
+        == "unscheduled"
+    assert await _state(queue, await _task(queue, "prov/deps-req", dependencies=[failing],
+                                           requires="all-resolved")) == "pending"
+
+
+async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_writes_nothing(
+        server: Server) -> None:
+    queue = _queue(server)
+    done = await _task(queue, "prov/deps-check")
+    await _run(queue, done)
+    assert await _state(queue, await _task(queue, "prov/deps-check", dependencies=[done])) \
+        == "pending"
+    ghost, refused = slugid(), slugid()
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await queue.createTask(refused, definition("prov/deps-check", dependencies=[done, ghost]))
+    assert info.value.status_code == 400 and ghost in info.value.body["message"]
+    short_lived, body = slugid(), definition("prov/deps-check")
+    await queue.createTask(short_lived, {**body, "expires": body["deadline"]})
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await queue.createTask(refused, definition("prov/deps-check", dependencies=[short_lived],
+                                                   deadline=timedelta(hours=2)))
+    assert info.value.status_code == 400 and "expire" in info.value.body["message"]
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await queue.status(refused)
+    assert info.value.status_code == 404
+    assert (await queue.listDependentTasks(short_lived))["tasks"] == []
+
+
+async def test_a_task_that_depends_on_itself_waits_for_schedule_task(
+        make_server: ServerFactory) -> None:
+    server = await make_server(clients=(SCHEDULER,), anonymous_scopes=())
+    scheduler = _queue(server, SCHEDULER)
+    mine, theirs = slugid(), slugid()
+    await scheduler.createTask(mine, definition("prov/deps-self", taskGroupId=GROUP,
+                                                dependencies=[mine]))
+    await scheduler.createTask(theirs, definition("prov/deps-self", dependencies=[theirs]))
+    assert await _state(scheduler, mine) == "unscheduled"
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await scheduler.scheduleTask(theirs)
+    assert info.value.status_code == 403
+    assert f"queue:schedule-task:-/{theirs}/{theirs}" in info.value.body["message"]
+    assert await _state(scheduler, theirs) == "unscheduled"
+    assert (await scheduler.scheduleTask(mine))["status"]["state"] == "pending"
+    assert (await scheduler.scheduleTask(mine))["status"]["state"] == "pending"  # again: same
+
+
+async def test_dependencies_resolving_at_once_on_two_replicas_schedule_the_task_once(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    replicas = [await make_server(), await make_server()]
+    queues = [_queue(r) for r in replicas]
+    required = [await _task(queues[0], "prov/deps-many") for _ in range(20)]
+    waiting = await _task(queues[0], "prov/deps-join", dependencies=required)
+    for i, task_id in enumerate(required):
+        await queues[i % 2].claimTask(task_id, 0, {"workerGroup": "g", "workerId": "w"})
+    await asyncio.gather(*(queues[i % 2].reportCompleted(task_id, 0)
+                           for i, task_id in enumerate(required)))
+    status = (await queues[1].status(waiting))["status"]
+    assert [(r["runId"], r["state"]) for r in status["runs"]] == [(0, "pending")]
+    assert await _tips(http, replicas[0], "prov/deps-join") == [waiting]  # one tip, not two
+
+
+async def test_an_unscheduled_task_at_its_deadline_is_resolved_and_passes_that_on(
+        make_server: ServerFactory) -> None:
+    server = await make_server(deadline_resolver_interval=0.3)
+    queue = _queue(server)
+    never = await _task(queue, "prov/deps-deadline")
+    doomed = await _task(queue, "prov/deps-deadline", dependencies=[never],
+                         deadline=timedelta(seconds=3))
+    after = await _task(queue, "prov/deps-deadline", dependencies=[doomed],
+                        requires="all-resolved")
+    for _ in range(60):
+        if await _state(queue, after) == "pending":
+            break
+        await asyncio.sleep(0.2)
+    status = (await queue.status(doomed))["status"]
+    assert [(r["state"], r["reasonCreated"], r["reasonResolved"]) for r in status["runs"]] == [
+        ("exception", "exception", "deadline-exceeded")]
+    assert await _state(queue, after) == "pending"
+
+
+async def test_a_resolution_stored_just_before_a_crash_is_passed_on_after_it(
+        azurite: Azurite, make_server: ServerFactory, storage_prefix: str) -> None:
+    survivor = await make_server(dependencies_recovery_delay=1.0,
+                                 dependency_resolver_interval=0.3)
+    queue = _queue(survivor)
+    required = await _task(queue, "prov/deps-crash")
+    waiting = await _task(queue, "prov/deps-crash", dependencies=[required])
+    await queue.claimTask(required, 0, {"workerGroup": "g", "workerId": "w"})
+    port = free_port()
+    async with serve(azurite, storage_prefix, "", port, AZQUEUE_TEST_CRASH_AFTER_COMMIT="1",
+                     AZQUEUE_DEPENDENCIES_RECOVERY_DELAY="3") as doomed:
+        with pytest.raises(Exception):  # the connection dies with the process
+            await _queue(f"http://127.0.0.1:{port}").reportCompleted(required, 0)
+        assert await asyncio.to_thread(doomed.wait, 10) == 70
+    assert await _state(queue, required) == "completed"
+    assert await _state(queue, waiting) == "unscheduled"  # nobody told it before the crash
+    for _ in range(50):
+        if await _state(queue, waiting) == "pending":
+            break
+        await asyncio.sleep(0.2)
+    assert await _state(queue, waiting) == "pending"

@@ -1,0 +1,46 @@
+"""The server as a separate process, for tests that kill it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import aiohttp
+
+from azqueue.devstorage import Azurite
+from tests.conftest import ROOT
+
+AZQUEUE = str(Path(sys.executable).parent / "azqueue")
+
+
+@asynccontextmanager
+async def serve(azurite: Azurite, prefix: str, amqp_url: str, port: int,
+                **extra: str) -> AsyncIterator[subprocess.Popen[bytes]]:
+    """`azqueue serve` as a process of its own on ``port`` (``amqp_url`` "": events off),
+    ready once it answers ping; terminated at the end unless it is gone already."""
+    env = {**os.environ, "AZQUEUE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+           "AZQUEUE_STORAGE_PREFIX": prefix, "AZQUEUE_TIP_SECRETS": "test-secret-0123456789abcdef",
+           "AZQUEUE_ROOT_CLIENT_ID": ROOT.client_id, "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT.access_token,
+           "AZQUEUE_AMQP_URL": amqp_url, "AZQUEUE_PORT": str(port),
+           "AZQUEUE_EVENTS_RECOVERY_DELAY": "1", "AZQUEUE_EVENTS_RESOLVER_INTERVAL": "0.3",
+           "AZQUEUE_LOG_LEVEL": "WARNING", **extra}
+    process = subprocess.Popen([AZQUEUE, "serve"], env=env)
+    try:
+        async with aiohttp.ClientSession() as probe:
+            for _ in range(200):
+                try:
+                    async with probe.get(f"http://127.0.0.1:{port}/api/queue/v1/ping") as r:
+                        if r.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    await asyncio.sleep(0.1)
+        yield process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+        await asyncio.to_thread(process.wait, 30)
