@@ -15,7 +15,7 @@ from aiohttp import web
 
 from azqueue import __version__
 from azqueue.api.app import create_app
-from azqueue.background import claims, deadlines, dependencies, events
+from azqueue.background import claims, deadlines, dependencies, events, expiry
 from azqueue.config import ConfigError, Settings, new_secret
 from azqueue.devstorage import Azurite
 from azqueue.service.wiring import open_services
@@ -93,6 +93,9 @@ async def _resolve(which: str) -> None:
         if which in ("dependencies", "all"):
             loops["dependencies"] = dependencies.run(services.queue,
                                                      settings.dependency_resolver_interval, stop)
+        if which in ("expiry", "all"):
+            loops["expiry"] = expiry.run(services.queue, services.artifacts, services.outbox,
+                                         settings.expiry_interval, stop)
         if which in ("events", "all") and services.outbox is not None:
             loops["events"] = events.run(services.outbox, settings.events_resolver_interval, stop)
         tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
@@ -111,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
     dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
     resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
-    resolve.add_argument("which", choices=["claims", "deadlines", "dependencies", "events", "all"])
+    resolve.add_argument("which", choices=["claims", "deadlines", "dependencies", "events", "expiry",
+                                                 "all"])
     commands.add_parsers(sub)
     args = parser.parse_args(argv)
 

@@ -161,6 +161,8 @@ class Settings:
     # Dependencies: when a resolution that its process did not pass on is recovered.
     dependencies_recovery_delay: float = 30.0
     dependency_resolver_interval: float = 5.0
+    # Expiry: how often expired artifacts and tasks are looked for (a scan of the tasks table).
+    expiry_interval: float = 3600.0
     # Test-only fault injection: exit the process right after a state change is stored,
     # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
     crash_after_commit: bool = False
@@ -223,6 +225,7 @@ class Settings:
             dependencies_recovery_delay=_seconds(env, "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY", 30.0),
             dependency_resolver_interval=_seconds(env, "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
                                                   5.0),
+            expiry_interval=_seconds(env, "AZQUEUE_EXPIRY_INTERVAL", 3600.0),
             crash_after_commit=env.get("AZQUEUE_TEST_CRASH_AFTER_COMMIT", "") == "1",
         )
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
 from azqueue.api.routes import ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
-from azqueue.background import claims, deadlines, dependencies
+from azqueue.background import claims, deadlines, dependencies, expiry
 from azqueue.background import events as events_resolver
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
@@ -40,14 +40,18 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event],
-                                          Coroutine[Any, Any, None]],
-                interval: Callable[[Settings], float]
+def _background(name: str, start: Callable[[web.Application, asyncio.Event],
+                                           Coroutine[Any, Any, None] | None]
                 ) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A background loop as a cleanup context: ``start(app, stop)`` gives the loop (or
+    None: not configured), which must end soon after ``stop`` is set."""
     async def ctx(app: web.Application) -> AsyncIterator[None]:
         stop = asyncio.Event()
-        task = asyncio.create_task(loop(app[SERVICE_KEY], interval(app[SETTINGS_KEY]), stop),
-                                   name=name)
+        loop = start(app, stop)
+        if loop is None:
+            yield
+            return
+        task = asyncio.create_task(loop, name=name)
         log.info("%s started", name)
         yield
         stop.set()
@@ -58,20 +62,11 @@ def _background(name: str, loop: Callable[[QueueService, float, asyncio.Event],
     return ctx
 
 
-async def _events_ctx(app: web.Application) -> AsyncIterator[None]:
+def _events(app: web.Application, stop: asyncio.Event) -> Coroutine[Any, Any, None] | None:
     outbox = app[OUTBOX_KEY]
     if outbox is None:
-        yield
-        return
-    stop = asyncio.Event()
-    task = asyncio.create_task(events_resolver.run(
-        outbox, app[SETTINGS_KEY].events_resolver_interval, stop), name="events resolver")
-    yield
-    stop.set()
-    try:
-        await asyncio.wait_for(task, STOP_TIMEOUT)
-    except TimeoutError:
-        log.warning("events resolver did not stop within %.0fs; cancelled", STOP_TIMEOUT)
+        return None
+    return events_resolver.run(outbox, app[SETTINGS_KEY].events_resolver_interval, stop)
 
 
 def create_app(settings: Settings) -> web.Application:
@@ -81,12 +76,17 @@ def create_app(settings: Settings) -> web.Application:
     app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_service_ctx)
     if settings.run_resolvers:
-        app.cleanup_ctx.append(_background(
-            "claim resolver", claims.run, lambda s: s.claim_resolver_interval))
-        app.cleanup_ctx.append(_background(
-            "deadline resolver", deadlines.run, lambda s: s.deadline_resolver_interval))
-        app.cleanup_ctx.append(_background(
-            "dependency resolver", dependencies.run, lambda s: s.dependency_resolver_interval))
-        app.cleanup_ctx.append(_events_ctx)
+        for name, start in (
+                ("claim resolver", lambda app, stop: claims.run(
+                    app[SERVICE_KEY], app[SETTINGS_KEY].claim_resolver_interval, stop)),
+                ("deadline resolver", lambda app, stop: deadlines.run(
+                    app[SERVICE_KEY], app[SETTINGS_KEY].deadline_resolver_interval, stop)),
+                ("dependency resolver", lambda app, stop: dependencies.run(
+                    app[SERVICE_KEY], app[SETTINGS_KEY].dependency_resolver_interval, stop)),
+                ("expiry resolver", lambda app, stop: expiry.run(
+                    app[SERVICE_KEY], app[ARTIFACTS_KEY], app[OUTBOX_KEY],
+                    app[SETTINGS_KEY].expiry_interval, stop)),
+                ("events resolver", _events)):
+            app.cleanup_ctx.append(_background(name, start))
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app

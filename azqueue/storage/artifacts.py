@@ -8,6 +8,7 @@ transaction.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from azure.core import MatchConditions
@@ -57,6 +58,21 @@ class ArtifactStore:
         except (EntityExists, TransactionConflict):
             return False
         return True
+
+    async def expired(self, now: datetime) -> list[Artifact]:
+        """Artifacts whose ``expires`` is before ``now`` (a scan of the whole table)."""
+        with translate("looking for expired artifacts"):
+            return [_from_entity(e) async for e in self._table.query_entities(
+                "RowKey ge @low and RowKey lt @high and expires lt @now",
+                parameters={"low": PREFIX, "high": PREFIX[:-1] + ";", "now": now})]
+
+    async def delete(self, artifact: Artifact) -> None:
+        try:
+            with translate(f"deleting artifact {artifact.name}"):
+                await self._table.delete_entity(artifact.task_id,
+                                                _row(artifact.run_id, artifact.name))
+        except EntityNotFound:
+            pass
 
     async def get(self, task_id: str, run_id: int, name: str) -> Artifact | None:
         try:

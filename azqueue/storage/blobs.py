@@ -56,6 +56,20 @@ class BlobStore:
     async def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
         return await self._url(blob, BlobSasPermissions(read=True), now, lifetime)
 
+    async def delete(self, blob: str) -> None:
+        try:
+            with translate(f"deleting blob {blob}"):
+                await self._client.delete_blob(blob)
+        except EntityNotFound:
+            pass
+
+    async def delete_all(self, prefix: str) -> None:
+        """Delete every blob whose name starts with ``prefix``."""
+        with translate(f"listing blobs under {prefix}"):
+            names = [b.name async for b in self._client.list_blobs(name_starts_with=prefix)]
+        for name in names:
+            await self.delete(name)
+
     async def content_type(self, blob: str) -> str | None:
         """The uploaded blob's content type, or None if nothing was uploaded."""
         try:

@@ -18,6 +18,7 @@ from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityNotFound, translate
+from azqueue.storage.rows import delete_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +87,13 @@ class ClaimStore:
     async def delete(self, task_id: str, run_id: int) -> None:
         with translate(f"deleting the claim of {task_id}/{run_id}"):
             await self._table.delete_entity(task_id, str(run_id))
+
+    async def delete_task(self, task_id: str) -> None:
+        """Delete the rows of all of a task's runs."""
+        with translate(f"listing the claims of task {task_id}"):
+            runs = [str(e["RowKey"]) async for e in self._table.query_entities(
+                "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
+        await delete_rows(self._table, task_id, runs, f"deleting the claims of task {task_id}")
 
     async def expired(self, now: datetime) -> AsyncIterator[ClaimRecord]:
         with translate("listing expired claims"):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import translate
+from azqueue.storage.rows import delete_rows
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +37,11 @@ class DependentStore:
             await self._table.upsert_entity({"PartitionKey": required,
                                              "RowKey": dependent.task_id,
                                              "requires": dependent.requires})
+
+    async def delete_all(self, required: str) -> None:
+        """Forget who depended on ``required``."""
+        await delete_rows(self._table, required, [d.task_id async for d in self.all(required)],
+                          f"forgetting the tasks that depended on {required}")
 
     async def all(self, required: str) -> AsyncIterator[Dependent]:
         with translate(f"listing the tasks that depend on {required}"):

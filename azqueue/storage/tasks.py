@@ -17,6 +17,7 @@ import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from datetime import datetime
 from typing import Any
 
 from azure.core import MatchConditions
@@ -26,6 +27,7 @@ from azqueue.errors import NotFound, StorageError
 from azqueue.model.events import Event
 from azqueue.model.task import Run, Task
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.rows import delete_rows
 from azqueue.storage.errors import (
     EntityExists,
     EntityNotFound,
@@ -71,6 +73,7 @@ def to_entity(task: Task) -> dict[str, Any]:
         "state": str(task.state),
         "taskQueueId": task.task_queue_id,
         "deadline": task.deadline,
+        "expires": task.expires,
         "retriesLeft": EntityProperty(task.retries_left, EdmType.INT32),
         "hasDependents": task.has_dependents,
     }
@@ -150,6 +153,22 @@ class TaskStore:
         known = any(r["RowKey"] == tip_key for r in rows)
         return from_entity(entity), str(entity.metadata["etag"]), known
 
+    async def expired(self, now: datetime) -> list[Task]:
+        """Tasks whose ``expires`` is before ``now`` (a scan of the whole table)."""
+        with translate("looking for expired tasks"):
+            return [from_entity(e) async for e in self._table.query_entities(
+                "RowKey eq @task and expires lt @now", parameters={"task": ROW, "now": now})]
+
+    async def delete_partition(self, task_id: str) -> None:
+        """Delete every row of the task's partition, the task itself last."""
+        with translate(f"listing the rows of task {task_id}"):
+            keys = [str(e["RowKey"]) async for e in self._table.query_entities(
+                "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
+        await delete_rows(self._table, task_id, [k for k in keys if k != ROW],
+                          f"deleting the rows of task {task_id}")
+        with translate(f"deleting task {task_id}"):
+            await self._table.delete_entity(task_id, ROW)
+
     async def find(self, task_id: str) -> Task | None:
         """The task, or None if there is none."""
         try:
@@ -215,17 +234,7 @@ class TaskStore:
 
     async def delete_outbox(self, task_id: str, row_keys: list[str]) -> None:
         """Delete outbox rows; rows another process deleted already are no error."""
-        for i in range(0, len(row_keys), 100):
-            chunk = row_keys[i:i + 100]
-            try:
-                with translate(f"clearing the outbox of task {task_id}"):
-                    await self._table.submit_transaction(
-                        [("delete", {"PartitionKey": task_id, "RowKey": k}) for k in chunk])
-            except StorageError:
-                # One row was gone (a concurrent delivery): the batch failed as a whole.
-                for k in chunk:
-                    with translate(f"clearing the outbox of task {task_id}"):
-                        await self._table.delete_entity(task_id, k)
+        await delete_rows(self._table, task_id, row_keys, f"clearing the outbox of task {task_id}")
 
     async def get(self, task_id: str) -> Task:
         task, _ = await self.load(task_id)

@@ -1,0 +1,81 @@
+"""Expiry: artifacts and tasks are deleted once past their `expires` ("the task and its
+artifacts will be deleted at this time", Taskcluster's task definition)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import aiohttp
+from azure.data.tables.aio import TableServiceClient
+
+from azqueue.api.routes import ARTIFACTS_KEY
+from azqueue.devstorage import Azurite
+from azqueue.service.expiry import expire
+from tests import sas
+from tests.conftest import Server
+from tests.tasks import create, definition, iso, status
+
+
+async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str, name: str,
+                    expires: datetime) -> str:
+    """Upload a blob artifact; its read URL."""
+    code, made = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
+                                {"storageType": "blob", "contentType": "text/plain",
+                                 "expires": iso(expires)})
+    assert code == 200, made
+    async with http.put(made["putUrl"], data=name.encode(), headers=made["headers"]) as r:
+        assert r.status == 201
+    async with http.put(f"{server.api}/task/{task_id}/runs/0/artifacts/{name}", json={}) as r:
+        assert r.status == 200
+    async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
+                        allow_redirects=False) as r:
+        assert r.status == 303
+        return r.headers["Location"]
+
+
+async def _rows(azurite: Azurite, table: str, partition: str) -> list[str]:
+    async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
+        client = tables.get_table_client(table)
+        return [str(e["RowKey"]) async for e in client.query_entities(
+            "PartitionKey eq @pk", parameters={"pk": partition})]
+
+
+async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_kept(
+        server: Server, http: aiohttp.ClientSession, azurite: Azurite) -> None:
+    now = datetime.now(UTC)
+    task_id = await create(http, server.api, definition("prov/expiry"))
+    waiting = await create(http, server.api, definition("prov/expiry", dependencies=[task_id]))
+    code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
+                             {"workerGroup": "g", "workerId": "w"})
+    assert code == 200
+    short = await _artifact(http, server, task_id, "public/short.txt", now + timedelta(days=1))
+    long = await _artifact(http, server, task_id, "public/long.txt", now + timedelta(days=300))
+    code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200
+    artifacts, outbox = server.app[ARTIFACTS_KEY], server.service.outbox
+    tasks_table = server.service.tasks.name
+
+    # Two days on: the short-lived artifact is gone, row and blob; the rest stays.
+    gone = await expire(server.service, artifacts, outbox, now + timedelta(days=2))
+    assert (gone.tasks, gone.artifacts) == (0, 1)
+    async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/public/short.txt",
+                        allow_redirects=False) as r:
+        assert r.status == 404
+    async with http.get(short) as r:
+        assert r.status == 404  # the blob itself
+    async with http.get(long) as r:
+        assert r.status == 200
+
+    # Past the task's expires (a year after its deadline): the task and all it kept.
+    gone = await expire(server.service, artifacts, outbox, now + timedelta(days=400))
+    assert gone.tasks == 1  # not `waiting`: it is still pending, though expired too
+    async with http.get(f"{server.api}/task/{task_id}/status") as r:
+        assert r.status == 404
+    async with http.get(long) as r:
+        assert r.status == 404
+    assert await _rows(azurite, tasks_table, task_id) == []
+    assert await _rows(azurite, server.service.dependencies.dependents.name, task_id) == []
+    assert (await status(http, server.api, waiting))["state"] == "pending"
+    # Once more: nothing left to do, and nothing fails.
+    gone = await expire(server.service, artifacts, outbox, now + timedelta(days=400))
+    assert (gone.tasks, gone.artifacts) == (0, 0)
