@@ -76,7 +76,7 @@ class StorageSettings:
     def uses_identity(self) -> bool:
         """True when requests are authenticated with azure-identity, not the account key."""
         conn = connection_settings(self.connection_string)
-        return "accountkey" not in conn and "sharedaccesssignature" not in conn
+        return not {"accountkey", "sharedaccesssignature", "usedevelopmentstorage"} & conn.keys()
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> StorageSettings:

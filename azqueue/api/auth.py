@@ -42,7 +42,7 @@ def _decode_ext(ext: str) -> dict[str, Any]:
 
 def _host_port(host_header: str, default_port: int) -> tuple[str, int]:
     host, sep, port = host_header.rpartition(":")
-    if sep and port.isdigit() and not host_header.endswith("]"):
+    if sep and port.isascii() and port.isdigit() and not host_header.endswith("]"):
         return host, int(port)
     return host_header, default_port
 

@@ -77,7 +77,7 @@ def parse_bewit(bewit: str) -> HawkHeader:
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise AuthenticationFailed("the bewit (signed URL) is not base64url") from None
     parts = raw.split("\\")
-    if len(parts) != 4 or not all(parts[:3]) or not parts[1].isdigit():
+    if len(parts) != 4 or not all(parts[:3]) or not (parts[1].isascii() and parts[1].isdigit()):
         raise AuthenticationFailed("the bewit (signed URL) is malformed")
     return HawkHeader(id=parts[0], ts=parts[1], nonce="", mac=parts[2], ext=parts[3])
 

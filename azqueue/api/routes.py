@@ -80,7 +80,7 @@ def _task_id(params: dict[str, str]) -> str:
 
 def _run_id(params: dict[str, str]) -> int:
     raw = params["runId"]
-    if not raw.isdigit() or int(raw) > MAX_RUN_ID:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_RUN_ID:
         raise errors.InputError(f"path parameter `runId` is {raw!r}; it must be an integer "
                                 f"from 0 to {MAX_RUN_ID}")
     return int(raw)
@@ -410,7 +410,7 @@ def _limit(request: web.Request) -> int | None:
     raw = request.query.get("limit")
     if raw is None:
         return None
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1000:
         raise errors.InputError(f"query parameter `limit` is {raw!r}; use 1-1000")
     return int(raw)
 

@@ -356,12 +356,19 @@ def _resolve_unscheduled(task: Task, reason: ReasonResolved, now: datetime) -> T
 
 
 def cancel(task: Task, now: datetime) -> Task:
-    """Resolve the unresolved run exception ``canceled``; a resolved task is unchanged."""
+    """Resolve the unresolved run exception ``canceled``; a resolved task is unchanged, a
+    task past its deadline is left to the deadline (Conflict)."""
+    if not task.runs and now >= task.deadline:
+        raise Conflict(f"task {task.task_id} passed its deadline {task.definition['deadline']}; "
+                       "it is resolved deadline-exceeded, not canceled")
     if not task.runs:
         return _resolve_unscheduled(task, ReasonResolved.CANCELED, now)
     last = task.runs[-1]
     if last.state.resolved:
         return task
+    if now >= task.deadline:
+        raise Conflict(f"task {task.task_id} passed its deadline {task.definition['deadline']}; "
+                       "it is resolved deadline-exceeded, not canceled")
     return _finish(task, last, RunState.EXCEPTION, ReasonResolved.CANCELED, now)
 
 

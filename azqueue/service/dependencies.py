@@ -1,33 +1,41 @@
 """Task dependencies: a task waits, unscheduled, until what it depends on is resolved.
 
-What is stored: ``wait:<taskId>`` rows in the waiting task's partition (what it still
-waits for), one row per (dependency, dependent) in the dependents table (whom to tell),
-and a ``hasDependents`` mark on every task something depends on.
+What is stored: ``wait:<tag>:<taskId>`` rows in the waiting task's partition (what it
+still waits for; ``tag`` names the definition that wrote them, so rows a refused
+redefinition of the same taskId writes are not counted), one row per (dependency,
+dependent) in the dependents table (whom to tell), and a ``hasDependents`` mark on every
+task something waits for.
 
 Azure Tables has no transaction across partitions, so the order of writes and reads
 does the work:
 
 * defining B: B's wait rows, then the dependents rows and marks on what it waits for,
-  then B itself, then every dependency is read again;
+  then B itself, then every dependency it waits for is read again;
 * resolving A: A's resolution is written conditionally on an ETag that the mark moves,
   then A's dependents are read.
 
 Whichever comes second sees the other. Passing A's resolution on to B removes B's
-``wait:A`` row and reads B's remaining rows afterwards, so of several dependencies that
+``wait:…:A`` row and reads B's remaining rows afterwards, so of several dependencies that
 resolve at once, the last to remove its row sees none left; scheduling B is a
 conditional change, so doing it twice does it once.
 
 Durability: before the resolution of a task with dependents is written, a trigger
 message goes into the internal queue ``<prefix>-dependencies``, invisible for the
 recovery delay, and is deleted once the resolution was passed on. If the process dies in
-between, the dependency resolver of any replica passes it on when the trigger reappears.
+between, the dependency resolver of any replica passes it on when the trigger reappears
+(and queues a tip again for a dependent this resolution scheduled, in case that was lost
+too). The defining side has no trigger: a createTask that dies after storing the task and
+before reading its dependencies again is finished by the client's retry, as a lost tip is.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import logging
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -35,7 +43,7 @@ from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import Task
-from azqueue.storage.dependents import Dependent, DependentStore
+from azqueue.storage.dependents import DependentStore
 from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
 from azqueue.storage.tasks import TaskStore
@@ -43,6 +51,9 @@ from azqueue.storage.tasks import TaskStore
 log = logging.getLogger(__name__)
 
 MAX_PARALLEL = 16
+# A resolution with so many dependents that telling them takes longer than this is told
+# in the background after the request is answered (the trigger keeps it durable).
+INLINE_BUDGET = 5.0
 T = TypeVar("T")
 
 # Schedules the task (given as loaded, with its ETag) and queues its tip; with ``requeue``
@@ -50,7 +61,7 @@ T = TypeVar("T")
 Schedule = Callable[[str, tuple[Task, str], bool], Awaitable[Any]]
 
 
-async def _gather(calls: Iterable[Awaitable[T]]) -> list[T]:
+async def gather_limited(calls: Iterable[Awaitable[T]]) -> list[T]:
     """Await ``calls`` with at most MAX_PARALLEL at a time; results in order."""
     limit = asyncio.Semaphore(MAX_PARALLEL)
 
@@ -65,6 +76,28 @@ def _resolves(before: Task, after: Task) -> bool:
     return after is not before and not before.state.resolved and after.state.resolved
 
 
+def definition_tag(definition: Any) -> str:
+    """Names a task definition in its wait rows."""
+    text = json.dumps(definition, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _scheduled_by(task: Task, dependency: Task) -> bool:
+    """Whether ``task``'s pending run 0 came no earlier than ``dependency``'s resolution
+    (so passing that resolution on may have scheduled it, and may have lost its tip)."""
+    first, resolved = task.runs[0] if task.runs else None, dependency.last_run
+    return (first is not None and resolved is not None and resolved.resolved is not None
+            and first.scheduled >= resolved.resolved)
+
+
+@dataclass(frozen=True, slots=True)
+class NewTask:
+    """What a new task waits for, and which of those are marked as depended on already."""
+
+    waiting: list[str]
+    marked: frozenset[str]
+
+
 class Dependencies:
     def __init__(self, tasks: TaskStore, dependents: DependentStore, queues: Queues,
                  queue_name: str, recovery_delay: timedelta, schedule: Schedule) -> None:
@@ -74,6 +107,7 @@ class Dependencies:
         self.queue_name = queue_name
         self.recovery_delay = recovery_delay
         self._schedule = schedule
+        self._background: set[asyncio.Task[None]] = set()
 
     async def setup(self) -> None:
         await self.dependents.ensure()
@@ -81,11 +115,11 @@ class Dependencies:
 
     # -- defining a task -----------------------------------------------------------------
 
-    async def check_new(self, task_id: str, definition: dict[str, Any]) -> list[str]:
+    async def check_new(self, task_id: str, definition: dict[str, Any]) -> NewTask:
         """What a new task must wait for. InputError, before anything is written, if a
         dependency does not exist or expires before the task's deadline."""
         others = [d for d in definition["dependencies"] if d != task_id]
-        found = await _gather(self.tasks.find(d) for d in others)
+        found = await gather_limited(self.tasks.find(d) for d in others)
         missing = [d for d, t in zip(others, found) if t is None]
         if missing:
             raise errors.InputError(
@@ -102,18 +136,20 @@ class Dependencies:
         waiting = [t.task_id for t in required if not model.satisfies(t, definition["requires"])]
         if task_id in definition["dependencies"]:
             waiting.append(task_id)  # waits for scheduleTask
-        return waiting
+        return NewTask(waiting, frozenset(t.task_id for t in required if t.has_dependents))
 
-    async def track(self, task_id: str, requires: str, waiting: list[str]) -> None:
-        """Before a waiting task is stored: its wait rows, then the dependents rows and
-        marks on the tasks it waits for."""
-        await self.tasks.add_waits(task_id, waiting)
-        await _gather(self._link(w, Dependent(task_id, requires))
-                      for w in waiting if w != task_id)
+    async def track(self, task_id: str, definition: dict[str, Any], new: NewTask) -> None:
+        """Before a task with dependencies is stored: its wait rows, then a dependents row
+        for every dependency (for listDependentTasks) and a mark on each it waits for."""
+        await self.tasks.add_waits(task_id, definition_tag(definition), new.waiting)
+        waiting = set(new.waiting)
 
-    async def _link(self, required: str, dependent: Dependent) -> None:
-        await self.dependents.add(required, dependent)
-        await self.tasks.mark_has_dependents(required)
+        async def link(required: str) -> None:
+            await self.dependents.add(required, task_id)
+            if required in waiting and required not in new.marked and required != task_id:
+                await self.tasks.mark_has_dependents(required)
+
+        await gather_limited(link(d) for d in definition["dependencies"])
 
     async def recheck(self, task: Task) -> None:
         """After a waiting task is stored (or its createTask repeated): pass on what its
@@ -123,7 +159,7 @@ class Dependencies:
             if dependency is not None and dependency.state.resolved:
                 await self._pass_to(dependency, task.task_id, recovering=False)
 
-        await _gather(one(d) for d in task.dependencies if d != task.task_id)
+        await gather_limited(one(d) for d in task.dependencies if d != task.task_id)
 
     # -- resolving a task ------------------------------------------------------------------
 
@@ -134,9 +170,8 @@ class Dependencies:
 
     async def resolved(self, task: Task, recovering: bool = False) -> None:
         """Pass ``task``'s resolution on to the tasks that depend on it."""
-        ready = [d.task_id async for d in self.dependents.all(task.task_id)
-                 if model.satisfies(task, d.requires)]
-        await _gather(self._pass_to(task, d, recovering) for d in ready)
+        dependents = [d async for d in self.dependents.all(task.task_id) if d != task.task_id]
+        await gather_limited(self._pass_to(task, d, recovering) for d in dependents)
 
     async def _pass_to(self, dependency: Task, dependent_id: str, recovering: bool) -> None:
         loaded = await self.tasks.load_with_waits(dependent_id)
@@ -145,16 +180,18 @@ class Dependencies:
         task, etag, waits = loaded
         if (dependency.task_id not in task.dependencies
                 or not model.satisfies(dependency, task.definition["requires"])):
-            return  # a row left by a refused redefinition of the dependent
-        if dependency.task_id in waits:
-            await self.tasks.remove_wait(dependent_id, dependency.task_id)
+            return  # not what it waits for, or a row of a refused redefinition
+        tag = definition_tag(task.definition)
+        if (tag, dependency.task_id) in waits:
+            await self.tasks.remove_wait(dependent_id, tag, dependency.task_id)
             # Read again after the delete, to see the deletes that came before it.
             loaded = await self.tasks.load_with_waits(dependent_id)
             if loaded is None:
                 return
             task, etag, waits = loaded
-        if not waits & task.dependencies:
-            await self._schedule(dependent_id, (task, etag), recovering)
+        if not any(t == tag and d in task.dependencies for t, d in waits):
+            await self._schedule(dependent_id, (task, etag),
+                                 recovering and _scheduled_by(task, dependency))
 
     # -- recovery --------------------------------------------------------------------------
 
@@ -166,15 +203,36 @@ class Dependencies:
                 task_id = str(decode_json(message.text)["taskId"])
             except (ValueError, KeyError, TypeError):
                 log.warning("dropping a malformed dependency trigger: %r", message.text[:100])
-            else:
-                task = await self.tasks.find(task_id)
-                if task is not None and task.state.resolved:
-                    log.info("passing on the resolution of task %s (recovered)", task_id)
-                    await self.resolved(task, recovering=True)
-            await self._drop(message)
+                await self.drop(message)
+                continue
+            task = await self.tasks.find(task_id)
+            if task is not None and not task.state.resolved and timeutil.utcnow() < task.deadline:
+                # Its resolution may still be on its way (a slow writer): look again later.
+                await self._postpone(message)
+                continue
+            if task is not None and task.state.resolved:
+                log.info("passing on the resolution of task %s (recovered)", task_id)
+                await self.resolved(task, recovering=True)
+            await self.drop(message)
         return len(messages)
 
-    async def _drop(self, message: Message) -> None:
+    async def _postpone(self, message: Message) -> None:
+        try:
+            await self.queues.update(self.queue_name, message.message_id, message.pop_receipt,
+                                     self.recovery_delay)
+        except MessageGone:
+            pass
+
+    def keep(self, job: asyncio.Task[None]) -> None:
+        """Let ``job`` finish in the background; ``close`` waits for it briefly."""
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=10)
+
+    async def drop(self, message: Message) -> None:
         try:
             await self.queues.delete(self.queue_name, message.message_id, message.pop_receipt)
         except MessageGone:
@@ -197,7 +255,26 @@ class Watch:
                 visible_in=self._deps.recovery_delay)
 
     async def after(self, before: Task, after: Task) -> None:
-        if after.has_dependents and _resolves(before, after):
-            await self._deps.resolved(after)
-        if self._trigger is not None:
-            await self._deps._drop(self._trigger)
+        """Tell the dependents, within ``INLINE_BUDGET`` or else in the background. A
+        failure is logged, not raised: the change is stored, and the trigger stays for the
+        dependency resolver."""
+        if not (after.has_dependents and _resolves(before, after)):
+            if self._trigger is not None:
+                await self._deps.drop(self._trigger)
+            return
+        job = asyncio.ensure_future(self._pass_on(after))
+        try:
+            await asyncio.wait_for(asyncio.shield(job), INLINE_BUDGET)
+        except TimeoutError:
+            log.info("task %s has many dependents: telling them in the background",
+                     self._task_id)
+            self._deps.keep(job)
+
+    async def _pass_on(self, task: Task) -> None:
+        try:
+            await self._deps.resolved(task)
+            if self._trigger is not None:
+                await self._deps.drop(self._trigger)
+        except Exception as e:
+            log.warning("could not pass the resolution of task %s on to its dependents (%s); "
+                        "the dependency resolver will", self._task_id, e)

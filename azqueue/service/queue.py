@@ -55,7 +55,7 @@ from azqueue.storage.tasks import MAX_DEFINITION_CHARS, TaskStore, definition_si
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.workers import WorkerStore
 from azqueue.service import paging
-from azqueue.service.dependencies import Dependencies
+from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.signals import WorkSignals
 
 log = logging.getLogger(__name__)
@@ -126,21 +126,21 @@ class QueueService:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
         authorize(definition)
-        waiting: list[str] = []
+        new = None
         if definition["dependencies"]:
             existing = await self.tasks.find(task_id)
             if existing is not None:  # nothing of a repeated or refused definition is written
                 return await self._defined_before(existing, definition)
-            waiting = await self.dependencies.check_new(task_id, definition)
+            new = await self.dependencies.check_new(task_id, definition)
+        waiting = new is not None and bool(new.waiting)
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
-        await self.pending.ensure(task.task_queue_id, task.priority)
         # The deadline trigger goes first: if we die after it, the resolver finds no
         # task at the deadline and drops it; if we died after the insert without it,
         # nothing would ever resolve the task.
         await self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
                               visible_in=task.deadline - now, forever=True)
-        if waiting:
-            await self.dependencies.track(task_id, definition["requires"], waiting)
+        if new is not None:
+            await self.dependencies.track(task_id, definition, new)
         trigger = None
         if self.outbox is not None:
             await self.outbox.groups.add(task.definition["taskGroupId"], task_id)
@@ -180,6 +180,9 @@ class QueueService:
         """Schedule an unscheduled task whatever its dependencies say (scheduleTask)."""
         loaded = await self.tasks.load(task_id)
         authorize(loaded[0])
+        if not loaded[0].runs and timeutil.utcnow() >= loaded[0].deadline:
+            raise errors.Conflict(f"task {task_id} passed its deadline "
+                                  f"{loaded[0].definition['deadline']} and cannot be scheduled")
         return (await self._schedule(task_id, loaded, True)).status()
 
     async def _schedule(self, task_id: str, loaded: tuple[Task, str] | None,
@@ -199,10 +202,10 @@ class QueueService:
         await self.tasks.get(task_id)
         after = paging.after(continuation)
         page, last = await self.dependencies.dependents.page(task_id, after, limit)
-        found = [t for t in await asyncio.gather(*(self.tasks.find(d.task_id) for d in page))
+        found = [t for t in await gather_limited(self.tasks.find(d) for d in page)
                  if t is not None and task_id in t.dependencies]
         answer: dict[str, Any] = {"taskId": task_id,
-                                  "tasks": [{"taskId": t.task_id, "status": t.status()}
+                                  "tasks": [{"status": t.status(), "task": dict(t.definition)}
                                             for t in found]}
         if last is not None:
             answer["continuationToken"] = paging.token(last)
@@ -525,6 +528,7 @@ class QueueService:
         """Let in-flight bookkeeping finish (briefly) before the storage clients close."""
         if self._bookkeeping:
             await asyncio.wait(self._bookkeeping, timeout=5)
+        await self.dependencies.close()
 
     def _bookkeeping_done(self, task: asyncio.Task[None]) -> None:
         self._bookkeeping.discard(task)

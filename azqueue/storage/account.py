@@ -74,7 +74,8 @@ class StorageAccount:
         self._delegation_key: UserDelegationKey | None = None
         self._delegation_expiry = datetime.min.replace(tzinfo=UTC)
         self._delegation_lock = asyncio.Lock()
-        if self.settings.uses_identity:
+        self.uses_identity = self.settings.uses_identity
+        if self.uses_identity:
             parts = connection_settings(conn)
             for service in ("table", "queue", "blob"):
                 if not service_endpoint(parts, service).lower().startswith("https://"):
@@ -104,10 +105,6 @@ class StorageAccount:
             self.account_key = getattr(self.queues.credential, "account_key", None)
         if not self.account_name:
             raise ConfigError("AZQUEUE_STORAGE_CONNECTION_STRING names no AccountName")
-
-    @property
-    def uses_identity(self) -> bool:
-        return self.settings.uses_identity
 
     async def user_delegation_key(self, now: datetime) -> UserDelegationKey:
         """A user delegation key (azure-identity only) valid at least until

@@ -1,7 +1,7 @@
 """Who depends on whom, in Azure Tables: one row per (dependency, dependent task).
 
-PartitionKey = the taskId depended on, RowKey = the dependent taskId, ``requires`` = the
-dependent's ``requires``. A resolving task finds its dependents in its own partition.
+PartitionKey = the taskId depended on, RowKey = the dependent taskId. A resolving task
+finds its dependents in its own partition; what they require is in their definitions.
 The other half, what a task still waits for, is the ``wait:`` rows of its own partition
 in the tasks table (``TaskStore``).
 """
@@ -9,17 +9,10 @@ in the tasks table (``TaskStore``).
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import translate
 from azqueue.storage.rows import delete_rows
-
-
-@dataclass(frozen=True, slots=True)
-class Dependent:
-    task_id: str
-    requires: str
 
 
 class DependentStore:
@@ -32,36 +25,34 @@ class DependentStore:
         with translate(f"creating table {self.name}"):
             await self._service.create_table_if_not_exists(self.name)
 
-    async def add(self, required: str, dependent: Dependent) -> None:
-        with translate(f"recording that {dependent.task_id} depends on {required}"):
-            await self._table.upsert_entity({"PartitionKey": required,
-                                             "RowKey": dependent.task_id,
-                                             "requires": dependent.requires})
+    async def add(self, required: str, dependent: str) -> None:
+        with translate(f"recording that {dependent} depends on {required}"):
+            await self._table.upsert_entity({"PartitionKey": required, "RowKey": dependent})
 
     async def delete_all(self, required: str) -> None:
         """Forget who depended on ``required``."""
-        await delete_rows(self._table, required, [d.task_id async for d in self.all(required)],
+        await delete_rows(self._table, required, [d async for d in self.all(required)],
                           f"forgetting the tasks that depended on {required}")
 
-    async def all(self, required: str) -> AsyncIterator[Dependent]:
+    async def all(self, required: str) -> AsyncIterator[str]:
         with translate(f"listing the tasks that depend on {required}"):
             async for row in self._table.query_entities(
-                    "PartitionKey eq @pk", parameters={"pk": required}):
-                yield Dependent(str(row["RowKey"]), str(row["requires"]))
+                    "PartitionKey eq @pk", parameters={"pk": required}, select=["RowKey"]):
+                yield str(row["RowKey"])
 
     async def page(self, required: str, after: str | None,
-                   limit: int) -> tuple[list[Dependent], str | None]:
+                   limit: int) -> tuple[list[str], str | None]:
         """Up to ``limit`` dependents with taskIds after ``after``; the taskId to continue
         after, if there may be more."""
-        found: list[Dependent] = []
+        found: list[str] = []
         with translate(f"listing the tasks that depend on {required}"):
             pages = self._table.query_entities(
                 "PartitionKey eq @pk and RowKey gt @after",
                 parameters={"pk": required, "after": after or ""},
-                results_per_page=limit).by_page()
+                select=["RowKey"], results_per_page=limit).by_page()
             async for page in pages:
                 async for row in page:
-                    found.append(Dependent(str(row["RowKey"]), str(row["requires"])))
+                    found.append(str(row["RowKey"]))
                     if len(found) >= limit:
-                        return found, found[-1].task_id
+                        return found, found[-1]
         return found, None

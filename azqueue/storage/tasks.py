@@ -7,7 +7,7 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 ``hasDependents`` is set (merged in) by the first task defined depending on this one.
 
 Other rows in a task's partition: ``tip:<messageId>`` (messages put carrying its tips),
-``wait:<taskId>`` (dependencies it still waits for), ``outbox:…`` (unpublished events),
+``wait:<tag>:<taskId>`` (dependencies it still waits for), ``outbox:…`` (unpublished events),
 ``artifact:…``.
 """
 
@@ -47,7 +47,8 @@ MAX_MODIFY_ATTEMPTS = 50
 ROW = "task"
 # Rows "tip:<messageId>": the Azure messages that were put carrying this task's tips.
 TIP = "tip:"
-# Rows "wait:<taskId>": a dependency this task still waits for.
+# Rows "wait:<tag>:<taskId>": a dependency this task still waits for, as written by a
+# createTask of the definition that ``tag`` names.
 WAIT = "wait:"
 
 
@@ -186,24 +187,23 @@ class TaskStore:
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
 
-    async def add_waits(self, task_id: str, required: list[str]) -> None:
-        """Rows saying that ``task_id`` waits for each of ``required`` (idempotent)."""
+    async def add_waits(self, task_id: str, tag: str, required: list[str]) -> None:
+        """Rows saying that ``task_id`` (as defined by ``tag``) waits for each of
+        ``required`` (idempotent)."""
         for i in range(0, len(required), 100):
             with translate(f"recording the dependencies of task {task_id}"):
                 await self._table.submit_transaction(
-                    [("upsert", {"PartitionKey": task_id, "RowKey": WAIT + r})
+                    [("upsert", {"PartitionKey": task_id, "RowKey": f"{WAIT}{tag}:{r}"})
                      for r in required[i:i + 100]])
 
-    async def remove_wait(self, task_id: str, required: str) -> None:
-        try:
-            with translate(f"clearing a dependency of task {task_id}"):
-                await self._table.delete_entity(task_id, WAIT + required)
-        except EntityNotFound:
-            pass
+    async def remove_wait(self, task_id: str, tag: str, required: str) -> None:
+        with translate(f"clearing a dependency of task {task_id}"):
+            await self._table.delete_entity(task_id, f"{WAIT}{tag}:{required}")
 
-    async def load_with_waits(self, task_id: str) -> tuple[Task, str, frozenset[str]] | None:
-        """The task, its ETag and the dependencies it still waits for, in one request;
-        None if there is no such task."""
+    async def load_with_waits(self, task_id: str
+                              ) -> tuple[Task, str, frozenset[tuple[str, str]]] | None:
+        """The task, its ETag and the (tag, taskId) of the dependencies it still waits
+        for, in one request; None if there is no such task."""
         with translate(f"reading task {task_id}"):
             rows = [row async for row in self._table.query_entities(
                 "PartitionKey eq @pk and ( RowKey eq @task or "
@@ -212,7 +212,8 @@ class TaskStore:
         entity = next((r for r in rows if r["RowKey"] == ROW), None)
         if entity is None:
             return None
-        waits = frozenset(str(r["RowKey"])[len(WAIT):] for r in rows if r["RowKey"] != ROW)
+        waits = frozenset((tag, required) for tag, _, required in (
+            str(r["RowKey"])[len(WAIT):].partition(":") for r in rows if r["RowKey"] != ROW))
         return from_entity(entity), str(entity.metadata["etag"]), waits
 
     async def record_tip(self, task_id: str, message_id: str) -> None:

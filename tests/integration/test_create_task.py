@@ -144,6 +144,11 @@ async def test_claim_and_report_input_errors(server: Server, http: aiohttp.Clien
     code, err = await sas.post(http, f"{server.api}/task/{task_id}/runs/x/claim",
                                {"workerGroup": "g", "workerId": "w"})
     assert code == 400 and "runId" in err["message"]
+    code, err = await sas.post(http, f"{server.api}/task/{task_id}/runs/%C2%B2/claim",
+                               {"workerGroup": "g", "workerId": "w"})  # a digit, not ASCII
+    assert code == 400 and "runId" in err["message"]
+    async with http.get(f"{server.api}/task/{task_id}/dependents?limit=%C2%B2") as r:
+        assert r.status == 400 and "limit" in (await r.json())["message"]
     code, err = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
                                {"workerGroup": "g", "workerId": "w", "messageId": "m"})
     assert code == 400 and "receipt" in err["message"]

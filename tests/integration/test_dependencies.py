@@ -76,7 +76,8 @@ async def test_a_task_waits_unscheduled_until_all_its_dependencies_complete(
 
     listed = await queue.listDependentTasks(first)
     assert listed["taskId"] == first
-    assert [(t["taskId"], t["status"]["state"]) for t in listed["tasks"]] == [(waiting, "pending")]
+    assert [(t["status"]["taskId"], t["status"]["state"], t["task"]["requires"])
+            for t in listed["tasks"]] == [(waiting, "pending", "all-completed")]
     assert (await queue.createTask(waiting, body))["status"] == status  # idempotent
 
 
@@ -102,8 +103,10 @@ async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_wr
     queue = _queue(server)
     done = await _task(queue, "prov/deps-check")
     await _run(queue, done)
-    assert await _state(queue, await _task(queue, "prov/deps-check", dependencies=[done])) \
-        == "pending"
+    later = await _task(queue, "prov/deps-check", dependencies=[done])
+    assert await _state(queue, later) == "pending"
+    assert [t["status"]["taskId"] for t in (await queue.listDependentTasks(done))["tasks"]] \
+        == [later]  # listed although it never had to wait
     ghost, refused = slugid(), slugid()
     with pytest.raises(TaskclusterRestFailure) as info:
         await queue.createTask(refused, definition("prov/deps-check", dependencies=[done, ghost]))
@@ -136,6 +139,58 @@ async def test_a_task_that_depends_on_itself_waits_for_schedule_task(
     assert await _state(scheduler, theirs) == "unscheduled"
     assert (await scheduler.scheduleTask(mine))["status"]["state"] == "pending"
     assert (await scheduler.scheduleTask(mine))["status"]["state"] == "pending"  # again: same
+
+
+async def test_schedule_and_cancel_past_the_deadline_are_conflicts(
+        make_server: ServerFactory) -> None:
+    """Past its deadline a task is the deadline's: "deadline-exceeded", not scheduled or
+    canceled (the deadline resolver is off here, to catch the moment before it acts)."""
+    server = await make_server(run_resolvers=False)
+    queue = _queue(server)
+    waiting = slugid()
+    await queue.createTask(waiting, definition("prov/deps-late", dependencies=[waiting],
+                                               deadline=timedelta(seconds=1)))
+    running = await _task(queue, "prov/deps-late", deadline=timedelta(seconds=1))
+    await queue.claimTask(running, 0, {"workerGroup": "g", "workerId": "w"})
+    await asyncio.sleep(1.2)
+    for call, task_id in ((queue.scheduleTask, waiting), (queue.cancelTask, running)):
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await call(task_id)
+        assert info.value.status_code == 409 and "deadline" in info.value.body["message"]
+    assert await _state(queue, waiting) == "unscheduled"
+    assert await _state(queue, running) == "running"
+
+
+async def test_a_refused_redefinition_racing_the_definition_neither_blocks_nor_frees_it(
+        make_server: ServerFactory) -> None:
+    """Two createTasks of one taskId with different definitions, on two replicas: the
+    refused one, held up between checking and writing, writes its rows after the winner's
+    dependency already completed. The winner still starts when its `requires` says."""
+    replicas = [await make_server(), await make_server()]
+    queue = _queue(replicas[0])
+    done, failing = await _task(queue, "prov/deps-race"), await _task(queue, "prov/deps-race")
+    task_id = slugid()
+    winner = definition("prov/deps-race", dependencies=[done, failing], requires="all-resolved")
+    loser = {**winner, "requires": "all-completed", "payload": {"other": True}}
+    held, release = asyncio.Event(), asyncio.Event()
+    dependencies = replicas[1].service.dependencies
+    track = dependencies.track
+
+    async def held_up_track(*args: Any) -> None:  # the loser stalls just before writing
+        held.set()
+        await release.wait()
+        await track(*args)
+
+    dependencies.track = held_up_track  # type: ignore[method-assign]
+    refused = asyncio.ensure_future(replicas[1].service.create_task(task_id, loser))
+    await held.wait()
+    await queue.createTask(task_id, winner)
+    await _run(queue, done)  # the winner stops waiting for `done`...
+    release.set()  # ...and the loser writes that it waits for `done`, then is refused
+    with pytest.raises(Exception, match="different definition"):
+        await refused
+    await _run(queue, failing, "failed")
+    assert await _state(queue, task_id) == "pending"  # all resolved: it goes
 
 
 async def test_dependencies_resolving_at_once_on_two_replicas_schedule_the_task_once(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import UTC, datetime, timedelta
 
@@ -96,3 +97,9 @@ def test_certificate_times_out_of_range_are_refused_not_crashed(start: int) -> N
     forged = {**json.loads(cert), "start": start}
     with pytest.raises(AuthenticationFailed, match="1970-9999"):
         credentials.verify(json.dumps(forged), "issuer", {"issuer": issuer}.get, now)
+
+
+def test_a_bewit_whose_time_is_a_non_ascii_digit_is_refused() -> None:
+    bewit = base64.urlsafe_b64encode("id\\²\\mac\\".encode()).decode().rstrip("=")
+    with pytest.raises(AuthenticationFailed, match="malformed"):
+        hawk.parse_bewit(bewit)

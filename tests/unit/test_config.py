@@ -30,6 +30,7 @@ def test_a_connection_string_with_a_key_uses_the_key() -> None:
     keyless = "BlobEndpoint=https://b.example/acct;QueueEndpoint=https://q.example/acct;" \
               "TableEndpoint=https://t.example/acct;AccountName=acct"
     assert StorageSettings(keyless).uses_identity
+    assert not StorageSettings("UseDevelopmentStorage=true").uses_identity
 
 
 @pytest.mark.parametrize(("env", "names"), [
