@@ -94,7 +94,7 @@ async def _resolve(which: str) -> None:
             loops["dependencies"] = dependencies.run(services.queue,
                                                      settings.dependency_resolver_interval, stop)
         if which in ("expiry", "all"):
-            loops["expiry"] = expiry.run(services.queue, services.artifacts, services.outbox,
+            loops["expiry"] = expiry.run(services.queue, services.artifacts,
                                          settings.expiry_interval, stop)
         if which in ("events", "all") and services.outbox is not None:
             loops["events"] = events.run(services.outbox, settings.events_resolver_interval, stop)

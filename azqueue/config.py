@@ -131,7 +131,8 @@ def _load_clients(path: str) -> tuple[Client, ...]:
 
 
 DEFAULT_ANONYMOUS_SCOPES = ("queue:get-task:*", "queue:status:*", "queue:list-artifacts:*",
-                            "queue:get-artifact:public/*", "queue:list-dependent-tasks:*")
+                            "queue:get-artifact:public/*", "queue:list-dependent-tasks:*",
+                            "queue:list-task-group:*")
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,8 +84,8 @@ def create_app(settings: Settings) -> web.Application:
                 ("dependency resolver", lambda app, stop: dependencies.run(
                     app[SERVICE_KEY], app[SETTINGS_KEY].dependency_resolver_interval, stop)),
                 ("expiry resolver", lambda app, stop: expiry.run(
-                    app[SERVICE_KEY], app[ARTIFACTS_KEY], app[OUTBOX_KEY],
-                    app[SETTINGS_KEY].expiry_interval, stop)),
+                    app[SERVICE_KEY], app[ARTIFACTS_KEY], app[SETTINGS_KEY].expiry_interval,
+                    stop)),
                 ("events resolver", _events)):
             app.cleanup_ctx.append(_background(name, start))
     app.router.add_route("*", "/{tail:.*}", dispatch)

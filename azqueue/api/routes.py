@@ -31,8 +31,8 @@ SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za
 IDENTIFIER = re.compile(r"^[a-zA-Z0-9_-]{1,38}$")
 TASK_QUEUE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}$")
 MAX_RUN_ID = 1000
-# listDependentTasks loads each dependent's status: a smaller page unless `limit` asks more.
-DEPENDENTS_PAGE = 100
+# listTaskGroup and listDependentTasks load each task: a smaller page unless `limit` asks.
+LIST_PAGE = 100
 
 SERVICE_KEY = web.AppKey("service", QueueService)
 ARTIFACTS_KEY = web.AppKey("artifacts", ArtifactService)
@@ -286,12 +286,20 @@ async def schedule_task(request: web.Request, params: dict[str, str]) -> Any:
         task_id, _on_task_scope(request, "schedule-task"))}
 
 
+@route("GET", f"{API}/task-group/<taskGroupId>/list")
+async def list_task_group(request: web.Request, params: dict[str, str]) -> Any:
+    group = _param(params, "taskGroupId", SLUGID, "a slugid (22 characters of URL-safe base64)")
+    _require(request, f"queue:list-task-group:{group}")
+    return await _service(request).list_task_group(
+        group, request.query.get("continuationToken"), _limit(request) or LIST_PAGE)
+
+
 @route("GET", f"{API}/task/<taskId>/dependents")
 async def list_dependent_tasks(request: web.Request, params: dict[str, str]) -> Any:
     task_id = _task_id(params)
     _require(request, f"queue:list-dependent-tasks:{task_id}")
     return await _service(request).list_dependents(
-        task_id, request.query.get("continuationToken"), _limit(request) or DEPENDENTS_PAGE)
+        task_id, request.query.get("continuationToken"), _limit(request) or LIST_PAGE)
 
 
 @route("POST", f"{API}/task/<taskId>/cancel")

@@ -6,14 +6,13 @@ from __future__ import annotations
 import asyncio
 
 from azqueue.background import every
-from azqueue.events.outbox import Outbox
 from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.expiry import expire
 from azqueue.service.queue import QueueService
 
 
-async def run(queue: QueueService, artifacts: ArtifactService, outbox: Outbox | None,
-              interval: float, stop: asyncio.Event) -> None:
-    await every(interval, lambda: expire(queue, artifacts, outbox, timeutil.utcnow()), stop,
+async def run(queue: QueueService, artifacts: ArtifactService, interval: float,
+              stop: asyncio.Event) -> None:
+    await every(interval, lambda: expire(queue, artifacts, timeutil.utcnow()), stop,
                 "expiry resolver")

@@ -15,7 +15,6 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime
 
-from azqueue.events.outbox import Outbox
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
 
@@ -28,8 +27,7 @@ class Expired:
     artifacts: int
 
 
-async def expire(queue: QueueService, artifacts: ArtifactService, outbox: Outbox | None,
-                 now: datetime) -> Expired:
+async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime) -> Expired:
     """Delete the artifacts and the tasks that expired before ``now``."""
     gone_artifacts = 0
     for artifact in await artifacts.records.expired(now):
@@ -44,8 +42,7 @@ async def expire(queue: QueueService, artifacts: ArtifactService, outbox: Outbox
         await artifacts.blobs.delete_all(f"{task.task_id}/")
         await queue.claims.delete_task(task.task_id)
         await queue.dependencies.dependents.delete_all(task.task_id)
-        if outbox is not None:
-            await outbox.groups.drop(task.definition["taskGroupId"], task.task_id)
+        await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
         await queue.tasks.delete_partition(task.task_id)  # the task row last
         gone_tasks += 1
     if gone_tasks or gone_artifacts:

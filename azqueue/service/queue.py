@@ -53,6 +53,7 @@ from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, PendingQueues, Queues, decode_json, encode_json
 from azqueue.storage.tasks import MAX_DEFINITION_CHARS, TaskStore, definition_size
 from azqueue.storage.dependents import DependentStore
+from azqueue.storage.groups import GroupStore
 from azqueue.storage.workers import WorkerStore
 from azqueue.service import paging
 from azqueue.service.dependencies import Dependencies, gather_limited
@@ -96,6 +97,7 @@ class QueueService:
         self.pending = PendingQueues(account, self.queues)
         self.signer = TipSigner(settings.tip_secrets)
         self.workers = WorkerStore(account)
+        self.groups = GroupStore(account)
         self.signals = WorkSignals()
         self.dependencies = Dependencies(
             self.tasks, DependentStore(account), self.queues, account.queue_name("dependencies"),
@@ -111,6 +113,7 @@ class QueueService:
         await self.tasks.ensure()
         await self.claims.ensure()
         await self.workers.ensure()
+        await self.groups.ensure()
         await self.queues.ensure(self.deadline_queue)
         await self.dependencies.setup()
 
@@ -141,10 +144,8 @@ class QueueService:
                               visible_in=task.deadline - now, forever=True)
         if new is not None:
             await self.dependencies.track(task_id, definition, new)
-        trigger = None
-        if self.outbox is not None:
-            await self.outbox.groups.add(task.definition["taskGroupId"], task_id)
-            trigger = await self.outbox.begin(task_id)
+        await self.groups.add(task.definition["taskGroupId"], task_id)
+        trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         inserted = await self.tasks.insert(task, events.for_change if trigger else None)
         if inserted:
             self._fault_point()
@@ -196,20 +197,33 @@ class QueueService:
             await self._queue_tip(after, last.run_id)
         return after
 
+    async def list_task_group(self, task_group_id: str, continuation: str | None,
+                              limit: int) -> dict[str, Any]:
+        """listTaskGroup: the tasks of a task group, a page at a time."""
+        page, last = await self.groups.page(task_group_id, paging.after(continuation), limit)
+        return {"taskGroupId": task_group_id,
+                "tasks": await self._definitions_and_statuses(
+                    page, lambda t: t.definition["taskGroupId"] == task_group_id),
+                **({"continuationToken": paging.token(last)} if last is not None else {})}
+
+    async def _definitions_and_statuses(self, task_ids: list[str], belongs: Callable[[Task], bool]
+                                        ) -> list[dict[str, Any]]:
+        """``{status, task}`` of each task that exists and ``belongs`` (a row may outlive a
+        createTask that died, or be left by a refused one)."""
+        found = await gather_limited(self.tasks.find(t) for t in task_ids)
+        return [{"status": t.status(), "task": dict(t.definition)}
+                for t in found if t is not None and belongs(t)]
+
     async def list_dependents(self, task_id: str, continuation: str | None,
                               limit: int) -> dict[str, Any]:
         """listDependentTasks: the tasks that depend on ``task_id``, a page at a time."""
         await self.tasks.get(task_id)
-        after = paging.after(continuation)
-        page, last = await self.dependencies.dependents.page(task_id, after, limit)
-        found = [t for t in await gather_limited(self.tasks.find(d) for d in page)
-                 if t is not None and task_id in t.dependencies]
-        answer: dict[str, Any] = {"taskId": task_id,
-                                  "tasks": [{"status": t.status(), "task": dict(t.definition)}
-                                            for t in found]}
-        if last is not None:
-            answer["continuationToken"] = paging.token(last)
-        return answer
+        page, last = await self.dependencies.dependents.page(task_id, paging.after(continuation),
+                                                              limit)
+        return {"taskId": task_id,
+                "tasks": await self._definitions_and_statuses(
+                    page, lambda t: task_id in t.dependencies),
+                **({"continuationToken": paging.token(last)} if last is not None else {})}
 
     async def definition(self, task_id: str) -> dict[str, Any]:
         return dict((await self.tasks.get(task_id)).definition)

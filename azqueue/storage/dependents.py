@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import translate
-from azqueue.storage.rows import delete_rows
+from azqueue.storage.rows import delete_rows, key_page
 
 
 class DependentStore:
@@ -44,15 +44,4 @@ class DependentStore:
                    limit: int) -> tuple[list[str], str | None]:
         """Up to ``limit`` dependents with taskIds after ``after``; the taskId to continue
         after, if there may be more."""
-        found: list[str] = []
-        with translate(f"listing the tasks that depend on {required}"):
-            pages = self._table.query_entities(
-                "PartitionKey eq @pk and RowKey gt @after",
-                parameters={"pk": required, "after": after or ""},
-                select=["RowKey"], results_per_page=limit).by_page()
-            async for page in pages:
-                async for row in page:
-                    found.append(str(row["RowKey"]))
-                    if len(found) >= limit:
-                        return found, found[-1]
-        return found, None
+        return await key_page(self._table, required, after, limit, f"listing the tasks that depend on {required}")

@@ -1,7 +1,8 @@
-"""Task group membership in Azure Tables, for task-group-resolved.
+"""Task group membership in Azure Tables, for listTaskGroup and task-group-resolved.
 
 PartitionKey = taskGroupId, RowKey = taskId, ``resolved``. A member is added before
-its task is written and marked resolved when the task's final resolution is published,
+its task is written and (with events on) marked resolved when the task's final
+resolution is published,
 so "no member unresolved" means the group is resolved. A member whose task never got
 written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``.
 
@@ -20,6 +21,7 @@ from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
+from azqueue.storage.rows import key_page
 
 ORPHAN_AGE = timedelta(minutes=5)
 ANNOUNCED = "~announced"
@@ -56,6 +58,12 @@ class GroupStore:
                                               parameters={"pk": task_group_id})
             return [(str(r["RowKey"]), r.metadata["timestamp"] or datetime.now(UTC))
                     async for r in rows]
+
+    async def page(self, task_group_id: str, after: str | None,
+                   limit: int) -> tuple[list[str], str | None]:
+        """Up to ``limit`` member taskIds after ``after``; the taskId to continue after, if
+        there may be more."""
+        return await key_page(self._table, task_group_id, after, limit, f"listing group {task_group_id}", below=ANNOUNCED)
 
     async def drop(self, task_group_id: str, task_id: str) -> None:
         with translate(f"dropping task {task_id} from group {task_group_id}"):

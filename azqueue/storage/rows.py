@@ -1,4 +1,4 @@
-"""Deleting many rows of one partition."""
+"""Many rows of one partition: deleting them, listing their keys a page at a time."""
 
 from __future__ import annotations
 
@@ -22,3 +22,21 @@ async def delete_rows(table: TableClient, partition: str, row_keys: list[str],
             for k in chunk:
                 with translate(what):
                     await table.delete_entity(partition, k)
+
+
+async def key_page(table: TableClient, partition: str, after: str | None, limit: int,
+                   what: str, below: str = "~") -> tuple[list[str], str | None]:
+    """Up to ``limit`` RowKeys of the partition after ``after`` (and below ``below``); the
+    key to continue after, if there may be more."""
+    found: list[str] = []
+    with translate(what):
+        pages = table.query_entities(
+            "PartitionKey eq @pk and RowKey gt @after and RowKey lt @below",
+            parameters={"pk": partition, "after": after or "", "below": below},
+            select=["RowKey"], results_per_page=limit).by_page()
+        async for page in pages:
+            async for row in page:
+                found.append(str(row["RowKey"]))
+                if len(found) >= limit:
+                    return found, found[-1]
+    return found, None

@@ -52,11 +52,11 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
     long = await _artifact(http, server, task_id, "public/long.txt", now + timedelta(days=300))
     code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200
-    artifacts, outbox = server.app[ARTIFACTS_KEY], server.service.outbox
+    artifacts = server.app[ARTIFACTS_KEY]
     tasks_table = server.service.tasks.name
 
     # Two days on: the short-lived artifact is gone, row and blob; the rest stays.
-    gone = await expire(server.service, artifacts, outbox, now + timedelta(days=2))
+    gone = await expire(server.service, artifacts, now + timedelta(days=2))
     assert (gone.tasks, gone.artifacts) == (0, 1)
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/public/short.txt",
                         allow_redirects=False) as r:
@@ -67,7 +67,7 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
         assert r.status == 200
 
     # Past the task's expires (a year after its deadline): the task and all it kept.
-    gone = await expire(server.service, artifacts, outbox, now + timedelta(days=400))
+    gone = await expire(server.service, artifacts, now + timedelta(days=400))
     assert gone.tasks == 1  # not `waiting`: it is still pending, though expired too
     async with http.get(f"{server.api}/task/{task_id}/status") as r:
         assert r.status == 404
@@ -75,7 +75,8 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
         assert r.status == 404
     assert await _rows(azurite, tasks_table, task_id) == []
     assert await _rows(azurite, server.service.dependencies.dependents.name, task_id) == []
+    assert task_id not in await _rows(azurite, server.service.groups.name, task_id)  # own group
     assert (await status(http, server.api, waiting))["state"] == "pending"
     # Once more: nothing left to do, and nothing fails.
-    gone = await expire(server.service, artifacts, outbox, now + timedelta(days=400))
+    gone = await expire(server.service, artifacts, now + timedelta(days=400))
     assert (gone.tasks, gone.artifacts) == (0, 0)

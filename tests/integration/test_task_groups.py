@@ -1,0 +1,43 @@
+"""listTaskGroup through the official client: "List tasks sharing the same taskGroupId",
+paginated with continuationToken and limit (Taskcluster Queue reference)."""
+
+from __future__ import annotations
+
+import pytest
+import taskcluster.aio
+from taskcluster.exceptions import TaskclusterRestFailure
+
+from tests.conftest import ROOT, Server
+from tests.tasks import definition, slugid
+
+
+async def test_list_task_group_pages_through_its_tasks_and_only_its_tasks(server: Server) -> None:
+    queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+    group, other = slugid(), slugid()
+    members = sorted([slugid() for _ in range(5)])
+    for task_id in members:
+        await queue.createTask(task_id, definition("prov/groups", taskGroupId=group))
+    await queue.createTask(slugid(), definition("prov/groups", taskGroupId=other))
+    # A refused redefinition naming the other group does not join it.
+    refused = definition("prov/groups", taskGroupId=other, priority="high")
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await queue.createTask(members[0], refused)
+    assert info.value.status_code == 409
+
+    seen: list[str] = []
+    page = await queue.listTaskGroup(group, query={"limit": "2"})
+    while True:
+        assert page["taskGroupId"] == group and len(page["tasks"]) <= 2
+        for entry in page["tasks"]:
+            assert entry["task"]["taskGroupId"] == group
+            assert entry["status"]["state"] == "pending"
+            seen.append(entry["status"]["taskId"])
+        if "continuationToken" not in page:
+            break
+        page = await queue.listTaskGroup(group, query={
+            "limit": "2", "continuationToken": page["continuationToken"]})
+    assert seen == members
+    anonymous = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0})
+    others = (await anonymous.listTaskGroup(other))["tasks"]
+    assert len(others) == 1 and others[0]["status"]["taskId"] not in members
