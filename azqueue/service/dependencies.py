@@ -34,8 +34,9 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, TypeVar
 
@@ -197,7 +198,7 @@ class Dependencies:
 
     async def recover(self, invisible_for: timedelta) -> int:
         """Pass on the resolutions whose process died before it did; messages handled."""
-        messages = await self.queues.receive(self.queue_name, invisible_for)
+        messages = await self.queues.receive(self.queue_name, invisible_for, limit=1)
         for message in messages:
             try:
                 task_id = str(decode_json(message.text)["taskId"])
@@ -212,9 +213,32 @@ class Dependencies:
                 continue
             if task is not None and task.state.resolved:
                 log.info("passing on the resolution of task %s (recovered)", task_id)
-                await self.resolved(task, recovering=True)
+                async with self.held(message) as current:
+                    await self.resolved(task, recovering=True)
+                message = current()
             await self.drop(message)
         return len(messages)
+
+    @asynccontextmanager
+    async def held(self, message: Message) -> AsyncIterator[Callable[[], Message]]:
+        """Keep a trigger invisible while the body passes its resolution on (however long
+        that takes); gives the message as it is now (its pop receipt changes)."""
+        current = message
+
+        async def extend() -> None:
+            nonlocal current
+            while True:
+                await asyncio.sleep(self.recovery_delay.total_seconds() / 2)
+                receipt = await self.queues.update(self.queue_name, current.message_id,
+                                                   current.pop_receipt, self.recovery_delay)
+                current = replace(current, pop_receipt=receipt)
+
+        keeper = asyncio.create_task(extend())
+        try:
+            yield lambda: current
+        finally:
+            keeper.cancel()
+            await asyncio.gather(keeper, return_exceptions=True)
 
     async def _postpone(self, message: Message) -> None:
         try:
@@ -263,18 +287,21 @@ class Watch:
                 await self._deps.drop(self._trigger)
             return
         job = asyncio.ensure_future(self._pass_on(after))
+        self._deps.keep(job)  # so that shutdown waits for it, however this call ends
         try:
             await asyncio.wait_for(asyncio.shield(job), INLINE_BUDGET)
         except TimeoutError:
             log.info("task %s has many dependents: telling them in the background",
                      self._task_id)
-            self._deps.keep(job)
 
     async def _pass_on(self, task: Task) -> None:
         try:
-            await self._deps.resolved(task)
-            if self._trigger is not None:
-                await self._deps.drop(self._trigger)
+            if self._trigger is None:
+                await self._deps.resolved(task)
+                return
+            async with self._deps.held(self._trigger) as current:
+                await self._deps.resolved(task)
+            await self._deps.drop(current())
         except Exception as e:
             log.warning("could not pass the resolution of task %s on to its dependents (%s); "
                         "the dependency resolver will", self._task_id, e)

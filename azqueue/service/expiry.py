@@ -1,24 +1,31 @@
 """Expiry: what is past its ``expires`` is deleted, as Taskcluster's queue does.
 
-An artifact goes (its row and its blob) once its own ``expires`` has passed; a task once
-the task's has, with everything kept under its taskId: the rows of its partition
-(artifacts, tips, waits), its blobs, its claim rows, the record of who depended on it and
-its task group membership. A task that is somehow still unresolved is left alone (its
-deadline, which comes first, resolves it). Both are scans of the whole tasks table, so
-they run seldom: every ``AZQUEUE_EXPIRY_INTERVAL`` seconds. Deleting twice is harmless,
-so any number of replicas may run it.
+An artifact goes (its row and its blob, snapshots included) once its own ``expires`` has
+passed; a task once the task's has, with everything kept under its taskId: the rows of
+its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
+depended on it and its task group membership. Both wait ``GRACE`` longer, so that no
+upload URL handed out before is still usable, and a task is left alone while it is
+unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
+Both are scans of the whole tasks table, so they run seldom: every
+``AZQUEUE_EXPIRY_INTERVAL`` seconds. Deleting twice is harmless, so any number of
+replicas may run it; one item that cannot be deleted is logged and skipped.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 
+from azqueue.errors import QueueError
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
 
 log = logging.getLogger(__name__)
+
+# Longer than an upload URL lives plus the 20 minutes artifacts may still be created
+# after an exception.
+GRACE = timedelta(hours=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,23 +35,31 @@ class Expired:
 
 
 async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime) -> Expired:
-    """Delete the artifacts and the tasks that expired before ``now``."""
+    """Delete the artifacts and the tasks that expired before ``now - GRACE``."""
+    before = now - GRACE
     gone_artifacts = 0
-    for artifact in await artifacts.records.expired(now):
-        if artifact.storage_type == "blob":
-            await artifacts.blobs.delete(artifact.blob_name)
-        await artifacts.records.delete(artifact)
-        gone_artifacts += 1
+    for artifact in await artifacts.records.expired(before):
+        try:
+            if artifact.storage_type == "blob":
+                await artifacts.blobs.delete(artifact.blob_name)
+            await artifacts.records.delete(artifact)
+            gone_artifacts += 1
+        except QueueError as e:
+            log.warning("could not expire artifact %r of %s/%d: %s", artifact.name,
+                        artifact.task_id, artifact.run_id, e)
     gone_tasks = 0
-    for task in await queue.tasks.expired(now):
-        if not task.state.resolved:
+    for task in await queue.tasks.expired(before):
+        if not task.state.resolved or await queue.tasks.outbox(task.task_id):
             continue
-        await artifacts.blobs.delete_all(f"{task.task_id}/")
-        await queue.claims.delete_task(task.task_id)
-        await queue.dependencies.dependents.delete_all(task.task_id)
-        await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
-        await queue.tasks.delete_partition(task.task_id)  # the task row last
-        gone_tasks += 1
+        try:
+            await artifacts.blobs.delete_all(f"{task.task_id}/")
+            await queue.claims.delete_task(task.task_id)
+            await queue.dependencies.dependents.delete_all(task.task_id)
+            await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
+            if await queue.tasks.delete_partition(task.task_id):  # the task row last
+                gone_tasks += 1
+        except QueueError as e:
+            log.warning("could not expire task %s: %s", task.task_id, e)
     if gone_tasks or gone_artifacts:
         log.info("expired %d task(s) and %d artifact(s)", gone_tasks, gone_artifacts)
     return Expired(gone_tasks, gone_artifacts)

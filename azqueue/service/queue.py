@@ -154,7 +154,11 @@ class QueueService:
             # any task-running of a worker that finds it.
             await self.outbox.finish(task_id, trigger)
         if not inserted:
-            return await self._defined_before(await self.tasks.get(task_id), definition)
+            existing = await self.tasks.get(task_id)
+            if existing.definition["taskGroupId"] != definition["taskGroupId"]:
+                # The group row just written belongs to a definition that is refused.
+                await self.groups.drop(definition["taskGroupId"], task_id)
+            return await self._defined_before(existing, definition)
         if waiting:
             await self.dependencies.recheck(task)
             return (await self.tasks.get(task_id)).status()
@@ -200,7 +204,10 @@ class QueueService:
     async def list_task_group(self, task_group_id: str, continuation: str | None,
                               limit: int) -> dict[str, Any]:
         """listTaskGroup: the tasks of a task group, a page at a time."""
-        page, last = await self.groups.page(task_group_id, paging.after(continuation), limit)
+        after = paging.after(continuation)
+        page, last = await self.groups.page(task_group_id, after, limit)
+        if not page and after is None:
+            raise errors.NotFound(f"task group {task_group_id} has no tasks (or does not exist)")
         return {"taskGroupId": task_group_id,
                 "tasks": await self._definitions_and_statuses(
                     page, lambda t: t.definition["taskGroupId"] == task_group_id),

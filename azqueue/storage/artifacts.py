@@ -14,6 +14,7 @@ from typing import Any
 from azure.core import MatchConditions
 from azure.data.tables import UpdateMode
 
+from azqueue.errors import NotFound
 from azqueue.model.artifact import Artifact
 from azqueue.storage import keys
 from azqueue.storage.account import StorageAccount
@@ -83,11 +84,16 @@ class ArtifactStore:
         return _from_entity(entity)
 
     async def mark_present(self, artifact: Artifact, content_type: str) -> None:
-        with translate(f"finishing artifact {artifact.name}"):
-            await self._table.update_entity(
-                {"PartitionKey": artifact.task_id, "RowKey": _row(artifact.run_id, artifact.name),
-                 "present": True, "contentType": content_type},
-                mode=UpdateMode.MERGE, match_condition=MatchConditions.Unconditionally)
+        try:
+            with translate(f"finishing artifact {artifact.name}"):
+                await self._table.update_entity(
+                    {"PartitionKey": artifact.task_id,
+                     "RowKey": _row(artifact.run_id, artifact.name),
+                     "present": True, "contentType": content_type},
+                    mode=UpdateMode.MERGE, match_condition=MatchConditions.Unconditionally)
+        except EntityNotFound:
+            raise NotFound(f"artifact {artifact.name!r} of {artifact.task_id}/{artifact.run_id} "
+                           "is gone (it expired)") from None
 
     async def list(self, task_id: str, run_id: int, after: str | None,
                    limit: int) -> tuple[list[Artifact], str | None]:

@@ -59,7 +59,7 @@ class BlobStore:
     async def delete(self, blob: str) -> None:
         try:
             with translate(f"deleting blob {blob}"):
-                await self._client.delete_blob(blob)
+                await self._client.delete_blob(blob, delete_snapshots="include")
         except EntityNotFound:
             pass
 

@@ -160,15 +160,19 @@ class TaskStore:
             return [from_entity(e) async for e in self._table.query_entities(
                 "RowKey eq @task and expires lt @now", parameters={"task": ROW, "now": now})]
 
-    async def delete_partition(self, task_id: str) -> None:
-        """Delete every row of the task's partition, the task itself last."""
+    async def delete_partition(self, task_id: str) -> bool:
+        """Delete every row of the task's partition, the task itself last; False (and
+        nothing deleted) while it holds unpublished events."""
         with translate(f"listing the rows of task {task_id}"):
             keys = [str(e["RowKey"]) async for e in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
+        if any(k.startswith(OUTBOX) for k in keys):
+            return False
         await delete_rows(self._table, task_id, [k for k in keys if k != ROW],
                           f"deleting the rows of task {task_id}")
         with translate(f"deleting task {task_id}"):
             await self._table.delete_entity(task_id, ROW)
+        return True
 
     async def find(self, task_id: str) -> Task | None:
         """The task, or None if there is none."""

@@ -17,8 +17,8 @@ from tests.tasks import create, definition, iso, status
 
 
 async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str, name: str,
-                    expires: datetime) -> str:
-    """Upload a blob artifact; its read URL."""
+                    expires: datetime) -> tuple[str, str]:
+    """Upload a blob artifact; its upload and read URLs."""
     code, made = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
                                 {"storageType": "blob", "contentType": "text/plain",
                                  "expires": iso(expires)})
@@ -30,7 +30,7 @@ async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str, n
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
                         allow_redirects=False) as r:
         assert r.status == 303
-        return r.headers["Location"]
+        return made["putUrl"], r.headers["Location"]
 
 
 async def _rows(azurite: Azurite, table: str, partition: str) -> list[str]:
@@ -48,8 +48,11 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
     code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
                              {"workerGroup": "g", "workerId": "w"})
     assert code == 200
-    short = await _artifact(http, server, task_id, "public/short.txt", now + timedelta(days=1))
-    long = await _artifact(http, server, task_id, "public/long.txt", now + timedelta(days=300))
+    put, short = await _artifact(http, server, task_id, "public/short.txt",
+                                 now + timedelta(days=1))
+    async with http.put(f"{put}&comp=snapshot") as r:  # what an upload URL also allows
+        assert r.status == 201
+    _, long = await _artifact(http, server, task_id, "public/long.txt", now + timedelta(days=300))
     code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200
     artifacts = server.app[ARTIFACTS_KEY]

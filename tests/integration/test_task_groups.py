@@ -41,3 +41,11 @@ async def test_list_task_group_pages_through_its_tasks_and_only_its_tasks(server
     anonymous = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0})
     others = (await anonymous.listTaskGroup(other))["tasks"]
     assert len(others) == 1 and others[0]["status"]["taskId"] not in members
+
+
+async def test_an_unknown_task_group_is_404(server: Server) -> None:
+    """'No task-group with taskGroupId' (Taskcluster's listTaskGroup)."""
+    anonymous = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0})
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await anonymous.listTaskGroup(slugid())
+    assert info.value.status_code == 404
