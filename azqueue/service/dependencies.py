@@ -24,8 +24,8 @@ message goes into the internal queue ``<prefix>-dependencies``, invisible for th
 recovery delay, and is deleted once the resolution was passed on. If the process dies in
 between, the dependency resolver of any replica passes it on when the trigger reappears
 (and queues a tip again for a dependent this resolution scheduled, in case that was lost
-too). The defining side has no trigger: a createTask that dies after storing the task and
-before reading its dependencies again is finished by the client's retry, as a lost tip is.
+too). Defining a task that waits puts a trigger of its own first, removed after its
+dependencies were read again: if the createTask dies in between, the resolver reads them.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ MAX_PARALLEL = 16
 # A resolution with so many dependents that telling them takes longer than this is told
 # in the background after the request is answered (the trigger keeps it durable).
 INLINE_BUDGET = 5.0
+# How often a definition trigger whose task is not stored is looked at before it is
+# dropped (its createTask died before storing the task).
+MAX_DEFINITION_CHECKS = 5
 T = TypeVar("T")
 
 # Schedules the task (given as loaded, with its ETag) and queues its tip; with ``requeue``
@@ -196,17 +199,28 @@ class Dependencies:
 
     # -- recovery --------------------------------------------------------------------------
 
+    async def begin_definition(self, task_id: str) -> Message:
+        """Before a waiting task is defined: a trigger that has the dependency resolver
+        read its dependencies again if this createTask dies before it does."""
+        return await self.queues.put(self.queue_name,
+                                     encode_json({"taskId": task_id, "defined": True}),
+                                     visible_in=self.recovery_delay)
+
     async def recover(self, invisible_for: timedelta) -> int:
-        """Pass on the resolutions whose process died before it did; messages handled."""
+        """Finish what processes that died left undone; messages handled."""
         messages = await self.queues.receive(self.queue_name, invisible_for, limit=1)
         for message in messages:
             try:
-                task_id = str(decode_json(message.text)["taskId"])
+                data = decode_json(message.text)
+                task_id = str(data["taskId"])
             except (ValueError, KeyError, TypeError):
                 log.warning("dropping a malformed dependency trigger: %r", message.text[:100])
                 await self.drop(message)
                 continue
             task = await self.tasks.find(task_id)
+            if data.get("defined"):
+                await self._recover_definition(message, task)
+                continue
             if task is not None and not task.state.resolved and timeutil.utcnow() < task.deadline:
                 # Its resolution may still be on its way (a slow writer): look again later.
                 await self._postpone(message)
@@ -218,6 +232,15 @@ class Dependencies:
                 message = current()
             await self.drop(message)
         return len(messages)
+
+    async def _recover_definition(self, message: Message, task: Task | None) -> None:
+        if task is None and message.dequeue_count <= MAX_DEFINITION_CHECKS:
+            await self._postpone(message)  # not stored yet, or never will be
+            return
+        if task is not None and not task.runs:
+            log.info("reading the dependencies of task %s again (recovered)", task.task_id)
+            await self.recheck(task)
+        await self.drop(message)
 
     @asynccontextmanager
     async def held(self, message: Message) -> AsyncIterator[Callable[[], Message]]:

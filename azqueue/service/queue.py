@@ -142,7 +142,10 @@ class QueueService:
         # nothing would ever resolve the task.
         await self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
                               visible_in=task.deadline - now, forever=True)
+        defining = None
         if new is not None:
+            if waiting:
+                defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
         await self.groups.add(task.definition["taskGroupId"], task_id)
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
@@ -159,8 +162,9 @@ class QueueService:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)
             return await self._defined_before(existing, definition)
-        if waiting:
+        if defining is not None:
             await self.dependencies.recheck(task)
+            await self.dependencies.drop(defining)
             return (await self.tasks.get(task_id)).status()
         await self._queue_tip(task, 0)
         return task.status()

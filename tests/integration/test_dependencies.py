@@ -248,3 +248,38 @@ async def test_a_resolution_stored_just_before_a_crash_is_passed_on_after_it(
             break
         await asyncio.sleep(0.2)
     assert await _state(queue, waiting) == "pending"
+
+
+async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_finished(
+        make_server: ServerFactory) -> None:
+    """The dependency completes while the dependent is being defined (after the check,
+    before the dependent is stored, so the completion finds nothing to tell), and the
+    defining process dies before reading its dependencies again: the dependency resolver
+    finishes the definition."""
+    survivor = await make_server(dependencies_recovery_delay=1.0,
+                                 dependency_resolver_interval=0.3)
+    dying = await make_server(dependencies_recovery_delay=1.0, run_resolvers=False)
+    queue = _queue(survivor)
+    required = await _task(queue, "prov/deps-dying")
+    dependencies = dying.service.dependencies
+    track = dependencies.track
+
+    async def track_then_complete(*args: Any) -> None:
+        await track(*args)
+        await _run(queue, required)  # on the other replica, before the task is stored
+
+    async def die(*args: Any) -> None:
+        raise RuntimeError("the process dies here")
+
+    dependencies.track = track_then_complete  # type: ignore[method-assign]
+    dependencies.recheck = die  # type: ignore[method-assign]
+    waiting = slugid()
+    with pytest.raises(Exception):  # a 500: the "process" is gone
+        await _queue(dying).createTask(waiting, definition("prov/deps-dying",
+                                                           dependencies=[required]))
+    assert await _state(queue, waiting) == "unscheduled"
+    for _ in range(50):
+        if await _state(queue, waiting) == "pending":
+            break
+        await asyncio.sleep(0.2)
+    assert await _state(queue, waiting) == "pending"
