@@ -77,21 +77,22 @@ class StorageAccount:
         self.uses_identity = self.settings.uses_identity
         if self.uses_identity:
             parts = connection_settings(conn)
-            for service in ("table", "queue", "blob"):
-                if not service_endpoint(parts, service).lower().startswith("https://"):
+            url = {s: service_endpoint(parts, s) for s in ("table", "queue", "blob")}
+            for service, endpoint in url.items():
+                if not endpoint.lower().startswith("https://"):
                     raise ConfigError(
-                        f"the {service} endpoint {service_endpoint(parts, service)} is not https: "
-                        "azure-identity tokens are only sent over TLS; use https endpoints, or "
-                        "a connection string with AccountKey")
+                        f"the {service} endpoint {endpoint} is not https: azure-identity tokens "
+                        "are only sent over TLS; use https endpoints, or a connection string "
+                        "with AccountKey")
             credential: Any = self.settings.credential
             if credential is None:
                 credential = self._own_credential = DefaultAzureCredential()
-            self.tables = TableServiceClient(service_endpoint(parts, "table"),
-                                             credential=credential, transport=transport("table"))
-            self.queues = QueueServiceClient(service_endpoint(parts, "queue"),
-                                             credential=credential, transport=transport("queue"))
-            self.blobs = BlobServiceClient(service_endpoint(parts, "blob"),
-                                           credential=credential, transport=transport("blob"))
+            self.tables = TableServiceClient(url["table"], credential=credential,
+                                             transport=transport("table"))
+            self.queues = QueueServiceClient(url["queue"], credential=credential,
+                                             transport=transport("queue"))
+            self.blobs = BlobServiceClient(url["blob"], credential=credential,
+                                           transport=transport("blob"))
             self.account_name: str = parts.get("accountname") or self.queues.account_name or ""
             self.account_key: str | None = None
         else:
