@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from azqueue.devstorage import free_port  # noqa: E402
+from tests.readiness import until_serving  # noqa: E402
 from tests.signing import hawk_signer  # noqa: E402
 
 ROOT_ID, ROOT_TOKEN = "root", "bench-root-access-token-0123456789"
@@ -37,14 +37,7 @@ async def dev_server(connections: int = 100,
         async with aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=connections),
                 middlewares=(hawk_signer(ROOT_ID, ROOT_TOKEN),)) as http:
-            for _ in range(300):
-                try:
-                    async with http.get(f"{api}/ping") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.1)
+            await until_serving(http, api)
             yield api, http
     finally:
         server.terminate()

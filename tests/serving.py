@@ -14,6 +14,7 @@ import aiohttp
 
 from azqueue.devstorage import Azurite
 from tests.conftest import ROOT
+from tests.readiness import until_serving
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")
 
@@ -32,13 +33,7 @@ async def serve(azurite: Azurite, prefix: str, amqp_url: str, port: int,
     process = subprocess.Popen([AZQUEUE, "serve"], env=env)
     try:
         async with aiohttp.ClientSession() as probe:
-            for _ in range(200):
-                try:
-                    async with probe.get(f"http://127.0.0.1:{port}/api/queue/v1/ping") as r:
-                        if r.status == 200:
-                            break
-                except aiohttp.ClientError:
-                    await asyncio.sleep(0.1)
+            await until_serving(probe, f"http://127.0.0.1:{port}/api/queue/v1", 20.0)
         yield process
     finally:
         if process.poll() is None:
