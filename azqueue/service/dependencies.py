@@ -47,7 +47,7 @@ from azqueue.model.task import Task
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
-from azqueue.storage.tasks import TaskStore
+from azqueue.storage.tasks import Stored, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ T = TypeVar("T")
 
 # Schedules the task (given as loaded, with its ETag) and queues its tip; with ``requeue``
 # also queues a tip if the task was pending already (a tip may have been lost).
-Schedule = Callable[[str, tuple[Task, str], bool], Awaitable[Any]]
+Schedule = Callable[[str, Stored, bool], Awaitable[Any]]
 
 
 async def gather_limited(calls: Iterable[Awaitable[T]]) -> list[T]:
@@ -181,7 +181,8 @@ class Dependencies:
         loaded = await self.tasks.load_with_waits(dependent_id)
         if loaded is None:
             return  # its createTask failed before storing it
-        task, etag, waits = loaded
+        stored, waits = loaded
+        task = stored.task
         if (dependency.task_id not in task.dependencies
                 or not model.satisfies(dependency, task.definition["requires"])):
             return  # not what it waits for, or a row of a refused redefinition
@@ -192,9 +193,10 @@ class Dependencies:
             loaded = await self.tasks.load_with_waits(dependent_id)
             if loaded is None:
                 return
-            task, etag, waits = loaded
+            stored, waits = loaded
+            task = stored.task
         if not any(t == tag and d in task.dependencies for t, d in waits):
-            await self._schedule(dependent_id, (task, etag),
+            await self._schedule(dependent_id, stored,
                                  recovering and _scheduled_by(task, dependency))
 
     # -- recovery --------------------------------------------------------------------------

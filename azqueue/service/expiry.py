@@ -53,7 +53,7 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
             continue
         try:
             await artifacts.blobs.delete_all(f"{task.task_id}/")
-            await queue.claims.delete_task(task.task_id)
+            await queue.index.store.delete_task(task.task_id)
             await queue.dependencies.dependents.delete_all(task.task_id)
             await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
             if await queue.tasks.delete_partition(task.task_id):  # the task row last

@@ -1,20 +1,31 @@
-"""The queue's operations: create, claim, reclaim, report, and the resolvers' steps.
+"""The queue service: task definitions, tips, and the shared core of every state change.
+
+The operations live in one module per component, all over this core, as Taskcluster's
+queue splits them: ``claims`` (claimTask, reclaimTask), ``workclaimer`` (claimWork),
+``resolution`` (reports, cancel, claim expiry, deadlines), ``claimindex`` (which claims
+the claim resolver must watch), ``dependencies``; the claim credentials are in
+``model.taskcreds``. ``QueueService`` is what the API and the resolvers hold.
 
 Azure queue invariants (what must exist for which state, and why extra is harmless):
 
 * A **pending** run ``r`` has at least one tip ``{taskId, r}`` in its pending queue,
-  visible now or within a bounded time (a poll's visibility timeout). createTask
-  queues it after inserting the task; a repeated createTask queues it again, because
-  the first attempt may have died in between.
+  visible now or within a bounded time (a poll's visibility timeout). createTask puts
+  run 0's tip *before* inserting the task, and records its messageId in the same
+  transaction as the task: a createTask that dies in between leaves a tip of no task
+  (a claim answers 404 and the worker deletes it), never a task without a tip. A
+  repeated createTask of a pending run 0 adds a tip again.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
-  ``{taskId, r + 1}`` and invisible until ``takenUntil``; its Claims row holds the
-  messageId and the current pop receipt. reclaimTask pushes the invisibility out; if
-  nobody reclaims, the message reappears exactly when the claim expires and whoever
-  claims ``r + 1`` first resolves ``r`` as claim-expired. Every running run has a
-  Claims row, so the claim resolver also expires claims whose message was lost.
-* When run ``r`` is resolved, ``settle`` fixes its message: made visible at once when
-  the retry ``r + 1`` is pending (its text already says ``r + 1``), deleted otherwise;
-  a fresh tip is queued when the old one cannot be used. Then the Claims row goes.
+  ``{taskId, r + 1}`` and invisible until ``takenUntil``; the task entity itself holds
+  the messageId and the current pop receipt (``held``), written with the claim.
+  reclaimTask pushes the invisibility out; if nobody reclaims, the message reappears
+  exactly when the claim expires and whoever claims ``r + 1`` first resolves ``r`` as
+  claim-expired. The claim resolver expires the claims nobody polls for, from the claim
+  index (``claimindex``).
+* When run ``r`` is resolved, the write that resolves it clears ``held`` and ``settle``
+  fixes its message: made visible at once when the retry ``r + 1`` is pending (its text
+  already says ``r + 1``), deleted otherwise; a fresh tip is queued when the old one
+  cannot be used. If the process dies before ``settle``, the message reappears at
+  ``takenUntil`` and serves the retry then (or answers 409 and is deleted).
 * Duplicate and stale tips are harmless: a claim is decided by the Task entity alone
   (conditional on its ETag), and a tip for a run that cannot be claimed answers 4xx,
   upon which the worker deletes it.
@@ -25,15 +36,15 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   ``r + 1`` too.
 * An **unscheduled** task (waiting for dependencies, see ``dependencies``) has no tip;
   it gets one when it is scheduled.
+* A decision may start from this process's copy of the task (``cache``), but only a
+  conditional write that succeeds makes it count; refusals are decided on a fresh read.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -45,77 +56,84 @@ from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.model.priority import ORDER, Priority
-from azqueue.model.tip import Tip, TipSigner
+from azqueue.model.tip import TipSigner
+from azqueue.service import paging
+from azqueue.service.cache import TaskCache
+from azqueue.service.claimindex import ClaimIndex
+from azqueue.service.claims import Claims, TipClaim
+from azqueue.service.dependencies import Dependencies, gather_limited
+from azqueue.service.resolution import Resolution
+from azqueue.service.workclaimer import WorkClaimer
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.claims import ClaimRecord, ClaimStore
-from azqueue.storage.errors import MessageGone
-from azqueue.storage.queues import Message, PendingQueues, Queues, decode_json, encode_json
-from azqueue.storage.tasks import MAX_DEFINITION_CHARS, TaskStore, definition_size
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore
+from azqueue.storage.queues import Message, PendingQueues, Queues, encode_json
+from azqueue.storage.tasks import (
+    KEEP,
+    MAX_DEFINITION_CHARS,
+    Change,
+    HeldMessage,
+    Stored,
+    TaskStore,
+    _Keep,
+    definition_size,
+)
 from azqueue.storage.workers import WorkerStore
-from azqueue.service import paging
-from azqueue.service.dependencies import Dependencies, gather_limited
-from azqueue.service.signals import WorkSignals
+
+__all__ = ["QueueService", "TipClaim"]
 
 log = logging.getLogger(__name__)
 
-# A tip that reappears this close before takenUntil still expires the claim: the
-# message's visibility is Azure's clock, takenUntil ours.
-EXPIRY_TOLERANCE = timedelta(seconds=5)
 # How long before the SAS URLs' reported expiry they actually stop working.
 SAS_SLACK = timedelta(minutes=5)
-RECLAIM_RECEIPT_ATTEMPTS = 3
-# How long claimWork holds a received tip before it claims or releases it (a crash
-# mid-claim leaves it invisible no longer than this).
-CLAIM_WORK_HOLD = timedelta(seconds=30)
-# How long a claim waits for the record of a tip that was put a moment ago.
-TIP_RECORD_WAIT = timedelta(seconds=1)
-# Claim credentials stay valid this long past takenUntil (the run's state still decides).
-CREDENTIALS_AFTER_TAKEN_UNTIL = timedelta(minutes=5)
-
-
-@dataclass(frozen=True, slots=True)
-class TipClaim:
-    """The message a worker polled, presented with claimTask."""
-
-    message_id: str
-    receipt: str
-    signature: str
 
 
 class QueueService:
+    """The queue's operations on one storage account, for one process.
+
+    Holds the stores, the tip signer, this process's task copies and claimWork waiters,
+    and the components (``claims``, ``work``, ``resolution``, ``index``) that share them.
+    """
+
     def __init__(self, settings: Settings, account: StorageAccount,
                  outbox: Outbox | None = None) -> None:
         self.settings = settings
         self.outbox = outbox
         self.account = account
         self.tasks = TaskStore(account)
-        self.claims = ClaimStore(account)
         self.queues = Queues(account)
         self.pending = PendingQueues(account, self.queues)
         self.signer = TipSigner(settings.tip_secrets)
-        self.workers = WorkerStore(account)
         self.groups = GroupStore(account)
-        self.signals = WorkSignals()
+        self.cache = TaskCache()
+        self.claim_timeout = timedelta(seconds=settings.claim_timeout)
+        self.deadline_queue = account.queue_name("deadline")
+        root = settings.root
+        self.issuer = credentials.Principal(root.client_id, root.access_token, root.scopes)
         self.dependencies = Dependencies(
             self.tasks, DependentStore(account), self.queues, account.queue_name("dependencies"),
             timedelta(seconds=settings.dependencies_recovery_delay), self._schedule)
-        self._bookkeeping: set[asyncio.Task[None]] = set()
-        self.deadline_queue = account.queue_name("deadline")
-        self.claim_timeout = timedelta(seconds=settings.claim_timeout)
-        root = settings.root
-        self.issuer = credentials.Principal(root.client_id, root.access_token, root.scopes)
+        self.index = ClaimIndex(ClaimStore(account), self.tasks, self.claim_timeout)
+        self.claims = Claims(self)
+        self.work = WorkClaimer(self, WorkerStore(account))
+        self.resolution = Resolution(self)
 
     async def setup(self) -> None:
-        """Create the tables and internal queues (idempotent)."""
+        """Create the tables and internal queues (idempotent), start the claim index."""
         await self.tasks.ensure()
-        await self.claims.ensure()
-        await self.workers.ensure()
+        await self.index.store.ensure()
+        await self.work.workers.ensure()
         await self.groups.ensure()
         await self.queues.ensure(self.deadline_queue)
         await self.dependencies.setup()
+        self.index.start()
+
+    async def close(self) -> None:
+        """Index the claims still running, let in-flight bookkeeping finish (briefly)."""
+        await self.index.close()
+        await self.work.close()
+        await self.dependencies.close()
 
     # -- tasks -----------------------------------------------------------------------
 
@@ -133,7 +151,7 @@ class QueueService:
         if definition["dependencies"]:
             existing = await self.tasks.find(task_id)
             if existing is not None:  # nothing of a repeated or refused definition is written
-                return await self._defined_before(existing, definition)
+                return await self._defined_before(existing, definition, None)
             new = await self.dependencies.check_new(task_id, definition)
         waiting = new is not None and bool(new.waiting)
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
@@ -148,37 +166,53 @@ class QueueService:
                 defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
         await self.groups.add(task.definition["taskGroupId"], task_id)
+        # The tip goes before the task, so that its record is written with the task.
+        tip = None if waiting else await self._put_tip(task, 0)
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
-        inserted = await self.tasks.insert(task, events.for_change if trigger else None)
-        if inserted:
+        stored = await self.tasks.insert(task, events.for_change if trigger else None,
+                                         tips=(tip.message_id,) if tip else ())
+        if stored is not None:
+            self.cache.put(stored)
             self._fault_point()
         if self.outbox is not None and trigger is not None:
-            # Published before the tip is queued, so task-defined and task-pending precede
-            # any task-running of a worker that finds it.
+            # Published before a worker can claim the task (a claim waits for the task
+            # to be stored), so task-defined and task-pending precede its task-running.
             await self.outbox.finish(task_id, trigger)
-        if not inserted:
+        if stored is None:
             existing = await self.tasks.get(task_id)
             if existing.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)
-            return await self._defined_before(existing, definition)
+            return await self._defined_before(existing, definition, tip)
         if defining is not None:
             await self.dependencies.recheck(task)
             await self.dependencies.drop(defining)
             return (await self.tasks.get(task_id)).status()
-        await self._queue_tip(task, 0)
+        if tip is not None:
+            self.work.offer(task, tip)
         return task.status()
 
-    async def _defined_before(self, existing: Task, definition: dict[str, Any]) -> dict[str, Any]:
+    async def _defined_before(self, existing: Task, definition: dict[str, Any],
+                              tip: Message | None) -> dict[str, Any]:
         """The answer to a createTask for a task that exists: its status if the definition
-        is the same (finishing what a failed first attempt may have left undone), else 409."""
+        is the same (finishing what a failed first attempt may have left undone), else 409.
+        ``tip`` is the run-0 tip this attempt put already."""
+        last = existing.last_run
         if dict(existing.definition) != definition:
+            if tip is not None:
+                await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
             raise errors.Conflict(
                 f"task {existing.task_id} already exists with a different definition; "
                 "createTask is idempotent only for an identical definition: use a new taskId")
-        last = existing.last_run
+        if tip is not None and last is not None and last.run_id == 0 and \
+                last.state is RunState.PENDING:
+            await self.tasks.record_tip(existing.task_id, tip.message_id)
+            self.work.offer(existing, tip)
+            return existing.status()
+        if tip is not None:
+            await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
         if last is not None and last.state is RunState.PENDING:
-            await self._queue_tip(existing, last.run_id)
+            await self.queue_tip(existing, last.run_id)
         elif last is None and existing.dependencies:
             await self.dependencies.recheck(existing)
             existing = await self.tasks.get(existing.task_id)
@@ -188,22 +222,21 @@ class QueueService:
                             authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
         """Schedule an unscheduled task whatever its dependencies say (scheduleTask)."""
         loaded = await self.tasks.load(task_id)
-        authorize(loaded[0])
-        if not loaded[0].runs and timeutil.utcnow() >= loaded[0].deadline:
+        authorize(loaded.task)
+        if not loaded.task.runs and timeutil.utcnow() >= loaded.task.deadline:
             raise errors.Conflict(f"task {task_id} passed its deadline "
-                                  f"{loaded[0].definition['deadline']} and cannot be scheduled")
+                                  f"{loaded.task.definition['deadline']} and cannot be scheduled")
         return (await self._schedule(task_id, loaded, True)).status()
 
-    async def _schedule(self, task_id: str, loaded: tuple[Task, str] | None,
-                        requeue: bool) -> Task:
+    async def _schedule(self, task_id: str, loaded: Stored | None, requeue: bool) -> Task:
         """Give an unscheduled task its pending run 0 and queue its tip. With ``requeue``,
         a task that was pending already gets a tip again (the first may have been lost)."""
         now = timeutil.utcnow()
-        before, after = await self._change(task_id, lambda t: model.schedule(t, now), loaded)
-        last = after.last_run
-        if last is not None and last.state is RunState.PENDING and (after is not before or requeue):
-            await self._queue_tip(after, last.run_id)
-        return after
+        change = await self.change(task_id, lambda t: model.schedule(t, now), loaded)
+        last = change.after.last_run
+        if last is not None and last.state is RunState.PENDING and (change.changed or requeue):
+            await self.queue_tip(change.after, last.run_id)
+        return change.after
 
     async def list_task_group(self, task_group_id: str, continuation: str | None,
                               limit: int) -> dict[str, Any]:
@@ -242,71 +275,88 @@ class QueueService:
     async def status(self, task_id: str) -> dict[str, Any]:
         return (await self.tasks.get(task_id)).status()
 
-    async def _queue_tip(self, task: Task, run_id: int) -> None:
-        """Put a tip for run ``run_id`` and record its messageId, so that a claim can tell
-        the task's own messages from others."""
+    # -- tips ------------------------------------------------------------------------
+
+    async def _put_tip(self, task: Task, run_id: int) -> Message:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
-        message = await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
-        # claimWork in this process reads the tip from the queue itself and needs no
-        # record, so it may start on it while the record is written.
-        self.signals.notify(task.task_queue_id, task.priority)
+        return await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+
+    async def queue_tip(self, task: Task, run_id: int) -> None:
+        """Put a tip for run ``run_id`` of a stored task and record its messageId, so that
+        a claim can tell the task's own messages from others."""
+        message = await self._put_tip(task, run_id)
         await self.tasks.record_tip(task.task_id, message.message_id)
+        self.work.offer(task, message)
 
-    async def _load_for_tip(self, task_id: str, tip: TipClaim) -> tuple[Task, str]:
-        """The task, once ``tip.message_id`` is known to be one of its tips; InputError
-        (and a fresh tip for a pending run) when it is not."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + TIP_RECORD_WAIT.total_seconds()
-        while True:
-            task, etag, known = await self.tasks.load_with_tip(task_id, tip.message_id)
-            if known:
-                return task, etag
-            if loop.time() >= give_up:
-                break
-            await asyncio.sleep(0.1)  # a tip just put may not be recorded yet
-        last = task.last_run
-        if last is not None and last.state is RunState.PENDING:
-            # In case the presented message is this task's tip whose record was lost.
-            await self._queue_tip(task, last.run_id)
-        raise errors.InputError(
-            f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
-            "MessageId and PopReceipt of the message this tip came from, as received")
+    # -- changes ---------------------------------------------------------------------
 
-    async def _change(self, task_id: str, fn: Callable[[Task], Task],
-                      loaded: tuple[Task, str] | None = None) -> tuple[Task, Task]:
+    async def change(self, task_id: str, fn: Callable[[Task], Task],
+                     loaded: Stored | None = None, hold: HeldMessage | None | _Keep = KEEP,
+                     speculative: bool = False) -> Change:
         """``tasks.modify`` with the change's events written to the outbox and published,
-        and a resolution passed on to the tasks that depend on this one."""
+        a resolution passed on to the tasks that depend on this one, and this process's
+        copy of the task kept up to date."""
         watch = self.dependencies.watch(task_id)
-        if self.outbox is None:
-            before, after = await self.tasks.modify(task_id, fn, loaded,
-                                                    before_write=watch.before_write)
-            if after is not before:
-                self._fault_point()
-        else:
-            trigger = await self.outbox.begin(task_id)
-            try:
-                before, after = await self.tasks.modify(task_id, fn, loaded, events.for_change,
-                                                        watch.before_write)
-            except errors.QueueError as e:
-                # A decision refused the change and nothing was written. A storage failure
-                # may have come after the write, though: then the trigger stays for recovery.
-                if not isinstance(e, errors.StorageError):
-                    await self.outbox.discard(trigger)
-                raise
-            if after is not before:
-                self._fault_point()
-            # With no change, this publishes what an earlier change may have left behind
-            # (one whose answer was lost after it was stored).
-            await self.outbox.finish(task_id, trigger)
-        await watch.after(before, after)
-        return before, after
+        try:
+            if self.outbox is None:
+                change = await self.tasks.modify(task_id, fn, loaded, None, watch.before_write,
+                                                 hold, speculative)
+                if change.changed:
+                    self._fault_point()
+            else:
+                trigger = await self.outbox.begin(task_id)
+                try:
+                    change = await self.tasks.modify(task_id, fn, loaded, events.for_change,
+                                                     watch.before_write, hold, speculative)
+                except errors.QueueError as e:
+                    # A decision refused the change and nothing was written. A storage
+                    # failure may have come after the write, though: then the trigger
+                    # stays for recovery.
+                    if not isinstance(e, errors.StorageError):
+                        await self.outbox.discard(trigger)
+                    raise
+                if change.changed:
+                    self._fault_point()
+                # With no change, this publishes what an earlier change may have left
+                # behind (one whose answer was lost after it was stored).
+                await self.outbox.finish(task_id, trigger)
+        except BaseException:
+            self.cache.drop(task_id)
+            raise
+        self.cache.put(change.stored)
+        await watch.after(change.before, change.after)
+        return change
+
+    async def settle(self, change: Change, run_id: int) -> None:
+        """Bring run ``run_id``'s message and claim index in line with the resolution that
+        ``change`` wrote; nothing if the change did not resolve it (whoever did settles)."""
+        task = change.after
+        if not change.changed or run_id < 0 or run_id >= len(task.runs) or \
+                not task.runs[run_id].state.resolved or \
+                (run_id < len(change.before.runs) and change.before.runs[run_id].state.resolved):
+            return
+        retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
+        retry_pending = retry is not None and retry.state is RunState.PENDING
+        held = change.held_before
+        tip_ready = False
+        if held is not None and held.run_id == run_id:
+            if retry_pending:
+                tip_ready = await self.queues.release(held.queue_name, held.message_id,
+                                                      held.pop_receipt)
+                if tip_ready:
+                    self.work.wake(task)
+            else:
+                await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
+        if retry_pending and not tip_ready:
+            await self.queue_tip(task, run_id + 1)
+        await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
 
     def _fault_point(self) -> None:
         if self.settings.crash_after_commit:
             log.critical("AZQUEUE_TEST_CRASH_AFTER_COMMIT: exiting after a stored change")
             os._exit(70)
 
-    # -- polling and claims ----------------------------------------------------------
+    # -- the operations of the components, as the API and the resolvers call them ----
 
     async def poll_task_urls(self, provisioner_id: str, worker_type: str) -> dict[str, Any]:
         now = timeutil.utcnow()
@@ -319,393 +369,34 @@ class QueueService:
 
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
                          tip: TipClaim | None = None,
-                         authorize: Callable[[Task], None] = lambda t: None,
-                         tip_read_here: bool = False) -> dict[str, Any]:
-        """Claim a run; ``authorize`` sees the task before anything changes.
-
-        A ``tip`` presented by a worker must name a message recorded as one of the task's
-        tips, so that a worker mixing up messages cannot rewrite another task's tip;
-        ``tip_read_here`` (claimWork, which read the message itself) skips that check."""
-        now = timeutil.utcnow()
-        tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
-
-        def decide(task: Task) -> Task:
-            return model.claim(task, run_id, worker_group, worker_id, now, self.claim_timeout,
-                               tolerance)
-
-        if tip and not self.signer.verify(task_id, run_id, tip.signature):
-            raise errors.InputError(
-                f"`signature` does not match task {task_id} run {run_id}: the message was altered "
-                "or not issued by this queue; delete it and poll again")
-        if tip and not tip_read_here:
-            loaded = await self._load_for_tip(task_id, tip)
-        else:
-            loaded = await self.tasks.load(task_id)
-        current = loaded[0]
-        authorize(current)
-        if model.is_claimed_by(current, run_id, worker_group, worker_id):
-            return await self._repeated_claim(current, run_id, tip)
-        try:
-            decide(current)  # refuse early, before touching the message
-        except errors.Conflict:
-            if tip:
-                await self._repair_orphaned_tip(current, run_id)
-            raise
-
-        receipt = ""
-        queue_name = ""
-        if tip:
-            queue_name = self.pending.name(current.task_queue_id, current.priority)
-            try:
-                receipt = await self.queues.update(
-                    queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
-                    text=self.signer.tip(task_id, run_id + 1).encode())
-            except MessageGone:
-                raise errors.InputError(
-                    f"`messageId` and `receipt` do not name a message you hold in the queue of "
-                    f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
-                    "MessageId and PopReceipt of the message this tip came from, as received") from None
-        try:
-            before, after = await self._change(task_id, decide, loaded)
-        except errors.Conflict:
-            if tip:
-                await self._drop_message(queue_name, tip.message_id, receipt)
-            raise
-        except BaseException:
-            if tip:  # nothing is claimed: give run run_id its tip back, visible now
-                await self._restore_tip(queue_name, tip.message_id, receipt, task_id, run_id)
-            raise
-        if not model.is_claimed_by(after, run_id, worker_group, worker_id):
-            # The claim expired run run_id - 1 and no retries were left: the task is resolved.
-            if tip:
-                await self._drop_message(queue_name, tip.message_id, receipt)
-            await self.settle(after, run_id - 1)
-            raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
-                                  "are left: the task is resolved exception")
-        taken_until = after.runs[run_id].taken_until
-        assert taken_until is not None
-        await self.claims.put(ClaimRecord(task_id, run_id, taken_until, queue_name,
-                                          tip.message_id if tip else "", receipt))
-        if run_id > 0 and before.runs[run_id - 1].state is RunState.RUNNING:
-            # This claim expired the previous run, whose message it now holds.
-            await self.claims.delete(task_id, run_id - 1)
-        return self._claim_answer(after, run_id)
-
-    async def _repeated_claim(self, task: Task, run_id: int,
-                              tip: TipClaim | None) -> dict[str, Any]:
-        """The caller already holds this run: answer as before, unless it presents another
-        message than the one its claim took (a duplicate tip, which it should delete)."""
-        record = await self.claims.get(task.task_id, run_id)
-        if tip and record is not None and record.message_id != tip.message_id:
-            raise errors.Conflict(
-                f"run {run_id} of task {task.task_id} is already claimed by you through "
-                "another message; this message is a duplicate tip: delete it")
-        if record is None:
-            # The first claim died before recording itself. With its tip, we know the
-            # message but not its new receipt: the claim resolver will expire the claim
-            # if nobody reclaims it, and the message itself is deleted when it reappears.
-            run = task.runs[run_id]
-            assert run.taken_until is not None
-            queue_name = self.pending.name(task.task_queue_id, task.priority) if tip else ""
-            await self.claims.put(ClaimRecord(task.task_id, run_id, run.taken_until, queue_name,
-                                              tip.message_id if tip else ""))
-        return self._claim_answer(task, run_id)
-
-    async def _restore_tip(self, queue_name: str, message_id: str, receipt: str,
-                           task_id: str, run_id: int) -> None:
-        try:
-            await self.queues.update(queue_name, message_id, receipt, timedelta(0),
-                                     text=self.signer.tip(task_id, run_id).encode())
-        except Exception as e:  # best effort: the tip reappears at takenUntil regardless
-            log.warning("could not give task %s run %d its tip back: %s", task_id, run_id, e)
-
-    async def _repair_orphaned_tip(self, task: Task, run_id: int) -> None:
-        """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
-        died before it was recorded; the worker will delete it, so queue a fresh tip for ``r``."""
-        last = task.last_run
-        if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
-            log.warning("task %s: re-queuing run %d, whose claim was never completed",
-                        task.task_id, last.run_id)
-            await self._queue_tip(task, last.run_id)
-
-    async def _drop_message(self, queue_name: str, message_id: str, receipt: str) -> None:
-        try:
-            await self.queues.delete(queue_name, message_id, receipt)
-        except MessageGone:
-            pass
-
-    def _claim_answer(self, task: Task, run_id: int) -> dict[str, Any]:
-        return {**self._run_answer(task, run_id), "task": dict(task.definition)}
-
-    def _run_answer(self, task: Task, run_id: int) -> dict[str, Any]:
-        """Status, the claim, and temporary credentials for working on the run until shortly
-        after ``takenUntil`` (claimTask and reclaimTask answers)."""
-        run = task.runs[run_id]
-        assert run.taken_until is not None and run.worker_group and run.worker_id
-        name = (f"task-client/{task.task_id}/{run_id}/on/{run.worker_group}/{run.worker_id}"
-                f"/until/{int(run.taken_until.timestamp())}")
-        granted = [f"queue:reclaim-task:{task.task_id}/{run_id}",
-                   f"queue:resolve-task:{task.task_id}/{run_id}",
-                   f"queue:create-artifact:{task.task_id}/{run_id}",
-                   *task.definition["scopes"]]
-        creds = credentials.issue(self.issuer, granted, timeutil.utcnow(),
-                                  run.taken_until + CREDENTIALS_AFTER_TAKEN_UNTIL, name)
-        return {"status": task.status(), "runId": run_id, "workerGroup": run.worker_group,
-                "workerId": run.worker_id, "takenUntil": timeutil.fmt(run.taken_until),
-                "credentials": creds}
+                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        return await self.claims.claim_task(task_id, run_id, worker_group, worker_id, tip,
+                                            authorize)
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
-        now = timeutil.utcnow()
-
-        def decide(task: Task) -> Task:
-            return model.reclaim(task, run_id, now, self.claim_timeout)
-
-        loaded = await self.tasks.load(task_id)
-        decide(loaded[0])  # refuse early
-        record = await self.claims.get(task_id, run_id)
-        receipt = ""
-        if record is not None and record.has_message:
-            for _ in range(RECLAIM_RECEIPT_ATTEMPTS):
-                try:
-                    receipt = await self.queues.update(record.queue_name, record.message_id,
-                                                       record.pop_receipt, self.claim_timeout)
-                    break
-                except MessageGone:
-                    # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
-                    fresh = await self.claims.get(task_id, run_id)
-                    if fresh is None or fresh.pop_receipt == record.pop_receipt:
-                        raise errors.ClaimLost(
-                            f"the claim on run {run_id} of task {task_id} expired: its message "
-                            "became visible again and the run will be retried; stop working on "
-                            "it") from None
-                    record = fresh
-            else:
-                raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
-                                       "concurrently; try again")
-        try:
-            _, after = await self.tasks.modify(task_id, decide, loaded)
-        except errors.Conflict:
-            if record is not None and receipt:
-                await self._release(record.queue_name, record.message_id, receipt)
-            raise
-        taken_until = after.runs[run_id].taken_until
-        assert taken_until is not None
-        if record is None:
-            record = ClaimRecord(task_id, run_id, taken_until)
-        await self.claims.put(replace(record, taken_until=taken_until,
-                                      pop_receipt=receipt or record.pop_receipt))
-        return self._run_answer(after, run_id)
-
-    async def _release(self, queue_name: str, message_id: str, receipt: str) -> None:
-        """Make a message visible again at once (best effort)."""
-        try:
-            await self.queues.update(queue_name, message_id, receipt, timedelta(0))
-        except MessageGone:
-            pass
-        except Exception as e:  # it becomes visible by itself when its hold ends
-            log.warning("could not release message %s of %s: %s", message_id, queue_name, e)
+        return await self.claims.reclaim_task(task_id, run_id)
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
-        """Claim up to ``count`` tasks, waiting up to ``claim_work_wait`` seconds for some.
-
-        Polls the task queue's pending queues in priority order and claims each tip
-        through ``claim_task``, exactly like a SAS worker, so these claims expire, reclaim
-        and retry like any other. Tips that cannot be claimed are deleted (the worker
-        rule of document 000); tips not needed or not handled are released at once.
-        """
-        loop = asyncio.get_running_loop()
-        end = loop.time() + self.settings.claim_work_wait
-        for priority in ORDER:
-            await self.pending.ensure(task_queue_id, priority)
-        claims: list[dict[str, Any]] = []
-        priorities = ORDER
-        while True:
-            try:
-                await self._claim_from_queues(task_queue_id, worker_group, worker_id, count,
-                                              claims, connected, priorities)
-            except Exception:
-                if not claims:
-                    raise
-                # Answer with the claims already made rather than strand them.
-                log.exception("claimWork on %s stopped early", task_queue_id)
-                break
-            remaining = end - loop.time()
-            if claims or remaining <= 0 or not connected():
-                break
-            woken = await self.signals.wait(task_queue_id,
-                                            min(self.settings.claim_work_poll_interval, remaining))
-            if woken is not None and not connected():
-                self.signals.notify(task_queue_id, woken)  # pass it on to a live caller
-            # Woken for a tip of priority p: the queues above p were empty a moment ago and
-            # a tip put there in this process would have woken us for it, so start at p.
-            # A regular poll (timeout) looks at every queue again.
-            priorities = ORDER[woken.rank:] if woken is not None else ORDER
-        # Recording the worker is bookkeeping: it must not delay the answer.
-        record = asyncio.create_task(self.workers.seen(
-            task_queue_id, worker_group, worker_id, timeutil.utcnow(),
-            [(c["status"]["taskId"], c["runId"]) for c in claims]))
-        self._bookkeeping.add(record)
-        record.add_done_callback(self._bookkeeping_done)
-        return claims
-
-    async def close(self) -> None:
-        """Let in-flight bookkeeping finish (briefly) before the storage clients close."""
-        if self._bookkeeping:
-            await asyncio.wait(self._bookkeeping, timeout=5)
-        await self.dependencies.close()
-
-    def _bookkeeping_done(self, task: asyncio.Task[None]) -> None:
-        self._bookkeeping.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("could not record a worker: %s", task.exception())
-
-    async def _claim_from_queues(self, task_queue_id: str, worker_group: str, worker_id: str,
-                                 count: int, claims: list[dict[str, Any]],
-                                 connected: Callable[[], bool],
-                                 priorities: tuple[Priority, ...] = ORDER) -> None:
-        for priority in priorities:
-            wanted = count - len(claims)
-            if wanted <= 0 or not connected():
-                return
-            name = self.pending.name(task_queue_id, priority)
-            messages = await self.queues.receive(name, CLAIM_WORK_HOLD, limit=min(wanted, 32))
-            for i, message in enumerate(messages):
-                if len(claims) >= count or not connected():
-                    for rest in messages[i:]:
-                        await self._release(name, rest.message_id, rest.pop_receipt)
-                    return
-                try:
-                    tip = Tip.decode(message.text)
-                except ValueError:
-                    log.warning("deleting message %s from %s: not a tip", message.message_id, name)
-                    await self._drop_message(name, message.message_id, message.pop_receipt)
-                    continue
-                try:
-                    claims.append(await self.claim_task(
-                        tip.task_id, tip.run_id, worker_group, worker_id,
-                        TipClaim(message.message_id, message.pop_receipt, tip.signature),
-                        tip_read_here=True))
-                except (errors.Conflict, errors.InputError, errors.NotFound):
-                    await self._drop_message(name, message.message_id, message.pop_receipt)
-                except Exception as e:
-                    # Not this caller's fault, and the claims already made are its own:
-                    # give this tip back and go on with the others.
-                    log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
-                    await self._release(name, message.message_id, message.pop_receipt)
-
-    # -- resolution ------------------------------------------------------------------
+        return await self.work.claim_work(task_queue_id, worker_group, worker_id, count,
+                                          connected)
 
     async def report(self, task_id: str, run_id: int, state: RunState,
                      reason: ReasonResolved) -> dict[str, Any]:
-        now = timeutil.utcnow()
-        _, after = await self._change(
-            task_id, lambda t: model.resolve(t, run_id, state, reason, now))
-        await self.settle(after, run_id)
-        return after.status()
+        return await self.resolution.report(task_id, run_id, state, reason)
 
     async def cancel_task(self, task_id: str,
                           authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
-        """Resolve the task's unresolved run exception ``canceled``; ``authorize`` sees the
-        task first. A resolved task answers its status unchanged."""
-        now = timeutil.utcnow()
-        loaded = await self.tasks.load(task_id)
-        authorize(loaded[0])
-        _, after = await self._change(task_id, lambda t: model.cancel(t, now), loaded)
-        last = after.last_run
-        if last is not None:
-            # A running run's tip is deleted with its receipt; a pending run's tip stays
-            # until a worker finds it, is refused (409) and deletes it.
-            await self.settle(after, last.run_id)
-        return after.status()
-
-    async def settle(self, task: Task, run_id: int) -> None:
-        """Bring run ``run_id``'s message and Claims row in line with its resolution.
-
-        Idempotent, and a no-op while the run is unresolved, so every path that resolved
-        a run (or found it resolved) may call it.
-        """
-        if run_id < 0 or run_id >= len(task.runs) or not task.runs[run_id].state.resolved:
-            return
-        record = await self.claims.get(task.task_id, run_id)
-        if record is None:
-            return  # settled already
-        retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
-        retry_pending = retry is not None and retry.state is RunState.PENDING
-        tip_ready = False
-        if record.has_message:
-            try:
-                if retry_pending:
-                    await self.queues.update(record.queue_name, record.message_id,
-                                             record.pop_receipt, timedelta(0))
-                    self.signals.notify(task.task_queue_id, task.priority)
-                    tip_ready = True
-                else:
-                    await self.queues.delete(record.queue_name, record.message_id,
-                                             record.pop_receipt)
-            except MessageGone:
-                pass
-        if retry_pending and not tip_ready:
-            await self._queue_tip(task, run_id + 1)
-        await self.claims.delete(task.task_id, run_id)
-
-    # -- resolver steps --------------------------------------------------------------
+        return await self.resolution.cancel_task(task_id, authorize)
 
     async def expire_claim(self, record: ClaimRecord) -> bool:
-        """Resolve the claim of ``record`` if it expired; True if this call resolved it."""
-        now = timeutil.utcnow()
-        try:
-            before, after = await self._change(
-                record.task_id, lambda t: model.expire_claim(t, record.run_id, now))
-        except errors.NotFound:
-            await self.claims.delete(record.task_id, record.run_id)
-            return False
-        run = after.runs[record.run_id] if record.run_id < len(after.runs) else None
-        if run is not None and run.state is RunState.RUNNING and run.taken_until is not None:
-            if run.taken_until != record.taken_until:  # a reclaim whose row write was lost
-                await self.claims.extend(record.task_id, record.run_id, run.taken_until)
-            return False
-        await self.settle(after, record.run_id)
-        return after is not before
+        return await self.resolution.expire_claim(record)
 
     async def expired_claims(self) -> list[ClaimRecord]:
-        now = timeutil.utcnow()
-        return [r async for r in self.claims.expired(now)]
+        return await self.resolution.expired_claims()
 
     async def resolve_deadlines(self, invisible_for: timedelta) -> int:
-        """Handle the deadline messages that are due; the number of messages handled."""
-        messages = await self.queues.receive(self.deadline_queue, invisible_for)
-        for message in messages:
-            now = timeutil.utcnow()
-            try:
-                task_id = str(decode_json(message.text)["taskId"])
-            except (ValueError, KeyError):
-                log.error("dropping malformed message %s from %s", message.message_id,
-                          self.deadline_queue)
-                await self._drop_message(self.deadline_queue, message.message_id,
-                                         message.pop_receipt)
-                continue
-            try:
-                before, after = await self._change(
-                    task_id, lambda t: model.resolve_deadline(t, now))
-            except errors.NotFound:
-                pass  # the task was never written, or has expired
-            else:
-                if after.deadline > now:
-                    await self._postpone(message, after.deadline - now)
-                    continue
-                if after is not before:
-                    log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
-                await self.settle(after, len(after.runs) - 1)
-            await self._drop_message(self.deadline_queue, message.message_id, message.pop_receipt)
-        return len(messages)
-
-    async def _postpone(self, message: Message, delay: timedelta) -> None:
-        try:
-            await self.queues.update(message.queue_name, message.message_id, message.pop_receipt,
-                                     delay)
-        except MessageGone:
-            pass
+        return await self.resolution.resolve_deadlines(invisible_for)
 
     async def check_storage(self) -> None:
         """Raise unless the Tasks table answers."""

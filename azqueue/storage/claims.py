@@ -1,10 +1,10 @@
-"""Claim records in Azure Tables: one row per running run.
+"""The claim index in Azure Tables: which running runs are claimed until when.
 
-PartitionKey = taskId, RowKey = runId. A row says until when the run is claimed and,
-when the claim came with a tip, which message (queue, messageId, current pop receipt)
-now carries ``runId + 1`` invisibly until then. Rows exist only while a run is (or
-was, until cleanup) running, so the claim resolver's query for expired rows reads
-no more than the running runs.
+PartitionKey = taskId, RowKey = runId, ``takenUntil``. The claim resolver lists the rows
+whose ``takenUntil`` has passed and expires those runs. A row is written only for a claim
+that is still running some seconds after it was made (see ``service.claimindex``), so
+the table holds about the long-running runs and a short task costs it nothing. What the
+claim holds (message, pop receipt) is on the task itself (``TaskStore``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from azure.data.tables import UpdateMode
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityNotFound, translate
 from azqueue.storage.rows import delete_rows
+from azqueue.storage.tables import TableStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,55 +27,24 @@ class ClaimRecord:
     task_id: str
     run_id: int
     taken_until: datetime
-    queue_name: str = ""
-    message_id: str = ""
-    pop_receipt: str = ""
-
-    @property
-    def has_message(self) -> bool:
-        return bool(self.queue_name and self.message_id and self.pop_receipt)
 
     def to_entity(self) -> dict[str, Any]:
-        return {
-            "PartitionKey": self.task_id,
-            "RowKey": str(self.run_id),
-            "takenUntil": self.taken_until,
-            "queueName": self.queue_name,
-            "messageId": self.message_id,
-            "popReceipt": self.pop_receipt,
-        }
+        return {"PartitionKey": self.task_id, "RowKey": str(self.run_id),
+                "takenUntil": self.taken_until}
 
     @classmethod
     def from_entity(cls, e: Any) -> ClaimRecord:
         return cls(task_id=e["PartitionKey"], run_id=int(e["RowKey"]),
-                   taken_until=e["takenUntil"], queue_name=e.get("queueName", ""),
-                   message_id=e.get("messageId", ""), pop_receipt=e.get("popReceipt", ""))
+                   taken_until=e["takenUntil"])
 
 
-class ClaimStore:
+class ClaimStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
-        self.name = account.table_name("claims")
-        self._service = account.tables
-        self._table = account.tables.get_table_client(self.name)
-
-    async def ensure(self) -> None:
-        with translate(f"creating table {self.name}"):
-            await self._service.create_table_if_not_exists(self.name)
+        super().__init__(account, "claims")
 
     async def put(self, record: ClaimRecord) -> None:
-        with translate(f"storing the claim of {record.task_id}/{record.run_id}"):
-            await self._table.upsert_entity(record.to_entity())
-
-    async def extend(self, task_id: str, run_id: int, taken_until: datetime) -> None:
-        """Set ``takenUntil`` alone, leaving the receipt a concurrent reclaim may have
-        written; nothing if the row is gone."""
-        try:
-            with translate(f"extending the claim of {task_id}/{run_id}"):
-                await self._table.update_entity(
-                    {"PartitionKey": task_id, "RowKey": str(run_id), "takenUntil": taken_until},
-                    mode=UpdateMode.MERGE)
-        except EntityNotFound:
-            pass
+        with translate(f"indexing the claim of {record.task_id}/{record.run_id}"):
+            await self._table.upsert_entity(record.to_entity(), mode=UpdateMode.REPLACE)
 
     async def get(self, task_id: str, run_id: int) -> ClaimRecord | None:
         try:
@@ -85,8 +55,12 @@ class ClaimStore:
         return ClaimRecord.from_entity(entity)
 
     async def delete(self, task_id: str, run_id: int) -> None:
-        with translate(f"deleting the claim of {task_id}/{run_id}"):
-            await self._table.delete_entity(task_id, str(run_id))
+        """Delete the row; nothing if it is gone already."""
+        try:
+            with translate(f"deleting the claim of {task_id}/{run_id}"):
+                await self._table.delete_entity(task_id, str(run_id))
+        except EntityNotFound:
+            pass
 
     async def delete_task(self, task_id: str) -> None:
         """Delete the rows of all of a task's runs."""

@@ -11,19 +11,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.tables import TableStore
 from azqueue.storage.errors import translate
 from azqueue.storage.rows import delete_rows, key_page
 
 
-class DependentStore:
+class DependentStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
-        self.name = account.table_name("dependents")
-        self._service = account.tables
-        self._table = account.tables.get_table_client(self.name)
-
-    async def ensure(self) -> None:
-        with translate(f"creating table {self.name}"):
-            await self._service.create_table_if_not_exists(self.name)
+        super().__init__(account, "dependents")
 
     async def add(self, required: str, dependent: str) -> None:
         with translate(f"recording that {dependent} depends on {required}"):

@@ -20,6 +20,7 @@ from azure.core import MatchConditions
 from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.tables import TableStore
 from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
 from azqueue.storage.rows import key_page
 
@@ -27,15 +28,9 @@ ORPHAN_AGE = timedelta(minutes=5)
 ANNOUNCED = "~announced"
 
 
-class GroupStore:
+class GroupStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
-        self.name = account.table_name("groups")
-        self._service = account.tables
-        self._table = account.tables.get_table_client(self.name)
-
-    async def ensure(self) -> None:
-        with translate(f"creating table {self.name}"):
-            await self._service.create_table_if_not_exists(self.name)
+        super().__init__(account, "groups")
 
     async def add(self, task_group_id: str, task_id: str) -> None:
         """Add an unresolved member (an existing member is left as it is)."""

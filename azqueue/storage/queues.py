@@ -27,7 +27,7 @@ from azure.storage.queue.aio import QueueClient
 from azqueue.errors import NotConfigured
 from azqueue.model.priority import ORDER, Priority
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import EntityExists, translate, translate_message
+from azqueue.storage.errors import EntityExists, MessageGone, translate, translate_message
 
 MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
 
@@ -99,6 +99,24 @@ class Queues:
         """Delete a message. MessageGone if it is gone or the receipt is stale."""
         with translate_message(f"deleting message {message_id} from {name}"):
             await self.client(name).delete_message(message_id, pop_receipt=pop_receipt)
+
+    async def drop(self, name: str, message_id: str, pop_receipt: str) -> bool:
+        """Delete a message if it is still ours; False if it was gone or not ours any more."""
+        try:
+            await self.delete(name, message_id, pop_receipt)
+        except MessageGone:
+            return False
+        return True
+
+    async def release(self, name: str, message_id: str, pop_receipt: str,
+                      text: str | None = None) -> bool:
+        """Make a message visible again at once (with ``text``, rewritten); False if it was
+        gone or not ours any more."""
+        try:
+            await self.update(name, message_id, pop_receipt, timedelta(0), text=text)
+        except MessageGone:
+            return False
+        return True
 
     async def receive(self, name: str, invisible_for: timedelta, limit: int = 32) -> list[Message]:
         with translate(f"receiving messages from {name}"):

@@ -4,7 +4,9 @@ Entity: PartitionKey = taskId, RowKey = ``task``. The normalized definition and 
 runs are JSON, split into properties of at most ``CHUNK`` characters (Azure's limit on
 one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQueueId``,
 ``deadline`` and ``retriesLeft`` are plain properties so they can be read and queried;
-``hasDependents`` is set (merged in) by the first task defined depending on this one.
+``hasDependents`` is set (merged in) by the first task defined depending on this one;
+``held`` is the message the running run's claim holds (``HeldMessage``), written with
+the claim that took it and cleared by the write that ends the run.
 
 Other rows in a task's partition: ``tip:<messageId>`` (messages put carrying its tips),
 ``wait:<tag>:<taskId>`` (dependencies it still waits for), ``outbox:…`` (unpublished events),
@@ -17,6 +19,7 @@ import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -25,8 +28,9 @@ from azure.data.tables import EntityProperty, EdmType, UpdateMode
 
 from azqueue.errors import NotFound, StorageError
 from azqueue.model.events import Event
-from azqueue.model.task import Run, Task
+from azqueue.model.task import Run, RunState, Task
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.tables import TableStore
 from azqueue.storage.rows import delete_rows
 from azqueue.storage.errors import (
     EntityExists,
@@ -67,7 +71,64 @@ def definition_size(definition: Mapping[str, Any]) -> int:
     return len(json.dumps(definition, separators=(",", ":")))
 
 
-def to_entity(task: Task) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class HeldMessage:
+    """The Azure message a running run's claim holds: rewritten to carry the tip of
+    ``run_id + 1`` and invisible until ``takenUntil``; ``pop_receipt`` is its current one."""
+
+    run_id: int
+    queue_name: str
+    message_id: str
+    pop_receipt: str
+
+    def to_json(self) -> str:
+        return json.dumps({"runId": self.run_id, "queue": self.queue_name,
+                           "messageId": self.message_id, "receipt": self.pop_receipt},
+                          separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> HeldMessage:
+        data = json.loads(text)
+        return cls(int(data["runId"]), str(data["queue"]), str(data["messageId"]),
+                   str(data["receipt"]))
+
+
+@dataclass(frozen=True, slots=True)
+class Stored:
+    """A task as read (or just written): with the ETag to write it conditionally, the
+    message its running run holds, and the recorded tip messages that were read with it
+    (not necessarily all of them)."""
+
+    task: Task
+    etag: str
+    held: HeldMessage | None = None
+    tips: frozenset[str] = field(default=frozenset())
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """What ``modify`` did: the task ``fn`` saw, the task as now stored (the same object
+    when nothing was written), the message held before the change (what a resolution
+    must now delete or release), and the stored record to decide the next change on."""
+
+    before: Task
+    after: Task
+    held_before: HeldMessage | None
+    stored: Stored
+
+    @property
+    def changed(self) -> bool:
+        return self.after is not self.before
+
+
+class _Keep:
+    """``modify(hold=KEEP)``: the held message stays while its run is running."""
+
+
+KEEP = _Keep()
+
+
+def to_entity(task: Task, held: HeldMessage | None = None) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": task.task_id,
         "RowKey": ROW,
@@ -77,10 +138,17 @@ def to_entity(task: Task) -> dict[str, Any]:
         "expires": task.expires,
         "retriesLeft": EntityProperty(task.retries_left, EdmType.INT32),
         "hasDependents": task.has_dependents,
+        "held": held.to_json() if held is not None else "",
     }
     _put_chunks(entity, "definition", json.dumps(task.definition, separators=(",", ":")))
     _put_chunks(entity, "runs", json.dumps([r.to_json() for r in task.runs], separators=(",", ":")))
     return entity
+
+
+def stored_from_entity(entity: Mapping[str, Any], tips: frozenset[str] = frozenset()) -> Stored:
+    held = entity.get("held")
+    return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
+                  HeldMessage.from_json(held) if held else None, tips)
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
@@ -106,53 +174,49 @@ def event_from_row(entity: Mapping[str, Any]) -> Event:
     return Event.from_json(json.loads(_get_chunks(entity, "event")))
 
 
-class TaskStore:
+class TaskStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
-        self.name = account.table_name("tasks")
-        self._service = account.tables
-        self._table = account.tables.get_table_client(self.name)
+        super().__init__(account, "tasks")
 
-    async def ensure(self) -> None:
-        with translate(f"creating table {self.name}"):
-            await self._service.create_table_if_not_exists(self.name)
-
-    async def insert(self, task: Task, events: EventsFor | None = None) -> bool:
-        """Store a new task (and the outbox rows of its events, atomically); False if a
-        task with this taskId already exists."""
+    async def insert(self, task: Task, events: EventsFor | None = None,
+                     tips: tuple[str, ...] = ()) -> Stored | None:
+        """Store a new task, the records of the tip messages already put for it and the
+        outbox rows of its events, in one transaction; None if a task with this taskId
+        already exists (then nothing was written)."""
         outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
+        rows = [{"PartitionKey": task.task_id, "RowKey": TIP + t} for t in tips] + outbox
         try:
             with translate(f"inserting task {task.task_id}"):
-                if outbox:
-                    await self._table.submit_transaction(
-                        [("create", to_entity(task)), *(("create", row) for row in outbox)])
+                if rows:
+                    written = await self._table.submit_transaction(
+                        [("create", to_entity(task)), *(("create", row) for row in rows)])
+                    etag = written[0]["etag"]
                 else:
-                    await self._table.create_entity(to_entity(task))
+                    etag = (await self._table.create_entity(to_entity(task)))["etag"]
         except (EntityExists, TransactionConflict):
-            return False
-        return True
+            return None
+        return Stored(task, str(etag), None, frozenset(tips))
 
-    async def load(self, task_id: str) -> tuple[Task, str]:
-        """The task and the ETag it was read at (for ``modify(..., loaded=...)``)."""
-        try:
-            with translate(f"reading task {task_id}"):
-                entity = await self._table.get_entity(task_id, ROW)
-        except EntityNotFound:
-            raise NotFound(f"task {task_id} does not exist (or has expired)") from None
-        return from_entity(entity), str(entity.metadata["etag"])
-
-    async def load_with_tip(self, task_id: str, message_id: str) -> tuple[Task, str, bool]:
-        """``load``, and whether ``message_id`` is recorded as one of the task's tips (in
-        the same request)."""
-        tip_key = TIP + message_id
+    async def load(self, task_id: str, tip: str | None = None) -> Stored:
+        """The task as stored; with ``tip``, a messageId, also whether that message is
+        recorded as one of the task's tips (in the same request: ``tip in stored.tips``)."""
+        if tip is None:
+            try:
+                with translate(f"reading task {task_id}"):
+                    entity = await self._table.get_entity(task_id, ROW)
+            except EntityNotFound:
+                raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+            return stored_from_entity(entity)
+        tip_key = TIP + tip
         with translate(f"reading task {task_id}"):
             rows = [row async for row in self._table.query_entities(
                 "PartitionKey eq @pk and ( RowKey eq @task or RowKey eq @tip )",
                 parameters={"pk": task_id, "task": ROW, "tip": tip_key})]
-        entity = next((r for r in rows if r["RowKey"] == ROW), None)
-        if entity is None:
+        found = next((r for r in rows if r["RowKey"] == ROW), None)
+        if found is None:
             raise NotFound(f"task {task_id} does not exist (or has expired)")
-        known = any(r["RowKey"] == tip_key for r in rows)
-        return from_entity(entity), str(entity.metadata["etag"]), known
+        return stored_from_entity(found, frozenset(
+            tip for r in rows if r["RowKey"] == tip_key))
 
     async def expired(self, now: datetime) -> list[Task]:
         """Tasks whose ``expires`` is before ``now`` (a scan of the whole table)."""
@@ -205,9 +269,9 @@ class TaskStore:
             await self._table.delete_entity(task_id, f"{WAIT}{tag}:{required}")
 
     async def load_with_waits(self, task_id: str
-                              ) -> tuple[Task, str, frozenset[tuple[str, str]]] | None:
-        """The task, its ETag and the (tag, taskId) of the dependencies it still waits
-        for, in one request; None if there is no such task."""
+                              ) -> tuple[Stored, frozenset[tuple[str, str]]] | None:
+        """The task and the (tag, taskId) of the dependencies it still waits for, in one
+        request; None if there is no such task."""
         with translate(f"reading task {task_id}"):
             rows = [row async for row in self._table.query_entities(
                 "PartitionKey eq @pk and ( RowKey eq @task or "
@@ -218,7 +282,7 @@ class TaskStore:
             return None
         waits = frozenset((tag, required) for tag, _, required in (
             str(r["RowKey"])[len(WAIT):].partition(":") for r in rows if r["RowKey"] != ROW))
-        return from_entity(entity), str(entity.metadata["etag"]), waits
+        return stored_from_entity(entity), waits
 
     async def record_tip(self, task_id: str, message_id: str) -> None:
         """Remember that the message ``message_id`` was put carrying a tip of this task."""
@@ -242,46 +306,63 @@ class TaskStore:
         await delete_rows(self._table, task_id, row_keys, f"clearing the outbox of task {task_id}")
 
     async def get(self, task_id: str) -> Task:
-        task, _ = await self.load(task_id)
-        return task
+        return (await self.load(task_id)).task
 
     async def modify(self, task_id: str, fn: Callable[[Task], Task],
-                     loaded: tuple[Task, str] | None = None,
+                     loaded: Stored | None = None,
                      events: EventsFor | None = None,
-                     before_write: BeforeWrite | None = None) -> tuple[Task, Task]:
+                     before_write: BeforeWrite | None = None,
+                     hold: HeldMessage | None | _Keep = KEEP,
+                     speculative: bool = False) -> Change:
         """Apply the pure ``fn`` to the stored task and write its result conditionally.
 
         Loads with the ETag, writes ``IfNotModified``, and on a lost race (412) loads again
-        and lets ``fn`` decide again. Errors ``fn`` raises propagate and nothing is written.
-        Returns the task ``fn`` saw and the task as now stored (the same object when ``fn``
-        changed nothing, in which case nothing was written). ``loaded``, from ``load``,
-        saves the first read. ``events`` gives the messages the change publishes: they are
-        written as outbox rows in the same transaction. ``before_write(before, after)`` is
-        awaited before each attempt to write.
+        and lets ``fn`` decide again. Errors ``fn`` raises propagate and nothing is written;
+        when ``fn`` changes nothing, nothing is written either. ``loaded`` saves the first
+        read; with ``speculative`` it may be out of date (a cached copy), so only a write
+        that succeeds is trusted: an error or a no-change decision is made again on a fresh
+        read. ``events`` gives the messages the change publishes, written as outbox rows in
+        the same transaction. ``before_write(before, after)`` is awaited before each
+        attempt to write. ``hold`` is the message the run now holds (a claim or reclaim);
+        by default the held message stays while its run is running and is cleared when it
+        is not.
         """
         for _ in range(MAX_MODIFY_ATTEMPTS):
-            before, etag = loaded or await self.load(task_id)
-            loaded = None
-            after = fn(before)
+            stored = loaded or await self.load(task_id)
+            guess, loaded = speculative and loaded is not None, None
+            before = stored.task
+            try:
+                after = fn(before)
+            except Exception:
+                if guess:
+                    continue
+                raise
             if after is before:
-                return before, after
+                if guess:
+                    continue
+                return Change(before, after, stored.held, stored)
+            held = stored.held if isinstance(hold, _Keep) else hold
+            if held is not None and (held.run_id >= len(after.runs) or
+                                     after.runs[held.run_id].state is not RunState.RUNNING):
+                held = None  # a message is held only by a running run
             outbox = [outbox_row(task_id, e) for e in events(before, after)] if events else []
             if before_write is not None:
                 await before_write(before, after)
             try:
                 with translate(f"updating task {task_id}"):
                     if outbox:
-                        await self._table.submit_transaction([
-                            ("update", to_entity(after),
-                             {"mode": UpdateMode.REPLACE, "etag": etag,
+                        written = await self._table.submit_transaction([
+                            ("update", to_entity(after, held),
+                             {"mode": UpdateMode.REPLACE, "etag": stored.etag,
                               "match_condition": MatchConditions.IfNotModified}),
                             *(("create", row) for row in outbox)])
+                        etag = written[0]["etag"]
                     else:
-                        await self._table.update_entity(
-                            to_entity(after), mode=UpdateMode.REPLACE, etag=etag,
-                            match_condition=MatchConditions.IfNotModified)
+                        etag = (await self._table.update_entity(
+                            to_entity(after, held), mode=UpdateMode.REPLACE, etag=stored.etag,
+                            match_condition=MatchConditions.IfNotModified))["etag"]
             except (ETagMismatch, TransactionConflict):
                 continue
-            return before, after
+            return Change(before, after, stored.held, Stored(after, str(etag), held, stored.tips))
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "
                            "updated; try again")

@@ -15,21 +15,16 @@ from typing import Any
 from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.tables import TableStore
 from azqueue.storage.errors import EntityNotFound, translate
 from azqueue.storage.keys import encode as key
 
 RECENT_TASKS = 20
 
 
-class WorkerStore:
+class WorkerStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
-        self.name = account.table_name("workers")
-        self._service = account.tables
-        self._table = account.tables.get_table_client(self.name)
-
-    async def ensure(self) -> None:
-        with translate(f"creating table {self.name}"):
-            await self._service.create_table_if_not_exists(self.name)
+        super().__init__(account, "workers")
 
     async def seen(self, task_queue_id: str, worker_group: str, worker_id: str, now: datetime,
                    claimed: list[tuple[str, int]]) -> None:

@@ -17,7 +17,7 @@ async def recorded_worker(server: Server, task_queue_id: str,
                           worker_id: str) -> dict[str, Any]:
     """The worker's record, written just after claimWork answers."""
     for _ in range(50):
-        worker = await server.service.workers.get(task_queue_id, "wg", worker_id)
+        worker = await server.service.work.workers.get(task_queue_id, "wg", worker_id)
         if worker is not None:
             return worker
         await asyncio.sleep(0.1)

@@ -1,0 +1,124 @@
+"""Which claims the claim resolver must watch: the claim index, written late.
+
+A claim normally ends through its worker's report, or expires through its tip (the
+message reappears at ``takenUntil`` and the next claim resolves the old run). The claim
+resolver is for the rest: nobody polling that task queue, a claim made without a tip. It
+lists the rows of the claims table (``storage.claims``) whose ``takenUntil`` has passed.
+
+Most runs end within seconds, and their rows would be written and deleted for nothing.
+So a claim is only noted here, in the process that made it, and its row is written once
+the run is still running ``delay`` seconds later (checked with a read first; at most
+half the claim timeout, so the row is there well before ``takenUntil``). A run resolved
+before that costs the index nothing; a longer one costs a read, a write and a delete. A
+reclaim of an indexed run moves its row; a resolution of a run old enough to have a row
+deletes it, and the claim resolver deletes any row whose run it finds resolved.
+
+What a process that dies loses is the notes it had not written yet: those claims still
+expire through their tips when any worker polls the task queue, and at the latest with
+the task's deadline. A process that stops writes its notes before it closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from datetime import datetime, timedelta
+
+from azqueue import errors
+from azqueue.model import timeutil
+from azqueue.model.task import RunState
+from azqueue.service.dependencies import gather_limited
+from azqueue.storage.claims import ClaimRecord, ClaimStore
+from azqueue.storage.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+# How long a run must still be running after its claim before it is indexed.
+INDEX_DELAY = timedelta(seconds=30)
+# Another replica's clock may run behind ours: a run this much younger than the delay
+# may have a row too.
+CLOCK_SLACK = timedelta(seconds=5)
+CLOSE_TIMEOUT = 10.0
+
+
+class ClaimIndex:
+    def __init__(self, store: ClaimStore, tasks: TaskStore, claim_timeout: timedelta) -> None:
+        self.store = store
+        self.tasks = tasks
+        self.delay = min(INDEX_DELAY, claim_timeout / 2)
+        # (taskId, runId) -> when this process claimed it, takenUntil
+        self._notes: dict[tuple[str, int], tuple[datetime, datetime]] = {}
+        self._stop = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.create_task(self._run(), name="claim index")
+
+    def claimed(self, task_id: str, run_id: int, taken_until: datetime) -> None:
+        """This process claimed the run (or answered a repeated claim of it)."""
+        self._notes[(task_id, run_id)] = (timeutil.utcnow(), taken_until)
+
+    async def extended(self, task_id: str, run_id: int, started: datetime | None,
+                       taken_until: datetime) -> None:
+        """The run was reclaimed until ``taken_until``."""
+        note = self._notes.get((task_id, run_id))
+        if note is not None:
+            self._notes[(task_id, run_id)] = (note[0], taken_until)
+        elif self._may_be_indexed(started):
+            await self.store.put(ClaimRecord(task_id, run_id, taken_until))
+
+    async def ended(self, task_id: str, run_id: int, started: datetime | None) -> None:
+        """The run was resolved: forget its note, or delete its row if it may have one."""
+        if self._notes.pop((task_id, run_id), None) is None and self._may_be_indexed(started):
+            await self.store.delete(task_id, run_id)
+
+    def _may_be_indexed(self, started: datetime | None) -> bool:
+        return started is None or started <= timeutil.utcnow() - self.delay + CLOCK_SLACK
+
+    async def flush(self, everything: bool = False) -> None:
+        """Write the rows of the noted runs that are old enough (all, with ``everything``)
+        and still running."""
+        due_before = timeutil.utcnow() - self.delay
+        due = [key for key, (made, _) in self._notes.items() if everything or made <= due_before]
+        notes = {key: self._notes.pop(key) for key in due}
+        results = await gather_limited(self._index(key) for key in due)
+        for key, ok in zip(due, results):
+            if not ok:  # try again at the next round
+                self._notes.setdefault(key, notes[key])
+
+    async def _index(self, key: tuple[str, int]) -> bool:
+        task_id, run_id = key
+        try:
+            task = await self.tasks.find(task_id)
+            if task is None or run_id >= len(task.runs):
+                return True
+            run = task.runs[run_id]
+            if run.state is RunState.RUNNING and run.taken_until is not None:
+                await self.store.put(ClaimRecord(task_id, run_id, run.taken_until))
+        except errors.StorageError as e:
+            log.warning("could not index the claim of %s/%d: %s", task_id, run_id, e)
+            return False
+        return True
+
+    async def _run(self) -> None:
+        interval = min(1.0, self.delay.total_seconds() / 2)
+        while not self._stop.is_set():
+            try:
+                await self.flush()
+            except Exception:
+                log.exception("indexing claims failed; trying again in %.1fs", interval)
+            try:
+                await asyncio.wait_for(self._stop.wait(), interval)
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Stop the loop and write every note left (briefly)."""
+        self._stop.set()
+        if self._loop is not None:
+            await self._loop
+        try:
+            await asyncio.wait_for(self.flush(everything=True), CLOSE_TIMEOUT)
+        except (TimeoutError, errors.StorageError) as e:
+            log.warning("could not index %d claim(s) before closing: %s", len(self._notes), e)

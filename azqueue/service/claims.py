@@ -1,0 +1,279 @@
+"""Claims: claimTask and reclaimTask, by the rewrite of the tip (source document 001).
+
+claimTask verifies the tip's signature, decides the claim on the task (refusing early,
+before the message is touched), rewrites the message to ``{taskId, runId + 1}``
+invisible until ``takenUntil``, and then writes the claim and the message it now holds
+(``HeldMessage``) to the task in one conditional write. reclaimTask pushes the message's
+invisibility out with the held receipt and writes the new receipt with the new
+``takenUntil``. With a copy of the task from this process (``cache``) a claim costs two
+storage requests (the rewrite and the write), else three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from azqueue import errors
+from azqueue.model import task as model
+from azqueue.model import taskcreds, timeutil
+from azqueue.model.task import RunState, Task
+from azqueue.storage.errors import MessageGone
+from azqueue.storage.tasks import KEEP, HeldMessage, Stored, _Keep
+
+if TYPE_CHECKING:
+    from azqueue.service.queue import QueueService
+
+log = logging.getLogger(__name__)
+
+# A tip that reappears this close before takenUntil still expires the claim: the
+# message's visibility is Azure's clock, takenUntil ours.
+EXPIRY_TOLERANCE = timedelta(seconds=5)
+RECLAIM_RECEIPT_ATTEMPTS = 3
+# How long a claim waits for the task (or the record of its tip) that a createTask put
+# the tip of a moment ago.
+TIP_WAIT = timedelta(seconds=2)
+
+
+@dataclass(frozen=True, slots=True)
+class TipClaim:
+    """The message a worker polled, presented with claimTask."""
+
+    message_id: str
+    receipt: str
+    signature: str
+
+
+class _Stale(Exception):
+    """A decision made on this process's copy of the task must be made again on a fresh read."""
+
+
+class Claims:
+    def __init__(self, core: QueueService) -> None:
+        self.core = core
+
+    async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
+                         tip: TipClaim | None = None,
+                         authorize: Callable[[Task], None] = lambda t: None,
+                         tip_read_here: bool = False) -> dict[str, Any]:
+        """Claim a run; ``authorize`` sees the task before anything changes.
+
+        A ``tip`` presented by a worker must name a message recorded as one of the task's
+        tips, so that a worker mixing up messages cannot rewrite another task's tip;
+        ``tip_read_here`` (claimWork, which read the message itself) skips that check."""
+        core = self.core
+        now = timeutil.utcnow()
+        tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
+
+        def decide(task: Task) -> Task:
+            return model.claim(task, run_id, worker_group, worker_id, now, core.claim_timeout,
+                               tolerance)
+
+        if tip and not core.signer.verify(task_id, run_id, tip.signature):
+            raise errors.InputError(
+                f"`signature` does not match task {task_id} run {run_id}: the message was altered "
+                "or not issued by this queue; delete it and poll again")
+        need_record = tip is not None and not tip_read_here
+        stored = core.cache.get(task_id)
+        if stored is not None and need_record and tip is not None and \
+                tip.message_id not in stored.tips:
+            stored = None
+        guess = stored is not None
+        while True:
+            if stored is None:
+                stored = await (self._load_for_tip(task_id, tip, need_record) if tip
+                                else core.tasks.load(task_id))
+            current = stored.task
+            authorize(current)
+            try:
+                if model.is_claimed_by(current, run_id, worker_group, worker_id):
+                    if guess:
+                        raise _Stale
+                    return await self._repeated_claim(stored, run_id, tip)
+                try:
+                    decide(current)  # refuse early, before touching the message
+                except errors.Conflict:
+                    if guess:
+                        raise _Stale from None
+                    if tip:
+                        await self._repair_orphaned_tip(current, run_id)
+                    raise
+                break
+            except _Stale:
+                stored, guess = None, False
+
+        hold: HeldMessage | None = None
+        if tip:
+            queue_name = core.pending.name(current.task_queue_id, current.priority)
+            try:
+                receipt = await core.queues.update(
+                    queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
+                    text=core.signer.tip(task_id, run_id + 1).encode())
+            except MessageGone:
+                raise errors.InputError(
+                    f"`messageId` and `receipt` do not name a message you hold in the queue of "
+                    f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
+                    "MessageId and PopReceipt of the message this tip came from, as received"
+                ) from None
+            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+        try:
+            change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
+        except errors.Conflict:
+            if hold:
+                await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            raise
+        except BaseException:
+            if hold:  # nothing is claimed: give run run_id its tip back, visible now
+                await self._restore_tip(hold, task_id)
+            raise
+        after = change.after
+        if not change.changed:
+            # A concurrent claim of this worker (a duplicate tip, a retried request) got
+            # there first: answer as to a repeated claim.
+            held = change.stored.held
+            if hold and (held is None or held.message_id != hold.message_id):
+                await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            return await self._repeated_claim(change.stored, run_id, tip)
+        if not model.is_claimed_by(after, run_id, worker_group, worker_id):
+            # The claim expired run run_id - 1 and no retries were left: the task is resolved.
+            if hold:
+                await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            await core.settle(change, run_id - 1)
+            raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
+                                  "are left: the task is resolved exception")
+        run = after.runs[run_id]
+        assert run.taken_until is not None
+        core.index.claimed(task_id, run_id, run.taken_until)
+        if run_id > 0 and change.before.runs[run_id - 1].state is RunState.RUNNING:
+            # This claim expired the previous run, whose message it now holds.
+            await core.index.ended(task_id, run_id - 1, change.before.runs[run_id - 1].started)
+        return self.answer(after, run_id, with_task=True)
+
+    async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool) -> Stored:
+        """The task, once it is stored and (with ``need_record``) ``tip.message_id`` is
+        known to be one of its tips; NotFound, or InputError (and a fresh tip for a pending
+        run) when that does not happen within ``TIP_WAIT``."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + TIP_WAIT.total_seconds()
+        while True:
+            try:
+                stored: Stored | None = await self.core.tasks.load(
+                    task_id, tip=tip.message_id if need_record else None)
+            except errors.NotFound:
+                stored = None  # a createTask puts the tip just before the task
+            if stored is not None and (not need_record or tip.message_id in stored.tips):
+                return stored
+            if loop.time() >= give_up:
+                break
+            await asyncio.sleep(0.1)
+        if stored is None:
+            raise errors.NotFound(f"task {task_id} does not exist (or has expired)")
+        last = stored.task.last_run
+        if last is not None and last.state is RunState.PENDING:
+            # In case the presented message is this task's tip whose record was lost.
+            await self.core.queue_tip(stored.task, last.run_id)
+        raise errors.InputError(
+            f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
+            "MessageId and PopReceipt of the message this tip came from, as received")
+
+    async def _repeated_claim(self, stored: Stored, run_id: int,
+                              tip: TipClaim | None) -> dict[str, Any]:
+        """The caller already holds this run: answer as before, unless it presents another
+        message than the one its claim took (a duplicate tip, which it should delete)."""
+        held = stored.held
+        if tip and held is not None and held.run_id == run_id and held.message_id != tip.message_id:
+            raise errors.Conflict(
+                f"run {run_id} of task {stored.task.task_id} is already claimed by you through "
+                "another message; this message is a duplicate tip: delete it")
+        run = stored.task.runs[run_id]
+        assert run.taken_until is not None
+        # The first claim's process may have died before indexing it.
+        self.core.index.claimed(stored.task.task_id, run_id, run.taken_until)
+        return self.answer(stored.task, run_id, with_task=True)
+
+    async def _restore_tip(self, hold: HeldMessage, task_id: str) -> None:
+        try:
+            await self.core.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
+                                           text=self.core.signer.tip(task_id, hold.run_id).encode())
+        except errors.StorageError as e:  # the tip reappears at takenUntil regardless
+            log.warning("could not give task %s run %d its tip back: %s", task_id, hold.run_id, e)
+        except Exception:
+            log.exception("could not give task %s run %d its tip back", task_id, hold.run_id)
+
+    async def _repair_orphaned_tip(self, task: Task, run_id: int) -> None:
+        """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
+        died before it was recorded; the worker will delete it, so queue a fresh tip for ``r``."""
+        last = task.last_run
+        if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
+            log.warning("task %s: re-queuing run %d, whose claim was never completed",
+                        task.task_id, last.run_id)
+            await self.core.queue_tip(task, last.run_id)
+
+    async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
+        core = self.core
+        now = timeutil.utcnow()
+
+        def decide(task: Task) -> Task:
+            return model.reclaim(task, run_id, now, core.claim_timeout)
+
+        stored = core.cache.get(task_id)
+        guess = stored is not None
+        if stored is not None:
+            try:
+                decide(stored.task)
+            except errors.Conflict:
+                stored, guess = None, False
+        if stored is None:
+            stored = await core.tasks.load(task_id)
+            decide(stored.task)  # refuse early
+        held = stored.held if stored.held is not None and stored.held.run_id == run_id else None
+        receipt = ""
+        if held is not None:
+            for _ in range(RECLAIM_RECEIPT_ATTEMPTS):
+                try:
+                    receipt = await core.queues.update(held.queue_name, held.message_id,
+                                                       held.pop_receipt, core.claim_timeout)
+                    break
+                except MessageGone:
+                    # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
+                    stored, guess = await core.tasks.load(task_id), False
+                    fresh = stored.held
+                    if fresh is None or fresh.run_id != run_id or \
+                            fresh.pop_receipt == held.pop_receipt:
+                        raise errors.ClaimLost(
+                            f"the claim on run {run_id} of task {task_id} expired: its message "
+                            "became visible again and the run will be retried; stop working on "
+                            "it") from None
+                    held = fresh
+            else:
+                raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
+                                       "concurrently; try again")
+        hold: HeldMessage | None | _Keep = (replace(held, pop_receipt=receipt) if held is not None
+                                            else KEEP)
+        try:
+            change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
+        except errors.Conflict:
+            if held is not None and receipt:
+                await core.queues.release(held.queue_name, held.message_id, receipt)
+            raise
+        run = change.after.runs[run_id]
+        assert run.taken_until is not None
+        await core.index.extended(task_id, run_id, run.started, run.taken_until)
+        return self.answer(change.after, run_id)
+
+    def answer(self, task: Task, run_id: int, with_task: bool = False) -> dict[str, Any]:
+        """Status, the claim, and temporary credentials for working on the run (claimTask
+        and reclaimTask answers; claimTask's with the task definition)."""
+        run = task.runs[run_id]
+        assert run.taken_until is not None
+        answer = {"status": task.status(), "runId": run_id, "workerGroup": run.worker_group,
+                  "workerId": run.worker_id, "takenUntil": timeutil.fmt(run.taken_until),
+                  "credentials": taskcreds.for_run(self.core.issuer, task, run_id,
+                                                   timeutil.utcnow())}
+        if with_task:
+            answer["task"] = dict(task.definition)
+        return answer

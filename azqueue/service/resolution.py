@@ -1,0 +1,124 @@
+"""Resolution: reports, cancelTask, and the resolvers' steps (claim expiry, deadlines).
+
+Every path resolves a run through a transition of ``model.task`` written by
+``QueueService.change`` (conditional on the ETag), then ``settle`` deletes or releases
+the message the run held. A report from the worker that this process saw claim the run
+starts from this process's copy of the task, so it costs two storage requests: the
+write and the message's delete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from azqueue import errors
+from azqueue.model import task as model
+from azqueue.model import timeutil
+from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.storage.claims import ClaimRecord
+from azqueue.storage.errors import MessageGone
+from azqueue.storage.queues import Message, decode_json
+
+if TYPE_CHECKING:
+    from azqueue.service.queue import QueueService
+
+log = logging.getLogger(__name__)
+
+
+class Resolution:
+    def __init__(self, core: QueueService) -> None:
+        self.core = core
+
+    async def report(self, task_id: str, run_id: int, state: RunState,
+                     reason: ReasonResolved) -> dict[str, Any]:
+        """reportCompleted, reportFailed, reportException."""
+        core = self.core
+        now = timeutil.utcnow()
+        cached = core.cache.get(task_id)
+        change = await core.change(
+            task_id, lambda t: model.resolve(t, run_id, state, reason, now), cached,
+            speculative=cached is not None)
+        await core.settle(change, run_id)
+        return change.after.status()
+
+    async def cancel_task(self, task_id: str,
+                          authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """Resolve the task's unresolved run exception ``canceled``; ``authorize`` sees the
+        task first. A resolved task answers its status unchanged."""
+        now = timeutil.utcnow()
+        loaded = await self.core.tasks.load(task_id)
+        authorize(loaded.task)
+        change = await self.core.change(task_id, lambda t: model.cancel(t, now), loaded)
+        last = change.after.last_run
+        if last is not None:
+            # A running run's tip is deleted with its receipt; a pending run's tip stays
+            # until a worker finds it, is refused (409) and deletes it.
+            await self.core.settle(change, last.run_id)
+        return change.after.status()
+
+    # -- resolver steps --------------------------------------------------------------
+
+    async def expired_claims(self) -> list[ClaimRecord]:
+        now = timeutil.utcnow()
+        return [r async for r in self.core.index.store.expired(now)]
+
+    async def expire_claim(self, record: ClaimRecord) -> bool:
+        """Resolve the claim of ``record`` if it expired; True if this call resolved it."""
+        core = self.core
+        store = core.index.store
+        now = timeutil.utcnow()
+        try:
+            change = await core.change(
+                record.task_id, lambda t: model.expire_claim(t, record.run_id, now))
+        except errors.NotFound:
+            await store.delete(record.task_id, record.run_id)
+            return False
+        after = change.after
+        run = after.runs[record.run_id] if record.run_id < len(after.runs) else None
+        if run is not None and run.state is RunState.RUNNING and run.taken_until is not None:
+            if run.taken_until != record.taken_until:  # a reclaim whose row write was lost
+                await store.put(ClaimRecord(record.task_id, record.run_id, run.taken_until))
+            return False
+        if not change.changed:  # resolved by other means: the row is left over
+            await store.delete(record.task_id, record.run_id)
+            return False
+        await core.settle(change, record.run_id)
+        return True
+
+    async def resolve_deadlines(self, invisible_for: timedelta) -> int:
+        """Handle the deadline messages that are due; the number of messages handled."""
+        core = self.core
+        messages = await core.queues.receive(core.deadline_queue, invisible_for)
+        for message in messages:
+            now = timeutil.utcnow()
+            try:
+                task_id = str(decode_json(message.text)["taskId"])
+            except (ValueError, KeyError):
+                log.error("dropping malformed message %s from %s", message.message_id,
+                          core.deadline_queue)
+                await core.queues.drop(core.deadline_queue, message.message_id,
+                                       message.pop_receipt)
+                continue
+            try:
+                change = await core.change(task_id, lambda t: model.resolve_deadline(t, now))
+            except errors.NotFound:
+                pass  # the task was never written, or has expired
+            else:
+                if change.after.deadline > now:
+                    await self._postpone(message, change.after.deadline - now)
+                    continue
+                if change.changed:
+                    log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
+                await core.settle(change, len(change.after.runs) - 1)
+            await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)
+        return len(messages)
+
+    async def _postpone(self, message: Message, delay: timedelta) -> None:
+        try:
+            await self.core.queues.update(message.queue_name, message.message_id,
+                                          message.pop_receipt, delay)
+        except MessageGone:
+            pass

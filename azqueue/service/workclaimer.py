@@ -1,0 +1,304 @@
+"""The work claimer: claimWork, served from one poller per task queue (Taskcluster's
+``workclaimer``).
+
+A claimWork call registers as a waiter for up to ``tasks`` tips and claims each tip it
+is handed through ``Claims.claim_task``, exactly as a SAS worker would, so these claims
+expire, reclaim and retry like any other. Tips reach waiters two ways:
+
+* **Handed over**: a createTask (or anything queuing a tip) in this process gives the
+  message it just put, with its pop receipt, to the longest-waiting caller of that task
+  queue; no poll at all.
+* **Polled**: while callers of a task queue wait, one poller per process receives as many
+  tips as they want in total (at most 32 a request), highest priority first, and shares
+  them out in the order the callers came. With a backlog it polls again at once. It
+  starts at the priority where it last found tips for ``RECHECK`` seconds, rechecking the
+  higher queues after that: tips put by other replicas at a higher priority wait at most
+  that long behind a backlog below (tips put in this process are handed over). With
+  nothing found it polls every ``claim_work_poll_interval`` seconds, whatever the number
+  of callers: waiting costs seven receives per interval per task queue and process.
+
+Tips a caller cannot claim are deleted (document 000's worker rule); tips it was handed
+but no longer needs (it answered, or went away) are handed to another caller or released.
+Which workers called is recorded at most every ``WORKER_RECORD_INTERVAL`` seconds each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Callable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from azqueue import errors
+from azqueue.model import timeutil
+from azqueue.model.priority import ORDER
+from azqueue.model.task import Task
+from azqueue.model.tip import Tip
+from azqueue.service.claims import TipClaim
+from azqueue.storage.queues import Message
+from azqueue.storage.workers import WorkerStore
+
+if TYPE_CHECKING:
+    from azqueue.service.queue import QueueService
+
+log = logging.getLogger(__name__)
+
+# How long claimWork holds a received tip before it claims or releases it (a crash
+# mid-claim leaves it invisible no longer than this).
+CLAIM_WORK_HOLD = timedelta(seconds=30)
+# How long the poller starts below queues it found empty before looking at them again.
+RECHECK = 1.0
+# How often a waiting caller checks that its client is still connected.
+CONNECTED_CHECK = 1.0
+WORKER_RECORD_INTERVAL = 30.0
+
+
+class _Waiter:
+    """One claimWork call waiting for tips."""
+
+    def __init__(self, wanted: int, connected: Callable[[], bool]) -> None:
+        self.wanted = wanted
+        self.connected = connected
+        self.busy = False  # claiming what it was handed: wants nothing more meanwhile
+        self.inbox: list[Message] = []
+        self.arrived = asyncio.Event()
+
+    @property
+    def room(self) -> int:
+        if self.busy or not self.connected():
+            return 0
+        return max(0, self.wanted - len(self.inbox))
+
+    def give(self, message: Message) -> None:
+        self.inbox.append(message)
+        self.arrived.set()
+
+    async def take(self, timeout: float) -> list[Message]:
+        try:
+            await asyncio.wait_for(self.arrived.wait(), timeout)
+        except TimeoutError:
+            pass
+        taken, self.inbox = self.inbox, []
+        self.arrived.clear()
+        return taken
+
+
+class _TaskQueue:
+    """The waiters of one task queue in this process, and its poller."""
+
+    def __init__(self) -> None:
+        self.waiters: deque[_Waiter] = deque()
+        self.poller: asyncio.Task[None] | None = None
+        self.wake = asyncio.Event()
+        self.start_rank = 0
+        self.recheck_at = 0.0
+
+    def demand(self) -> int:
+        return sum(w.room for w in self.waiters)
+
+    def hand(self, message: Message) -> bool:
+        """Give ``message`` to the longest-waiting caller with room for it."""
+        for waiter in self.waiters:
+            if waiter.room > 0:
+                waiter.give(message)
+                return True
+        return False
+
+
+class WorkClaimer:
+    def __init__(self, core: QueueService, workers: WorkerStore) -> None:
+        self.core = core
+        self.workers = workers
+        self._queues: dict[str, _TaskQueue] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        # (taskQueueId, workerGroup, workerId) -> when last recorded, claims not yet recorded
+        self._seen: dict[tuple[str, str, str], tuple[float, list[tuple[str, int]]]] = {}
+
+    async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
+                         count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
+        """Claim up to ``count`` tasks, waiting up to ``claim_work_wait`` seconds for some."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.core.settings.claim_work_wait
+        for priority in ORDER:
+            await self.core.pending.ensure(task_queue_id, priority)
+        tq = self._queues.setdefault(task_queue_id, _TaskQueue())
+        waiter = _Waiter(count, connected)
+        tq.waiters.append(waiter)
+        self._poll(task_queue_id, tq)
+        claims: list[dict[str, Any]] = []
+        try:
+            while not claims and connected():
+                remaining = end - loop.time()
+                if remaining <= 0:
+                    break
+                handed = await waiter.take(min(remaining, CONNECTED_CHECK))
+                if not handed:
+                    continue
+                waiter.busy = True
+                got = await asyncio.gather(*(self._claim(worker_group, worker_id, m)
+                                             for m in handed))
+                claims += [c for c in got if c is not None]
+                waiter.wanted = count - len(claims)
+                waiter.busy = False
+                if not claims:
+                    tq.wake.set()  # still wanting: the poller may look again at once
+        finally:
+            tq.waiters.remove(waiter)
+            for message in waiter.inbox:
+                await self._pass_on(tq, message)
+            if not tq.waiters and tq.poller is None:
+                self._queues.pop(task_queue_id, None)
+        self._record(task_queue_id, worker_group, worker_id,
+                     [(c["status"]["taskId"], c["runId"]) for c in claims])
+        return claims
+
+    def offer(self, task: Task, message: Message) -> None:
+        """A tip was just put for ``task``: hand it to a caller waiting here, if any."""
+        tq = self._queues.get(task.task_queue_id)
+        if tq is not None:
+            tq.hand(message)
+
+    def wake(self, task: Task) -> None:
+        """A tip of ``task`` became visible again: have the poller look now."""
+        tq = self._queues.get(task.task_queue_id)
+        if tq is not None:
+            tq.wake.set()
+
+    async def _pass_on(self, tq: _TaskQueue, message: Message) -> None:
+        """A tip handed to a caller that no longer needs it: to another caller, or back."""
+        if not tq.hand(message):
+            await self._release(message)
+
+    async def _release(self, message: Message) -> None:
+        try:
+            await self.core.queues.release(message.queue_name, message.message_id,
+                                           message.pop_receipt)
+        except errors.StorageError as e:  # it becomes visible by itself when its hold ends
+            log.warning("could not release message %s of %s: %s", message.message_id,
+                        message.queue_name, e)
+
+    # -- polling ---------------------------------------------------------------------
+
+    def _poll(self, task_queue_id: str, tq: _TaskQueue) -> None:
+        if tq.poller is None:
+            tq.poller = asyncio.create_task(self._poller(task_queue_id, tq),
+                                            name=f"claimWork poller {task_queue_id}")
+        tq.wake.set()
+
+    async def _poller(self, task_queue_id: str, tq: _TaskQueue) -> None:
+        interval = self.core.settings.claim_work_poll_interval
+        try:
+            while tq.waiters:
+                demand = tq.demand()
+                found = 0
+                if demand > 0:
+                    tq.wake.clear()
+                    try:
+                        found = await self._receive(task_queue_id, tq, demand)
+                    except errors.StorageError as e:
+                        log.warning("claimWork could not poll %s: %s", task_queue_id, e)
+                if found:
+                    continue
+                try:
+                    await asyncio.wait_for(tq.wake.wait(), interval)
+                except TimeoutError:
+                    pass
+        except Exception:
+            log.exception("the claimWork poller of %s failed", task_queue_id)
+        finally:
+            tq.poller = None
+            if tq.waiters:  # a caller came just as it ended
+                self._poll(task_queue_id, tq)
+            elif self._queues.get(task_queue_id) is tq:
+                del self._queues[task_queue_id]
+
+    async def _receive(self, task_queue_id: str, tq: _TaskQueue, demand: int) -> int:
+        """Receive up to ``demand`` tips, highest priority first, and share them out (all
+        at once, so that a caller gets what one round found)."""
+        now = asyncio.get_running_loop().time()
+        start = tq.start_rank if now < tq.recheck_at else 0
+        found: list[Message] = []
+        for priority in ORDER[start:]:
+            name = self.core.pending.name(task_queue_id, priority)
+            messages = await self.core.queues.receive(name, CLAIM_WORK_HOLD,
+                                                      limit=min(demand - len(found), 32))
+            if messages and not found:
+                # The queues above were empty just now (or at the last recheck).
+                if start == 0:
+                    tq.recheck_at = now + RECHECK
+                tq.start_rank = priority.rank
+            found += messages
+            if len(found) >= demand:
+                break
+        if not found:
+            tq.start_rank = 0
+        for message in found:
+            await self._pass_on(tq, message)
+        return len(found)
+
+    async def _claim(self, worker_group: str, worker_id: str,
+                     message: Message) -> dict[str, Any] | None:
+        """Claim the tip ``message`` carries; None (and the tip deleted or released) if not."""
+        queues = self.core.queues
+        try:
+            tip = Tip.decode(message.text)
+        except ValueError:
+            log.warning("deleting message %s from %s: not a tip", message.message_id,
+                        message.queue_name)
+            await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
+            return None
+        try:
+            return await self.core.claims.claim_task(
+                tip.task_id, tip.run_id, worker_group, worker_id,
+                TipClaim(message.message_id, message.pop_receipt, tip.signature),
+                tip_read_here=True)
+        except (errors.Conflict, errors.InputError, errors.NotFound):
+            await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
+        except errors.StorageError as e:
+            # Not this caller's fault, and the claims already made are its own: give this
+            # tip back and go on with the others.
+            log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
+            await self._release(message)
+        except Exception:
+            log.exception("claimWork could not claim %s/%d", tip.task_id, tip.run_id)
+            await self._release(message)
+        return None
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _record(self, task_queue_id: str, worker_group: str, worker_id: str,
+                claimed: list[tuple[str, int]]) -> None:
+        """Note that the worker called (and what it claimed); written to the workers table
+        at most every ``WORKER_RECORD_INTERVAL`` seconds, off the request's path."""
+        key = (task_queue_id, worker_group, worker_id)
+        now = asyncio.get_running_loop().time()
+        last, pending = self._seen.get(key, (float("-inf"), []))
+        pending = pending + claimed
+        if now - last < WORKER_RECORD_INTERVAL:
+            self._seen[key] = (last, pending)
+            return
+        self._seen[key] = (now, [])
+        job = asyncio.create_task(self._write(key, pending))
+        self._background.add(job)
+        job.add_done_callback(self._background.discard)
+
+    async def _write(self, key: tuple[str, str, str], claimed: list[tuple[str, int]]) -> None:
+        try:
+            await self.workers.seen(*key, timeutil.utcnow(), claimed)
+        except errors.StorageError as e:
+            log.warning("could not record worker %s/%s: %s", key[1], key[2], e)
+        except Exception:
+            log.exception("could not record worker %s/%s", key[1], key[2])
+
+    async def close(self) -> None:
+        """Write what is left of the bookkeeping (briefly)."""
+        for key, (_, pending) in list(self._seen.items()):
+            if pending:
+                job = asyncio.create_task(self._write(key, pending))
+                self._background.add(job)
+                job.add_done_callback(self._background.discard)
+        self._seen.clear()
+        if self._background:
+            await asyncio.wait(self._background, timeout=5)
