@@ -47,13 +47,6 @@ def describe(expr: Expression) -> str:
     return "any of (" + ", ".join(describe(e) for e in expr["AnyOf"]) + ")"
 
 
-def covers(held: Sequence[str], wanted: Iterable[str]) -> list[str]:
-    """The scopes of ``wanted`` that ``held`` does not satisfy."""
+def missing_scopes(held: Sequence[str], wanted: Iterable[str]) -> list[str]:
+    """The scopes of ``wanted`` that ``held`` does not satisfy (empty: ``held`` covers all)."""
     return [s for s in wanted if not satisfies_scope(held, s)]
-
-
-def intersect(held: Sequence[str], restrict: Sequence[str]) -> list[str]:
-    """Scopes satisfied by both sets (``authorizedScopes`` narrowing what a client holds)."""
-    out = {s for s in restrict if satisfies_scope(held, s)}
-    out |= {s for s in held if satisfies_scope(restrict, s)}
-    return sorted(out)
