@@ -12,11 +12,7 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from azqueue.errors import QueueError
-
-
-class ConfigError(QueueError):
-    """A setting is missing or malformed; the message names the variable."""
+from azqueue.errors import ConfigError as ConfigError  # where callers of from_env find it
 
 
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")

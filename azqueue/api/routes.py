@@ -98,7 +98,7 @@ async def _body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
         try:
             body = jsontext.loads(raw)
         except ValueError as e:
-            raise errors.MalformedPayload(f"the request body is not valid JSON: {e}") from None
+            raise errors.InvalidJson(f"the request body is not valid JSON: {e}") from None
     request[PAYLOAD_KEY] = body
     validation.validate(schema, body, what)
     assert isinstance(body, dict)
