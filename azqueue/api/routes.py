@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -106,12 +106,15 @@ PARAMETERS: dict[str, Parameter] = {
 # -- declaring routes ---------------------------------------------------------------------
 
 
+Handler = Callable[..., Awaitable[Any]]
+
+
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
     path: str
     name: str  # as the Taskcluster Queue reference names the endpoint
-    handler: Callable[..., Awaitable[Any]]
+    handler: Handler
     pattern: re.Pattern[str]
     scopes: Template | None
     body: str | None  # the JSON schema of the request body; None: no body is read
@@ -124,7 +127,7 @@ ROUTES: list[Route] = []
 
 def route(method: str, path: str, name: str, *, scopes: Template | None = None,
           body: str | None = None, what: str = "", fixed: Mapping[str, Any] | None = None,
-          ) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+          ) -> Callable[[Handler], Handler]:
     """Declare the endpoint ``name`` at ``path`` (under ``API`` unless it starts with
     ``/schemas``): the handler is called as ``handler(call, **parameters, **fixed)``
     once the parameters are converted, the body (if ``body`` names its schema) is
@@ -137,7 +140,7 @@ def route(method: str, path: str, name: str, *, scopes: Template | None = None,
                    lambda m: f"(?P<{m[1]}>{'.+' if PARAMETERS[m[1]].rest else '[^/]+'})",
                    re.escape(full).replace(r"\<", "<").replace(r"\>", ">"))
 
-    def register(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    def register(handler: Handler) -> Handler:
         ROUTES.append(Route(method, full, name, handler, re.compile(f"^{regex}$"), scopes,
                             body, what or f"the {name} request", fixed or {}))
         return handler
@@ -147,14 +150,15 @@ def route(method: str, path: str, name: str, *, scopes: Template | None = None,
 
 @dataclass(slots=True)
 class Call:
-    """One request to a declared route, as its handler sees it."""
+    """One request to a declared route, as its handler sees it (not frozen: it records
+    whether the declared scopes were checked)."""
 
     request: web.Request
     route: Route
     caller: Caller
     values: dict[str, Any]  # the converted path parameters, by their names in the path
     body: dict[str, Any]
-    authorized: bool = field(default=False)
+    authorized: bool = False
 
     @property
     def queue(self) -> QueueService:
