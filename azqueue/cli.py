@@ -89,7 +89,7 @@ async def _resolve(which: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="azqueue", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="serve the API and run the resolvers (configured by AZQUEUE_*)")
     dev = sub.add_parser("dev", help="serve on a private Azurite started and stopped with it")
