@@ -70,7 +70,8 @@ async def _dev(args: argparse.Namespace) -> None:
         env.setdefault("AZQUEUE_TIP_SECRETS", new_secret())
         env.setdefault("AZQUEUE_ROOT_CLIENT_ID", "root")
         env.setdefault("AZQUEUE_ROOT_ACCESS_TOKEN", new_secret())
-        env.setdefault("AZQUEUE_PORT", str(args.port))
+        if args.port is not None:
+            env["AZQUEUE_PORT"] = str(args.port)
         settings = Settings.from_env(env)
         await _serve(settings, _dev_banner)
     finally:
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("serve", help="serve the API and run the resolvers (configured by AZQUEUE_*)")
     dev = sub.add_parser("dev", help="serve on a private Azurite started and stopped with it")
     dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
-    dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
+    dev.add_argument("--port", type=int, help="HTTP port (default: AZQUEUE_PORT, or its default)")
     resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
     resolve.add_argument("which", choices=[*resolvers.NAMES, "all"])
     commands.add_parsers(sub)
