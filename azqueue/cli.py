@@ -8,14 +8,13 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Coroutine
-from typing import Any
+from collections.abc import Callable
 
 from aiohttp import web
 
 from azqueue import __version__
 from azqueue.api.app import create_app
-from azqueue.background import claims, deadlines, dependencies, events, expiry
+from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings, new_secret
 from azqueue.devstorage import Azurite
 from azqueue.service.wiring import open_services
@@ -71,7 +70,8 @@ async def _dev(args: argparse.Namespace) -> None:
         env.setdefault("AZQUEUE_TIP_SECRETS", new_secret())
         env.setdefault("AZQUEUE_ROOT_CLIENT_ID", "root")
         env.setdefault("AZQUEUE_ROOT_ACCESS_TOKEN", new_secret())
-        env.setdefault("AZQUEUE_PORT", str(args.port))
+        if args.port is not None:
+            env["AZQUEUE_PORT"] = str(args.port)
         settings = Settings.from_env(env)
         await _serve(settings, _dev_banner)
     finally:
@@ -83,39 +83,21 @@ async def _resolve(which: str) -> None:
     async with open_services(settings) as services:
         if which == "events" and services.outbox is None:
             raise ConfigError("`azqueue resolve events` needs AZQUEUE_AMQP_URL")
-        loops: dict[str, Coroutine[Any, Any, None]] = {}
-        stop = asyncio.Event()
-        if which in ("claims", "all"):
-            loops["claims"] = claims.run(services.queue, settings.claim_resolver_interval, stop)
-        if which in ("deadlines", "all"):
-            loops["deadlines"] = deadlines.run(services.queue,
-                                               settings.deadline_resolver_interval, stop)
-        if which in ("dependencies", "all"):
-            loops["dependencies"] = dependencies.run(services.queue,
-                                                     settings.dependency_resolver_interval, stop)
-        if which in ("expiry", "all"):
-            loops["expiry"] = expiry.run(services.queue, services.artifacts,
-                                         settings.expiry_interval, stop)
-        if which in ("events", "all") and services.outbox is not None:
-            loops["events"] = events.run(services.outbox, settings.events_resolver_interval, stop)
-        tasks = [asyncio.create_task(loop, name=name) for name, loop in loops.items()]
-        log.info("running resolvers: %s", ", ".join(loops))
-        await _until_signalled()
-        stop.set()
-        await asyncio.wait(tasks, timeout=10)
+        async with resolvers.running(services, settings,
+                                     resolvers.NAMES if which == "all" else (which,)):
+            await _until_signalled()
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="azqueue", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL", "INFO"))
+    parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="serve the API and run the resolvers (configured by AZQUEUE_*)")
     dev = sub.add_parser("dev", help="serve on a private Azurite started and stopped with it")
     dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
-    dev.add_argument("--port", type=int, default=8080, help="HTTP port (default 8080)")
+    dev.add_argument("--port", type=int, help="HTTP port (default: AZQUEUE_PORT, or its default)")
     resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
-    resolve.add_argument("which", choices=["claims", "deadlines", "dependencies", "events", "expiry",
-                                                 "all"])
+    resolve.add_argument("which", choices=[*resolvers.NAMES, "all"])
     commands.add_parsers(sub)
     args = parser.parse_args(argv)
 

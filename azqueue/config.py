@@ -12,20 +12,14 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from azqueue.errors import QueueError
-
-
-class ConfigError(QueueError):
-    """A setting is missing or malformed; the message names the variable."""
+from azqueue.errors import ConfigError as ConfigError  # where callers of from_env find it
 
 
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 
 
-def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(name)
-    if raw is None or raw == "":
-        return default
+def _seconds(env: Mapping[str, str], name: str) -> float:
+    raw = env[name]
     try:
         value = float(raw)
     except ValueError:
@@ -100,8 +94,9 @@ class StorageSettings:
                 "connection string, or AZQUEUE_STORAGE_ACCOUNT_URL to sign in with "
                 "azure-identity (or run `azqueue dev` for an embedded Azurite)"
             )
-        return cls(connection_string=conn, prefix=env.get("AZQUEUE_STORAGE_PREFIX", "azq"),
-                   ca_file=env.get("AZQUEUE_STORAGE_CA_FILE") or None)
+        prefix = env.get("AZQUEUE_STORAGE_PREFIX")
+        return cls(connection_string=conn, ca_file=env.get("AZQUEUE_STORAGE_CA_FILE") or None,
+                   **({"prefix": prefix} if prefix else {}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,46 +184,60 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        """Settings from ``AZQUEUE_*`` variables; an unset or empty one keeps its default."""
         raw_secrets = env.get("AZQUEUE_TIP_SECRETS", "")
         tip_secrets = tuple(s.strip() for s in raw_secrets.split(",") if s.strip())
-        port_raw = env.get("AZQUEUE_PORT", "8080")
-        try:
-            port = int(port_raw)
-        except ValueError:
-            raise ConfigError(f"AZQUEUE_PORT={port_raw!r} is not a port number") from None
         root_id = env.get("AZQUEUE_ROOT_CLIENT_ID", "")
         root_token = env.get("AZQUEUE_ROOT_ACCESS_TOKEN", "")
         if not root_id or not root_token:
             raise ConfigError("AZQUEUE_ROOT_CLIENT_ID and AZQUEUE_ROOT_ACCESS_TOKEN must be set: "
                               "the root client holds scope `*` and signs claim credentials")
+        given: dict[str, object] = {
+            name: env[variable] for name, variable in _TEXT_VARIABLES.items() if env.get(variable)}
+        given.update((name, _seconds(env, variable)) for name, variable in
+                     _SECONDS_VARIABLES.items() if env.get(variable))
+        port_raw = env.get("AZQUEUE_PORT")
+        if port_raw:
+            try:
+                given["port"] = int(port_raw)
+            except ValueError:
+                raise ConfigError(f"AZQUEUE_PORT={port_raw!r} is not a port number") from None
         clients_file = env.get("AZQUEUE_CLIENTS_FILE", "")
+        if clients_file:
+            given["clients"] = _load_clients(clients_file)
         anonymous = env.get("AZQUEUE_ANONYMOUS_SCOPES")
+        if anonymous is not None:  # set but empty: no anonymous scopes at all
+            given["anonymous_scopes"] = tuple(s.strip() for s in anonymous.split(",")
+                                              if s.strip())
         return cls(
             storage=StorageSettings.from_env(env),
             tip_secrets=tip_secrets,
             root=Client(root_id, root_token, ("*",)),
-            clients=_load_clients(clients_file) if clients_file else (),
-            anonymous_scopes=DEFAULT_ANONYMOUS_SCOPES if anonymous is None else tuple(
-                s.strip() for s in anonymous.split(",") if s.strip()),
-            host=env.get("AZQUEUE_HOST", "127.0.0.1"),
-            port=port,
-            root_url=env.get("AZQUEUE_ROOT_URL", ""),
-            claim_timeout=_seconds(env, "AZQUEUE_CLAIM_TIMEOUT", 20 * 60),
-            sas_lifetime=_seconds(env, "AZQUEUE_SAS_LIFETIME", 30 * 60),
-            claim_resolver_interval=_seconds(env, "AZQUEUE_CLAIM_RESOLVER_INTERVAL", 1.0),
-            deadline_resolver_interval=_seconds(env, "AZQUEUE_DEADLINE_RESOLVER_INTERVAL", 5.0),
-            claim_work_wait=_seconds(env, "AZQUEUE_CLAIM_WORK_WAIT", 20.0),
-            claim_work_poll_interval=_seconds(env, "AZQUEUE_CLAIM_WORK_POLL_INTERVAL", 2.0),
-            amqp_url=env.get("AZQUEUE_AMQP_URL", ""),
-            exchange_prefix=env.get("AZQUEUE_EXCHANGE_PREFIX", "exchange/taskcluster-queue/v1/"),
-            events_recovery_delay=_seconds(env, "AZQUEUE_EVENTS_RECOVERY_DELAY", 30.0),
-            events_resolver_interval=_seconds(env, "AZQUEUE_EVENTS_RESOLVER_INTERVAL", 2.0),
-            dependencies_recovery_delay=_seconds(env, "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY", 30.0),
-            dependency_resolver_interval=_seconds(env, "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
-                                                  5.0),
-            expiry_interval=_seconds(env, "AZQUEUE_EXPIRY_INTERVAL", 3600.0),
             crash_after_commit=env.get("AZQUEUE_TEST_CRASH_AFTER_COMMIT", "") == "1",
+            **given,  # type: ignore[arg-type]
         )
+
+
+# The settings read as they are written, and those in seconds; the rest are special.
+_TEXT_VARIABLES = {
+    "host": "AZQUEUE_HOST",
+    "root_url": "AZQUEUE_ROOT_URL",
+    "amqp_url": "AZQUEUE_AMQP_URL",
+    "exchange_prefix": "AZQUEUE_EXCHANGE_PREFIX",
+}
+_SECONDS_VARIABLES = {
+    "claim_timeout": "AZQUEUE_CLAIM_TIMEOUT",
+    "sas_lifetime": "AZQUEUE_SAS_LIFETIME",
+    "claim_resolver_interval": "AZQUEUE_CLAIM_RESOLVER_INTERVAL",
+    "deadline_resolver_interval": "AZQUEUE_DEADLINE_RESOLVER_INTERVAL",
+    "claim_work_wait": "AZQUEUE_CLAIM_WORK_WAIT",
+    "claim_work_poll_interval": "AZQUEUE_CLAIM_WORK_POLL_INTERVAL",
+    "events_recovery_delay": "AZQUEUE_EVENTS_RECOVERY_DELAY",
+    "events_resolver_interval": "AZQUEUE_EVENTS_RESOLVER_INTERVAL",
+    "dependencies_recovery_delay": "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY",
+    "dependency_resolver_interval": "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
+    "expiry_interval": "AZQUEUE_EXPIRY_INTERVAL",
+}
 
 
 def new_secret() -> str:

@@ -1,39 +1,97 @@
 """The one error tree of azqueue.
 
-Every error a client can cause or observe is one of these; the HTTP layer renders
-them as Taskcluster's ``{code, message, requestInfo}`` with the status they carry.
+Every error azqueue raises on purpose is one of these. Only the ``QueueError`` branch
+reaches a client: the HTTP layer renders it as Taskcluster's ``{code, message,
+requestInfo}`` with the status it carries; anything else that escapes a request is a bug
+or an outage, answered 500 with an incident id and logged with its traceback.
 
-    QueueError
-    ├── InputError               400 InputValidationError  a body or parameter breaks a rule
-    ├── MalformedPayload         400 MalformedPayload      the body is not JSON
-    ├── AuthenticationFailed     401 AuthenticationFailed
-    ├── InsufficientScopes       403 InsufficientScopes
-    ├── NotFound                 404 ResourceNotFound
-    ├── MethodNotAllowed         405 MethodNotAllowed
-    ├── Conflict                 409 RequestConflict       the state forbids the request
-    │   └── ClaimLost            409                       the run is no longer yours
-    ├── Gone                     410 ResourceExpired
-    ├── TooLarge                 413 InputTooLarge
-    ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
-    ├── NotConfigured            503 NotConfigured          the deployment lacks what the request needs
-    └── StorageError             500 InternalServerError   Azure failed in a way we did not expect
+    AzqueueError
+    ├── ConfigError                  a setting is missing or malformed: the process does not start
+    ├── BrokerError                  RabbitMQ is away or did not confirm: events wait for recovery
+    ├── StorageCondition             an answer of Azure Storage the caller decides on
+    │   ├── EntityNotFound           the table entity does not exist
+    │   ├── EntityExists             an insert found the entity already there
+    │   ├── ETagMismatch             a conditional write lost a race (412): re-read, decide again
+    │   ├── TransactionConflict      a batch failed on an ETag (412) or an existing entity (409)
+    │   └── MessageGone              the queue message is gone or our pop receipt is stale
+    └── QueueError                   an answer to a client, with its code and HTTP status
+        ├── InputError               400 InputValidationError  a body or parameter breaks a rule
+        ├── InvalidJson              400 MalformedPayload      the request body is not JSON
+        ├── AuthenticationFailed     401 AuthenticationFailed
+        ├── InsufficientScopes       403 InsufficientScopes
+        ├── NotFound                 404 ResourceNotFound
+        ├── MethodNotAllowed         405 MethodNotAllowed
+        ├── Conflict                 409 RequestConflict       the state forbids the request
+        │   └── ClaimLost            409                       the run is no longer yours
+        ├── Gone                     410 ResourceExpired
+        ├── TooLarge                 413 InputTooLarge
+        ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
+        ├── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
+        └── StorageError             500 InternalServerError   Azure failed in a way we did not expect
 
-Errors raised by the Azure SDK never leave ``azqueue.storage``: it translates them
-into the storage-level exceptions there, and into these where a client is concerned.
+Errors raised by the Azure SDK never leave ``azqueue.storage``: ``storage/errors.py``
+translates them into the ``StorageCondition``s and ``StorageError``; ``events/publisher.py``
+does the same for aio-pika's with ``BrokerError``. ``TRANSIENT`` are the errors of a
+service we depend on that a retry may cure: loops that retry log them in one line, and
+anything else with its traceback.
+
+(``InvalidJson`` keeps Taskcluster's code ``MalformedPayload`` on the wire; in azqueue the
+name ``MalformedPayload`` means a task payload a worker cannot run, which resolves the
+run exception ``malformed-payload``: ``azqueue.worker.MalformedPayload``.)
 """
 
 from __future__ import annotations
 
 
-class QueueError(Exception):
-    """Base class: an error with a Taskcluster code and an HTTP status."""
-
-    code = "InternalServerError"
-    status = 500
+class AzqueueError(Exception):
+    """Base class of every error azqueue raises on purpose; ``message`` says what is wrong."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class ConfigError(AzqueueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+class BrokerError(AzqueueError):
+    """The AMQP broker could not be reached or did not confirm a message."""
+
+
+class StorageCondition(AzqueueError):
+    """An answer of Azure Storage that the caller acts on; never shown to a client."""
+
+
+class EntityNotFound(StorageCondition):
+    """The table entity does not exist."""
+
+
+class EntityExists(StorageCondition):
+    """An insert found the entity already there."""
+
+
+class ETagMismatch(StorageCondition):
+    """A conditional write lost a race (HTTP 412): re-read and decide again."""
+
+
+class TransactionConflict(StorageCondition):
+    """A batch transaction failed on an ETag (412) or an existing entity (409)."""
+
+
+class MessageGone(StorageCondition):
+    """The queue message is gone or our pop receipt is stale: it is not ours any more.
+
+    Azurite answers a stale receipt with 400 PopReceiptMismatch, Azure often with
+    404 MessageNotFound; both mean the same to us.
+    """
+
+
+class QueueError(AzqueueError):
+    """An answer to a client: a Taskcluster code and an HTTP status."""
+
+    code = "InternalServerError"
+    status = 500
 
 
 class InputError(QueueError):
@@ -41,7 +99,7 @@ class InputError(QueueError):
     status = 400
 
 
-class MalformedPayload(QueueError):
+class InvalidJson(QueueError):
     code = "MalformedPayload"
     status = 400
 
@@ -98,3 +156,6 @@ class NotConfigured(QueueError):
 class StorageError(QueueError):
     code = "InternalServerError"
     status = 500
+
+
+TRANSIENT: tuple[type[AzqueueError], ...] = (StorageError, BrokerError)

@@ -6,10 +6,8 @@ servers it starts are stopped (and their queues and tables deleted) after it.
 
 from __future__ import annotations
 
-import os
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -19,14 +17,10 @@ from azure.data.tables.aio import TableServiceClient
 from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.api.app import create_app
-from azqueue.api.routes import SERVICE_KEY
-from azqueue.config import Client, Settings, StorageSettings
+from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
-from azqueue.service.queue import QueueService
+from tests.servers import ROOT, Server, ServerFactory
 from tests.signing import hawk_signer
-
-IN_CI = os.environ.get("CI", "").lower() == "true"
-ROOT = Client("root", "root-access-token-for-tests-0123456789", ("*",))
 
 
 @pytest.fixture(scope="session")
@@ -34,24 +28,6 @@ async def azurite() -> AsyncIterator[Azurite]:
     instance = await Azurite.start()
     yield instance
     await instance.stop()
-
-
-@dataclass
-class Server:
-    root_url: str
-    app: web.Application
-    settings: Settings
-
-    @property
-    def api(self) -> str:
-        return f"{self.root_url}/api/queue/v1"
-
-    @property
-    def service(self) -> QueueService:
-        return self.app[SERVICE_KEY]
-
-
-ServerFactory = Callable[..., Awaitable[Server]]
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from pathlib import Path
 import aiohttp
 
 from azqueue.devstorage import Azurite
-from tests.conftest import ROOT
+from tests.servers import ROOT
 from tests.readiness import until_serving
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")

@@ -103,7 +103,7 @@ class Authenticator:
             authorized = ext["authorizedScopes"]
             if not isinstance(authorized, list) or not all(isinstance(s, str) for s in authorized):
                 raise AuthenticationFailed("`authorizedScopes` must be a list of strings")
-            excess = scopes.covers(held, authorized)
+            excess = scopes.missing_scopes(held, authorized)
             if excess:
                 raise AuthenticationFailed(
                     f"`authorizedScopes` asks for scopes clientId {header.id!r} lacks: "

@@ -1,5 +1,14 @@
 """Routes of the Taskcluster Queue v1 API, matched on the raw path.
 
+Each route declares its contract where it is registered, as Taskcluster's
+``builder.declare`` does: the path, whose ``<parameters>`` are converted and checked by
+``PARAMETERS`` (one meaning per name across the API); the JSON schema of its body; and
+the scope expression it needs, a template (``azqueue.model.scopes.Template``) filled from
+the path parameters. A template that needs more than the path (the task's queue, the
+worker named in the body) is filled when the handler calls ``call.authorize(...)`` with
+the rest; a handler that forgets to is a 500, never a request let through. Handlers hold
+only their own logic.
+
 Taskcluster clients percent-encode every path parameter (``/`` in a taskQueueId becomes
 ``%2F``), so routes match the raw, still-encoded path and parameters are decoded after.
 """
@@ -8,7 +17,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
@@ -21,7 +30,7 @@ from azqueue.api.auth import Authenticator, Caller, require
 from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
 from azqueue.model import jsontext, timeutil
 from azqueue.model.priority import ORDER, Priority
-from azqueue.model.scopes import Expression
+from azqueue.model.scopes import Template, Unresolved, render
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService, TipClaim
@@ -31,6 +40,7 @@ SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za
 IDENTIFIER = re.compile(r"^[a-zA-Z0-9_-]{1,38}$")
 TASK_QUEUE_ID = re.compile(r"^[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}$")
 MAX_RUN_ID = 1000
+MAX_ARTIFACT_NAME = 1024
 # listTaskGroup and listDependentTasks load each task: a smaller page unless `limit` asks.
 LIST_PAGE = 100
 
@@ -40,57 +50,148 @@ AUTH_KEY = web.AppKey("authenticator", Authenticator)
 STARTED_KEY = web.AppKey("started", float)
 CALLER_KEY = web.RequestKey("caller", Caller)
 
-RouteHandler = Callable[[web.Request, dict[str, Any]], Awaitable[Any]]
+
+# -- path parameters ----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Parameter:
+    """A path parameter: the handler's keyword for it, and its convertor, which gives the
+    value or raises InputError saying what it must be. ``rest`` parameters match the rest
+    of the path (artifact names may hold unencoded slashes); others one segment."""
+
+    keyword: str
+    convert: Callable[[str, str], Any]
+    rest: bool = False
+
+
+def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[str, str], str]:
+    def convert(name: str, value: str) -> str:
+        if not pattern.match(value):
+            raise errors.InputError(f"path parameter `{name}` is {value!r}; it must be {rule}")
+        return value
+    return convert
+
+
+def _run_id(name: str, raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_RUN_ID:
+        raise errors.InputError(f"path parameter `{name}` is {raw!r}; it must be an integer "
+                                f"from 0 to {MAX_RUN_ID}")
+    return int(raw)
+
+
+def _artifact_name(name: str, value: str) -> str:
+    if len(value) > MAX_ARTIFACT_NAME or not value.strip("/"):
+        raise errors.InputError(f"artifact name {value[:50]!r} must be 1-{MAX_ARTIFACT_NAME} "
+                                "characters")
+    return value
+
+
+_SLUGID_RULE = "a slugid (22 characters of URL-safe base64)"
+_IDENTIFIER_RULE = "1-38 characters of [a-zA-Z0-9_-]"
+
+PARAMETERS: dict[str, Parameter] = {
+    "taskId": Parameter("task_id", _matching(SLUGID, _SLUGID_RULE)),
+    "taskGroupId": Parameter("task_group_id", _matching(SLUGID, _SLUGID_RULE)),
+    "runId": Parameter("run_id", _run_id),
+    "name": Parameter("name", _artifact_name, rest=True),
+    "taskQueueId": Parameter("task_queue_id", _matching(
+        TASK_QUEUE_ID, f"<provisionerId>/<workerType>, each {_IDENTIFIER_RULE}")),
+    "provisionerId": Parameter("provisioner_id", _matching(IDENTIFIER, _IDENTIFIER_RULE)),
+    "workerType": Parameter("worker_type", _matching(IDENTIFIER, _IDENTIFIER_RULE)),
+    "schema": Parameter("schema", lambda name, value: value),
+}
+
+
+# -- declaring routes ---------------------------------------------------------------------
+
+
+Handler = Callable[..., Awaitable[Any]]
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     method: str
+    path: str
+    name: str  # as the Taskcluster Queue reference names the endpoint
+    handler: Handler
     pattern: re.Pattern[str]
-    handler: RouteHandler
+    scopes: Template | None
+    body: str | None  # the JSON schema of the request body; None: no body is read
+    what: str  # the body, in error messages
+    fixed: Mapping[str, Any]  # keywords the handler gets from the declaration
 
 
 ROUTES: list[Route] = []
 
 
-def route(method: str, path: str) -> Callable[[RouteHandler], RouteHandler]:
-    """Register ``handler`` for ``path``, whose ``<name>`` parts match one raw segment and
-    ``<name*>`` parts the rest of the path (artifact names may hold unencoded slashes)."""
-    regex = re.sub(r"<(\w+)(\*?)>",
-                   lambda m: f"(?P<{m[1]}>{'.+' if m[2] else '[^/]+'})",
-                   re.escape(path).replace(r"\*", "*"))
+def route(method: str, path: str, name: str, *, scopes: Template | None = None,
+          body: str | None = None, what: str = "", fixed: Mapping[str, Any] | None = None,
+          ) -> Callable[[Handler], Handler]:
+    """Declare the endpoint ``name`` at ``path`` (under ``API`` unless it starts with
+    ``/schemas``): the handler is called as ``handler(call, **parameters, **fixed)``
+    once the parameters are converted, the body (if ``body`` names its schema) is
+    validated and the scopes that the path alone determines are checked."""
+    full = path if path.startswith("/schemas/") else f"{API}{path}"
+    for parameter in re.findall(r"<(\w+)>", full):
+        if parameter not in PARAMETERS:
+            raise ValueError(f"{name}: no convertor for path parameter <{parameter}>")
+    regex = re.sub(r"<(\w+)>",
+                   lambda m: f"(?P<{m[1]}>{'.+' if PARAMETERS[m[1]].rest else '[^/]+'})",
+                   re.escape(full).replace(r"\<", "<").replace(r"\>", ">"))
 
-    def register(handler: RouteHandler) -> RouteHandler:
-        ROUTES.append(Route(method, re.compile(f"^{regex}$"), handler))
+    def register(handler: Handler) -> Handler:
+        ROUTES.append(Route(method, full, name, handler, re.compile(f"^{regex}$"), scopes,
+                            body, what or f"the {name} request", fixed or {}))
         return handler
 
     return register
 
 
-def _param(params: dict[str, str], name: str, pattern: re.Pattern[str], rule: str) -> str:
-    value = params[name]
-    if not pattern.match(value):
-        raise errors.InputError(f"path parameter `{name}` is {value!r}; it must be {rule}")
-    return value
+@dataclass(slots=True)
+class Call:
+    """One request to a declared route, as its handler sees it (not frozen: it records
+    whether the declared scopes were checked)."""
+
+    request: web.Request
+    route: Route
+    caller: Caller
+    values: dict[str, Any]  # the converted path parameters, by their names in the path
+    body: dict[str, Any]
+    authorized: bool = False
+
+    @property
+    def queue(self) -> QueueService:
+        return self.request.app[SERVICE_KEY]
+
+    @property
+    def artifacts(self) -> ArtifactService:
+        return self.request.app[ARTIFACTS_KEY]
+
+    def authorize(self, **values: object) -> None:
+        """Check the route's declared scopes, filled with the path parameters and
+        ``values``: InsufficientScopes naming what the caller lacks."""
+        assert self.route.scopes is not None, f"{self.route.name} declares no scopes"
+        expression = render(self.route.scopes, {**self.values, **values})
+        if expression is not None:
+            require(self.caller, expression)
+        self.authorized = True
+
+    def limit(self) -> int | None:
+        """The ``limit`` query parameter: 1-1000, or None if absent."""
+        raw = self.request.query.get("limit")
+        if raw is None:
+            return None
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1000:
+            raise errors.InputError(f"query parameter `limit` is {raw!r}; use 1-1000")
+        return int(raw)
+
+    @property
+    def continuation(self) -> str | None:
+        return self.request.query.get("continuationToken")
 
 
-def _task_id(params: dict[str, str]) -> str:
-    return _param(params, "taskId", SLUGID, "a slugid (22 characters of URL-safe base64)")
-
-
-def _run_id(params: dict[str, str]) -> int:
-    raw = params["runId"]
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > MAX_RUN_ID:
-        raise errors.InputError(f"path parameter `runId` is {raw!r}; it must be an integer "
-                                f"from 0 to {MAX_RUN_ID}")
-    return int(raw)
-
-
-def _identifier(params: dict[str, str], name: str) -> str:
-    return _param(params, name, IDENTIFIER, "1-38 characters of [a-zA-Z0-9_-]")
-
-
-async def _body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
+async def _read_body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
     raw = await request.read()
     if not raw.strip():
         body: Any = {}
@@ -98,262 +199,209 @@ async def _body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
         try:
             body = jsontext.loads(raw)
         except ValueError as e:
-            raise errors.MalformedPayload(f"the request body is not valid JSON: {e}") from None
+            raise errors.InvalidJson(f"the request body is not valid JSON: {e}") from None
     request[PAYLOAD_KEY] = body
     validation.validate(schema, body, what)
     assert isinstance(body, dict)
     return body
 
 
-def _service(request: web.Request) -> QueueService:
-    return request.app[SERVICE_KEY]
+# -- meta ---------------------------------------------------------------------------------
 
 
-def _require(request: web.Request, expression: Expression) -> None:
-    require(request[CALLER_KEY], expression)
+@route("GET", "/ping", "ping")
+async def ping(call: Call) -> Any:
+    return {"alive": True, "uptime": time.monotonic() - call.request.app[STARTED_KEY]}
 
 
-def create_task_scopes(definition: dict[str, Any]) -> Expression:
-    """The task's own scopes, its routes, its schedulerId, and create-task at its priority
-    (a scope for a higher priority also allows lower ones)."""
-    priority = Priority.from_definition(definition["priority"])
-    queue = definition["taskQueueId"]
-    return {"AllOf": [
-        *definition["scopes"],
-        *(f"queue:route:{route}" for route in definition["routes"]),
-        f"queue:scheduler-id:{definition['schedulerId']}",
-        {"AnyOf": [f"queue:create-task:{p}:{queue}" for p in ORDER[:priority.rank + 1]]},
-    ]}
-
-
-# -- meta -------------------------------------------------------------------------------
-
-
-@route("GET", f"{API}/ping")
-async def ping(request: web.Request, params: dict[str, str]) -> Any:
-    return {"alive": True, "uptime": time.monotonic() - request.app[STARTED_KEY]}
-
-
-@route("GET", f"{API}/__lbheartbeat__")
-async def lbheartbeat(request: web.Request, params: dict[str, str]) -> Any:
+@route("GET", "/__lbheartbeat__", "lbheartbeat")
+async def lbheartbeat(call: Call) -> Any:
     return {}
 
 
-@route("GET", f"{API}/__heartbeat__")
-async def heartbeat(request: web.Request, params: dict[str, str]) -> Any:
-    await _service(request).check_storage()
+@route("GET", "/__heartbeat__", "heartbeat")
+async def heartbeat(call: Call) -> Any:
+    await call.queue.check_storage()
     return {}
 
 
-@route("GET", f"{API}/__version__")
-async def version(request: web.Request, params: dict[str, str]) -> Any:
+@route("GET", "/__version__", "version")
+async def version(call: Call) -> Any:
     return {"source": "https://github.com/azqueue/azqueue", "version": __version__,
             "commit": "", "build": ""}
 
 
-@route("GET", f"{API}/__metrics__")
-async def metrics(request: web.Request, params: dict[str, str]) -> Any:
-    return {"storageRequests": _service(request).storage_requests()}
+@route("GET", "/__metrics__", "metrics")
+async def metrics(call: Call) -> Any:
+    return {"storageRequests": call.queue.storage_requests()}
 
 
-@route("GET", "/schemas/queue/v1/<name>")
-async def get_schema(request: web.Request, params: dict[str, str]) -> Any:
-    name = params["name"]
-    if name not in validation.schema_names():
-        raise errors.NotFound(f"no schema {name!r}; there are: {', '.join(validation.schema_names())}")
-    return validation.schema(name)
+@route("GET", "/schemas/queue/v1/<schema>", "schema")
+async def get_schema(call: Call, schema: str) -> Any:
+    if schema not in validation.schema_names():
+        raise errors.NotFound(f"no schema {schema!r}; there are: "
+                              f"{', '.join(validation.schema_names())}")
+    return validation.schema(schema)
 
 
-# -- tasks ------------------------------------------------------------------------------
+# -- tasks --------------------------------------------------------------------------------
 
 
-@route("PUT", f"{API}/task/<taskId>")
-async def create_task(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    body = await _body(request, "task-definition-request.json", "the task definition")
-    return {"status": await _service(request).create_task(
-        task_id, body, lambda definition: _require(request, create_task_scopes(definition)))}
+@route("PUT", "/task/<taskId>", "createTask", body="task-definition-request.json",
+       what="the task definition", scopes={"AllOf": [
+           {"for": "scope", "in": "scopes", "each": "<scope>"},
+           {"for": "route", "in": "routes", "each": "queue:route:<route>"},
+           "queue:scheduler-id:<schedulerId>",
+           # A scope for a higher priority also allows lower ones.
+           {"AnyOf": [{"for": "priority", "in": "priorities",
+                       "each": "queue:create-task:<priority>:<taskQueueId>"}]},
+       ]})
+async def create_task(call: Call, task_id: str) -> Any:
+    def authorize(definition: dict[str, Any]) -> None:
+        rank = Priority.from_definition(definition["priority"]).rank
+        call.authorize(scopes=definition["scopes"], routes=definition["routes"],
+                       schedulerId=definition["schedulerId"], priorities=ORDER[:rank + 1],
+                       taskQueueId=definition["taskQueueId"])
+
+    return {"status": await call.queue.create_task(task_id, call.body, authorize)}
 
 
-@route("GET", f"{API}/task/<taskId>")
-async def task(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    _require(request, f"queue:get-task:{task_id}")
-    return await _service(request).definition(task_id)
+@route("GET", "/task/<taskId>", "task", scopes="queue:get-task:<taskId>")
+async def task(call: Call, task_id: str) -> Any:
+    return await call.queue.definition(task_id)
 
 
-@route("GET", f"{API}/task/<taskId>/status")
-async def status(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    _require(request, f"queue:status:{task_id}")
-    return {"status": await _service(request).status(task_id)}
+@route("GET", "/task/<taskId>/status", "status", scopes="queue:status:<taskId>")
+async def status(call: Call, task_id: str) -> Any:
+    return {"status": await call.queue.status(task_id)}
 
 
-# -- workers ----------------------------------------------------------------------------
+# The check of scheduleTask and cancelTask, whose scope names the task's scheduler and group.
+def _on_task(call: Call) -> Callable[[Task], None]:
+    def authorize(task: Task) -> None:
+        call.authorize(schedulerId=task.definition["schedulerId"],
+                       taskGroupId=task.definition["taskGroupId"])
+    return authorize
 
 
-@route("GET", f"{API}/poll-task-url/<provisionerId>/<workerType>")
-async def poll_task_urls(request: web.Request, params: dict[str, str]) -> Any:
-    provisioner_id = _identifier(params, "provisionerId")
-    worker_type = _identifier(params, "workerType")
-    _require(request, f"queue:poll-task-urls:{provisioner_id}/{worker_type}")
-    return await _service(request).poll_task_urls(provisioner_id, worker_type)
+@route("POST", "/task/<taskId>/schedule", "scheduleTask", body="empty-request.json",
+       scopes="queue:schedule-task:<schedulerId>/<taskGroupId>/<taskId>")
+async def schedule_task(call: Call, task_id: str) -> Any:
+    return {"status": await call.queue.schedule_task(task_id, _on_task(call))}
 
 
-@route("POST", f"{API}/task/<taskId>/runs/<runId>/claim")
-async def claim_task(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id = _task_id(params), _run_id(params)
-    body = await _body(request, "task-claim-request.json", "the claimTask request")
+@route("POST", "/task/<taskId>/cancel", "cancelTask", body="empty-request.json",
+       scopes="queue:cancel-task:<schedulerId>/<taskGroupId>/<taskId>")
+async def cancel_task(call: Call, task_id: str) -> Any:
+    return {"status": await call.queue.cancel_task(task_id, _on_task(call))}
+
+
+@route("GET", "/task-group/<taskGroupId>/list", "listTaskGroup",
+       scopes="queue:list-task-group:<taskGroupId>")
+async def list_task_group(call: Call, task_group_id: str) -> Any:
+    return await call.queue.list_task_group(task_group_id, call.continuation,
+                                            call.limit() or LIST_PAGE)
+
+
+@route("GET", "/task/<taskId>/dependents", "listDependentTasks",
+       scopes="queue:list-dependent-tasks:<taskId>")
+async def list_dependent_tasks(call: Call, task_id: str) -> Any:
+    return await call.queue.list_dependents(task_id, call.continuation,
+                                            call.limit() or LIST_PAGE)
+
+
+# -- workers ------------------------------------------------------------------------------
+
+
+@route("GET", "/poll-task-url/<provisionerId>/<workerType>", "pollTaskUrls",
+       scopes="queue:poll-task-urls:<provisionerId>/<workerType>")
+async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> Any:
+    return await call.queue.poll_task_urls(provisioner_id, worker_type)
+
+
+@route("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask", body="task-claim-request.json",
+       scopes={"AllOf": ["queue:claim-task:<taskQueueId>",
+                         "queue:worker-id:<workerGroup>/<workerId>"]})
+async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
+    body = call.body
     tip = TipClaim(body["messageId"], body["receipt"], body["signature"]) if "messageId" in body else None
     worker_group, worker_id = body["workerGroup"], body["workerId"]
 
     def authorize(task: Task) -> None:
-        _require(request, {"AllOf": [f"queue:claim-task:{task.task_queue_id}",
-                                     f"queue:worker-id:{worker_group}/{worker_id}"]})
+        call.authorize(taskQueueId=task.task_queue_id, workerGroup=worker_group,
+                       workerId=worker_id)
 
-    return await _service(request).claim_task(task_id, run_id, worker_group, worker_id, tip,
-                                              authorize)
+    return await call.queue.claim_task(task_id, run_id, worker_group, worker_id, tip, authorize)
 
 
-@route("POST", f"{API}/claim-work/<taskQueueId>")
-async def claim_work(request: web.Request, params: dict[str, str]) -> Any:
-    task_queue_id = params["taskQueueId"]
-    if not TASK_QUEUE_ID.match(task_queue_id):
-        raise errors.InputError(f"path parameter `taskQueueId` is {task_queue_id!r}; it must be "
-                                "<provisionerId>/<workerType>, each 1-38 characters of [a-zA-Z0-9_-]")
-    body = await _body(request, "claim-work-request.json", "the claimWork request")
-    worker_group, worker_id = body["workerGroup"], body["workerId"]
-    _require(request, {"AllOf": [f"queue:claim-work:{task_queue_id}",
-                                 f"queue:worker-id:{worker_group}/{worker_id}"]})
-
+@route("POST", "/claim-work/<taskQueueId>", "claimWork", body="claim-work-request.json",
+       scopes={"AllOf": ["queue:claim-work:<taskQueueId>",
+                         "queue:worker-id:<workerGroup>/<workerId>"]})
+async def claim_work(call: Call, task_queue_id: str) -> Any:
+    worker_group, worker_id = call.body["workerGroup"], call.body["workerId"]
+    call.authorize(workerGroup=worker_group, workerId=worker_id)
     def connected() -> bool:
-        return request.transport is not None and not request.transport.is_closing()
+        transport = call.request.transport
+        return transport is not None and not transport.is_closing()
 
-    tasks = await _service(request).claim_work(task_queue_id, worker_group, worker_id,
-                                               body["tasks"], connected)
-    return {"tasks": tasks}
-
-
-@route("POST", f"{API}/task/<taskId>/runs/<runId>/reclaim")
-async def reclaim_task(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id = _task_id(params), _run_id(params)
-    await _body(request, "empty-request.json", "the reclaimTask request")
-    _require(request, f"queue:reclaim-task:{task_id}/{run_id}")
-    return await _service(request).reclaim_task(task_id, run_id)
+    return {"tasks": await call.queue.claim_work(task_queue_id, worker_group, worker_id,
+                                                 call.body["tasks"], connected)}
 
 
-@route("POST", f"{API}/task/<taskId>/runs/<runId>/completed")
-async def report_completed(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id = _task_id(params), _run_id(params)
-    await _body(request, "empty-request.json", "the reportCompleted request")
-    _require(request, f"queue:resolve-task:{task_id}/{run_id}")
-    return {"status": await _service(request).report(task_id, run_id, RunState.COMPLETED,
-                                                     ReasonResolved.COMPLETED)}
+@route("POST", "/task/<taskId>/runs/<runId>/reclaim", "reclaimTask", body="empty-request.json",
+       scopes="queue:reclaim-task:<taskId>/<runId>")
+async def reclaim_task(call: Call, task_id: str, run_id: int) -> Any:
+    return await call.queue.reclaim_task(task_id, run_id)
 
 
-@route("POST", f"{API}/task/<taskId>/runs/<runId>/failed")
-async def report_failed(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id = _task_id(params), _run_id(params)
-    await _body(request, "empty-request.json", "the reportFailed request")
-    _require(request, f"queue:resolve-task:{task_id}/{run_id}")
-    return {"status": await _service(request).report(task_id, run_id, RunState.FAILED,
-                                                     ReasonResolved.FAILED)}
+_RESOLVE = "queue:resolve-task:<taskId>/<runId>"
 
 
-@route("POST", f"{API}/task/<taskId>/runs/<runId>/exception")
-async def report_exception(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id = _task_id(params), _run_id(params)
-    body = await _body(request, "task-exception-request.json", "the reportException request")
-    _require(request, f"queue:resolve-task:{task_id}/{run_id}")
-    return {"status": await _service(request).report(task_id, run_id, RunState.EXCEPTION,
-                                                     ReasonResolved(body["reason"]))}
+@route("POST", "/task/<taskId>/runs/<runId>/completed", "reportCompleted", scopes=_RESOLVE,
+       body="empty-request.json", fixed={"state": RunState.COMPLETED})
+@route("POST", "/task/<taskId>/runs/<runId>/failed", "reportFailed", scopes=_RESOLVE,
+       body="empty-request.json", fixed={"state": RunState.FAILED})
+@route("POST", "/task/<taskId>/runs/<runId>/exception", "reportException", scopes=_RESOLVE,
+       body="task-exception-request.json", fixed={"state": RunState.EXCEPTION})
+async def report(call: Call, task_id: str, run_id: int, state: RunState) -> Any:
+    reason = ReasonResolved(call.body["reason"] if state is RunState.EXCEPTION else state.value)
+    return {"status": await call.queue.report(task_id, run_id, state, reason)}
 
 
-def _on_task_scope(request: web.Request, action: str) -> Callable[[Task], None]:
-    """The check of scheduleTask and cancelTask, which need the task to name the scope:
-    ``queue:<action>:<schedulerId>/<taskGroupId>/<taskId>``."""
-    def authorize(task: Task) -> None:
-        d = task.definition
-        _require(request, f"queue:{action}:{d['schedulerId']}/{d['taskGroupId']}/{task.task_id}")
-    return authorize
+# -- artifacts ----------------------------------------------------------------------------
+
+_CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
+# Names under public/ are readable by anyone; others need queue:get-artifact:<name>.
+_READ_ARTIFACT = {"if": "private", "then": "queue:get-artifact:<name>"}
 
 
-@route("POST", f"{API}/task/<taskId>/schedule")
-async def schedule_task(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    await _body(request, "empty-request.json", "the scheduleTask request")
-    return {"status": await _service(request).schedule_task(
-        task_id, _on_task_scope(request, "schedule-task"))}
+@route("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
+       body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
+async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
+    return await call.artifacts.create(task_id, run_id, name, call.body)
 
 
-@route("GET", f"{API}/task-group/<taskGroupId>/list")
-async def list_task_group(request: web.Request, params: dict[str, str]) -> Any:
-    group = _param(params, "taskGroupId", SLUGID, "a slugid (22 characters of URL-safe base64)")
-    _require(request, f"queue:list-task-group:{group}")
-    return await _service(request).list_task_group(
-        group, request.query.get("continuationToken"), _limit(request) or LIST_PAGE)
-
-
-@route("GET", f"{API}/task/<taskId>/dependents")
-async def list_dependent_tasks(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    _require(request, f"queue:list-dependent-tasks:{task_id}")
-    return await _service(request).list_dependents(
-        task_id, request.query.get("continuationToken"), _limit(request) or LIST_PAGE)
-
-
-@route("POST", f"{API}/task/<taskId>/cancel")
-async def cancel_task(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    await _body(request, "empty-request.json", "the cancelTask request")
-    return {"status": await _service(request).cancel_task(
-        task_id, _on_task_scope(request, "cancel-task"))}
-
-
-# -- artifacts --------------------------------------------------------------------------
-
-
-def _artifacts(request: web.Request) -> ArtifactService:
-    return request.app[ARTIFACTS_KEY]
-
-
-def _artifact_name(params: dict[str, str]) -> str:
-    name = params["name"]
-    if len(name) > 1024 or not name.strip("/"):
-        raise errors.InputError(f"artifact name {name[:50]!r} must be 1-1024 characters")
-    return name
-
-
-def _require_read(request: web.Request, name: str) -> None:
-    """Names under public/ are readable by anyone; others need queue:get-artifact:<name>."""
-    if not name.startswith("public/"):
-        _require(request, f"queue:get-artifact:{name}")
-
-
-@route("POST", f"{API}/task/<taskId>/runs/<runId>/artifacts/<name*>")
-async def create_artifact(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id, name = _task_id(params), _run_id(params), _artifact_name(params)
-    body = await _body(request, "post-artifact-request.json", "the createArtifact request")
-    _require(request, f"queue:create-artifact:{task_id}/{run_id}")
-    return await _artifacts(request).create(task_id, run_id, name, body)
-
-
-@route("PUT", f"{API}/task/<taskId>/runs/<runId>/artifacts/<name*>")
-async def finish_artifact(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id, name = _task_id(params), _run_id(params), _artifact_name(params)
-    await _body(request, "finish-artifact-request.json", "the finishArtifact request")
-    _require(request, f"queue:create-artifact:{task_id}/{run_id}")
-    await _artifacts(request).finish(task_id, run_id, name)
+@route("PUT", "/task/<taskId>/runs/<runId>/artifacts/<name>", "finishArtifact",
+       body="finish-artifact-request.json", scopes=_CREATE_ARTIFACT)
+async def finish_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
+    await call.artifacts.finish(task_id, run_id, name)
     return {}
 
 
-async def _redirect(request: web.Request, task_id: str, run_id: int | None,
-                    name: str) -> web.StreamResponse:
-    _require_read(request, name)
-    service = _artifacts(request)
-    if run_id is None:
-        run_id = await service.latest_run(task_id)
-    target = await service.target(task_id, run_id, name)
+async def _readable(call: Call, task_id: str, run_id: int | None, name: str) -> int:
+    """Check that the caller may read artifact ``name``; the run to read it from (the
+    latest if ``run_id`` is None)."""
+    call.authorize(private=not name.startswith("public/"))
+    return await call.artifacts.latest_run(task_id) if run_id is None else run_id
+
+
+@route("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
+       scopes=_READ_ARTIFACT)
+@route("GET", "/task/<taskId>/artifacts/<name>", "getLatestArtifact", scopes=_READ_ARTIFACT)
+async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None = None
+                       ) -> web.StreamResponse:
+    run_id = await _readable(call, task_id, run_id, name)
+    target = await call.artifacts.target(task_id, run_id, name)
     if not target.url:
         a = target.artifact
         raise errors.ArtifactFailed(f"artifact {a.name!r} is an error artifact: {a.reason}: "
@@ -362,86 +410,42 @@ async def _redirect(request: web.Request, task_id: str, run_id: int | None,
                              status=303, headers={"Location": target.url})
 
 
-@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifacts/<name*>")
-async def get_artifact(request: web.Request, params: dict[str, str]) -> Any:
-    return await _redirect(request, _task_id(params), _run_id(params), _artifact_name(params))
+@route("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
+       scopes=_READ_ARTIFACT)
+@route("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo", scopes=_READ_ARTIFACT)
+async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
+    run_id = await _readable(call, task_id, run_id, name)
+    return (await call.artifacts.find(task_id, run_id, name)).info()
 
 
-@route("GET", f"{API}/task/<taskId>/artifacts/<name*>")
-async def get_latest_artifact(request: web.Request, params: dict[str, str]) -> Any:
-    return await _redirect(request, _task_id(params), None, _artifact_name(params))
-
-
-async def _info(request: web.Request, task_id: str, run_id: int | None, name: str) -> Any:
-    _require_read(request, name)
-    service = _artifacts(request)
-    if run_id is None:
-        run_id = await service.latest_run(task_id)
-    return (await service.find(task_id, run_id, name)).info()
-
-
-@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifact-info/<name*>")
-async def artifact_info(request: web.Request, params: dict[str, str]) -> Any:
-    return await _info(request, _task_id(params), _run_id(params), _artifact_name(params))
-
-
-@route("GET", f"{API}/task/<taskId>/artifact-info/<name*>")
-async def latest_artifact_info(request: web.Request, params: dict[str, str]) -> Any:
-    return await _info(request, _task_id(params), None, _artifact_name(params))
-
-
-async def _content(request: web.Request, task_id: str, run_id: int | None, name: str) -> Any:
+@route("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
+       scopes=_READ_ARTIFACT)
+@route("GET", "/task/<taskId>/artifact-content/<name>", "latestArtifact", scopes=_READ_ARTIFACT)
+async def artifact_content(call: Call, task_id: str, name: str, run_id: int | None = None
+                           ) -> Any:
     """The artifact-content shapes the official client's download helpers understand: a
     blob is served as storageType `s3` (a plain URL to GET), which is what a SAS URL is."""
-    _require_read(request, name)
-    service = _artifacts(request)
-    if run_id is None:
-        run_id = await service.latest_run(task_id)
-    target = await service.target(task_id, run_id, name)
+    run_id = await _readable(call, task_id, run_id, name)
+    target = await call.artifacts.target(task_id, run_id, name)
     a = target.artifact
     if a.storage_type == "error":
         return {"storageType": "error", "reason": a.reason, "message": a.message}
     return {"storageType": "s3" if a.storage_type == "blob" else "reference", "url": target.url}
 
 
-@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifact-content/<name*>")
-async def artifact(request: web.Request, params: dict[str, str]) -> Any:
-    return await _content(request, _task_id(params), _run_id(params), _artifact_name(params))
+_LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
 
 
-@route("GET", f"{API}/task/<taskId>/artifact-content/<name*>")
-async def latest_artifact(request: web.Request, params: dict[str, str]) -> Any:
-    return await _content(request, _task_id(params), None, _artifact_name(params))
+@route("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts", scopes=_LIST_ARTIFACTS)
+@route("GET", "/task/<taskId>/artifacts", "listLatestArtifacts", scopes=_LIST_ARTIFACTS)
+async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:
+    if run_id is None:
+        run_id = await call.artifacts.latest_run(task_id)
+        call.authorize(runId=run_id)
+    return await call.artifacts.list(task_id, run_id, call.continuation, call.limit())
 
 
-def _limit(request: web.Request) -> int | None:
-    raw = request.query.get("limit")
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 1000:
-        raise errors.InputError(f"query parameter `limit` is {raw!r}; use 1-1000")
-    return int(raw)
-
-
-@route("GET", f"{API}/task/<taskId>/runs/<runId>/artifacts")
-async def list_artifacts(request: web.Request, params: dict[str, str]) -> Any:
-    task_id, run_id = _task_id(params), _run_id(params)
-    _require(request, f"queue:list-artifacts:{task_id}:{run_id}")
-    return await _artifacts(request).list(task_id, run_id, request.query.get("continuationToken"),
-                                          _limit(request))
-
-
-@route("GET", f"{API}/task/<taskId>/artifacts")
-async def list_latest_artifacts(request: web.Request, params: dict[str, str]) -> Any:
-    task_id = _task_id(params)
-    service = _artifacts(request)
-    run_id = await service.latest_run(task_id)
-    _require(request, f"queue:list-artifacts:{task_id}:{run_id}")
-    return await service.list(task_id, run_id, request.query.get("continuationToken"),
-                              _limit(request))
-
-
-# -- dispatch ---------------------------------------------------------------------------
+# -- dispatch -----------------------------------------------------------------------------
 
 
 async def dispatch(request: web.Request) -> web.StreamResponse:
@@ -454,16 +458,32 @@ async def dispatch(request: web.Request) -> web.StreamResponse:
         if r.method != request.method and not (r.method == "GET" and request.method == "HEAD"):
             allowed.append(r.method)
             continue
-        params = {k: unquote(v) for k, v in m.groupdict().items()}
-        request[PARAMS_KEY] = params
-        request[CALLER_KEY] = request.app[AUTH_KEY].authenticate(
-            method=request.method, target=request.raw_path, host=request.host,
-            content_type=request.headers.get("Content-Type", ""), body=await request.read(),
-            authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
-        result = await r.handler(request, params)
-        if isinstance(result, web.StreamResponse):
-            return result
-        return web.json_response(result)
+        return await _call(request, r, {k: unquote(v) for k, v in m.groupdict().items()})
     if allowed:
         raise errors.MethodNotAllowed(f"{request.method} is not allowed on {path}; use {', '.join(allowed)}")
     raise errors.NotFound(f"no such API endpoint: {request.method} {path}")
+
+
+async def _call(request: web.Request, r: Route, params: dict[str, str]) -> web.StreamResponse:
+    """Authenticate, convert the parameters, read the body, check the scopes the path
+    determines, and run the handler; its result is the JSON answer."""
+    request[PARAMS_KEY] = params
+    caller = request[CALLER_KEY] = request.app[AUTH_KEY].authenticate(
+        method=request.method, target=request.raw_path, host=request.host,
+        content_type=request.headers.get("Content-Type", ""), body=await request.read(),
+        authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
+    values = {name: PARAMETERS[name].convert(name, raw) for name, raw in params.items()}
+    body = await _read_body(request, r.body, r.what) if r.body else {}
+    call = Call(request, r, caller, values, body)
+    if r.scopes is not None:
+        try:
+            call.authorize()
+        except Unresolved:
+            pass  # the handler fills in the rest
+    result = await r.handler(call, **{PARAMETERS[name].keyword: value
+                                      for name, value in values.items()}, **r.fixed)
+    if r.scopes is not None and not call.authorized:
+        raise RuntimeError(f"{r.name} declares scopes its handler never checked")
+    if isinstance(result, web.StreamResponse):
+        return result
+    return web.json_response(result)

@@ -7,6 +7,8 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from azqueue.errors import TRANSIENT
+
 log = logging.getLogger(__name__)
 
 
@@ -14,11 +16,14 @@ async def every(interval: float, step: Callable[[], Awaitable[object]], stop: as
                 name: str) -> None:
     """Run ``step`` every ``interval`` seconds (jittered) until ``stop`` is set.
 
-    A failing step is logged and retried at the next interval; the loop only ends on stop.
+    A failing step is retried at the next interval; the loop only ends on stop. An outage
+    of storage or broker is logged in one line, anything else with its traceback.
     """
     while not stop.is_set():
         try:
             await step()
+        except TRANSIENT as e:
+            log.warning("%s: %s; retrying in %.1fs", name, e, interval)
         except Exception:
             log.exception("%s: step failed; retrying in %.1fs", name, interval)
         try:

@@ -18,6 +18,8 @@ log = logging.getLogger(__name__)
 
 # How long a request waits for its events to be confirmed before leaving them to recovery.
 FAST_PATH_TIMEOUT = 3.0
+# Why a request's events may not go out at once, besides a bug: left to recovery quietly.
+_NOT_NOW: tuple[type[Exception], ...] = (*errors.TRANSIENT, TimeoutError)
 
 
 class Outbox:
@@ -44,12 +46,17 @@ class Outbox:
         if not self.publisher.reachable:
             log.debug("broker away: events of task %s left to recovery", task_id)
             return
+        retry = self.recovery_delay.total_seconds()
         try:
             await asyncio.wait_for(self.deliver(task_id), FAST_PATH_TIMEOUT)
-        except Exception as e:
+        except _NOT_NOW as e:
             log.warning("events of task %s not published yet (%s: %s); they will be retried "
-                        "within %ss", task_id, type(e).__name__, e,
-                        self.recovery_delay.total_seconds())
+                        "within %ss", task_id, type(e).__name__, e, retry)
+            return
+        except Exception:
+            # The change is stored: the request succeeds, recovery retries the events.
+            log.exception("publishing the events of task %s failed unexpectedly; they will be "
+                          "retried within %ss", task_id, retry)
             return
         await self.discard(trigger)
 
@@ -104,9 +111,13 @@ class Outbox:
                 continue
             try:
                 sent = await self.deliver(task_id)
-            except Exception as e:
+            except errors.TRANSIENT as e:
                 log.warning("events of task %s still not published (%s: %s); retrying in %ss",
                             task_id, type(e).__name__, e, self.recovery_delay.total_seconds())
+                continue
+            except Exception:
+                log.exception("publishing the recovered events of task %s failed unexpectedly; "
+                              "retrying in %ss", task_id, self.recovery_delay.total_seconds())
                 continue
             if sent:
                 log.info("published %d recovered event(s) of task %s", sent, task_id)

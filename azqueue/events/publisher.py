@@ -9,8 +9,10 @@ import time
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 from aiormq.abc import FieldValue
 
+from azqueue.errors import BrokerError
 from azqueue.model.events import EXCHANGES, Event
 
 log = logging.getLogger(__name__)
@@ -21,6 +23,8 @@ RECONNECT_INTERVAL = 1.0
 # before one of them tries again.
 FIRST_CONNECT_RETRY = 10.0
 PUBLISH_TIMEOUT = 10.0
+# What aio-pika raises when the broker is away, refuses or does not confirm in time.
+BROKER_ERRORS = (AMQPError, ChannelInvalidStateError, OSError, TimeoutError)
 
 
 class Publisher:
@@ -79,15 +83,19 @@ class Publisher:
             await asyncio.wait_for(connected.wait(), CONNECT_TIMEOUT)
 
     async def publish(self, event: Event) -> None:
-        """Publish and wait for the broker's confirm; raises if it is not confirmed."""
-        await self._ready()
+        """Publish and wait for the broker's confirm; BrokerError if it is not confirmed."""
         headers: dict[str, FieldValue] | None = {"CC": list(event.cc)} if event.cc else None
         message = aio_pika.Message(json.dumps(event.payload).encode(),
                                    content_type="application/json",
                                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
                                    headers=headers)
-        await self._exchanges[event.exchange].publish(message, routing_key=event.routing_key,
-                                                      timeout=PUBLISH_TIMEOUT)
+        try:
+            await self._ready()
+            await self._exchanges[event.exchange].publish(message, routing_key=event.routing_key,
+                                                          timeout=PUBLISH_TIMEOUT)
+        except BROKER_ERRORS as e:
+            raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: "
+                              f"{type(e).__name__}: {e}") from e
 
     async def close(self) -> None:
         if self._connection is not None:

@@ -130,7 +130,7 @@ def verify(raw: Any, hawk_id: str, lookup: Callable[[str], Principal | None],
     if not hmac.compare_digest(_signature(issuer.access_token, cert, name).encode(),
                                str(cert["signature"]).encode()):
         raise _fail("the certificate signature does not match its issuer's access token")
-    excess = scopeset.covers(issuer.scopes, cert_scopes)
+    excess = scopeset.missing_scopes(issuer.scopes, cert_scopes)
     if excess:
         raise _fail(f"the certificate grants scopes its issuer {issuer_id!r} lacks: "
                     + ", ".join(excess))

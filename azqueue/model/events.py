@@ -25,7 +25,6 @@ from typing import Any
 from azqueue.model import timeutil
 from azqueue.model.task import Run, RunState, Task
 
-EXCHANGE_PREFIX = "exchange/taskcluster-queue/v1/"
 EXCHANGES = ("task-defined", "task-pending", "task-running", "artifact-created",
              "task-completed", "task-failed", "task-exception", "task-group-resolved")
 

@@ -25,4 +25,3 @@ class Priority(StrEnum):
 
 
 ORDER: tuple[Priority, ...] = tuple(Priority)
-DEFINITION_VALUES: tuple[str, ...] = (*ORDER, "normal")

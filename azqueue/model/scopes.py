@@ -7,6 +7,7 @@ or ``{"AnyOf": [...]}`` of expressions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Union
 
@@ -47,13 +48,50 @@ def describe(expr: Expression) -> str:
     return "any of (" + ", ".join(describe(e) for e in expr["AnyOf"]) + ")"
 
 
-def covers(held: Sequence[str], wanted: Iterable[str]) -> list[str]:
-    """The scopes of ``wanted`` that ``held`` does not satisfy."""
+def missing_scopes(held: Sequence[str], wanted: Iterable[str]) -> list[str]:
+    """The scopes of ``wanted`` that ``held`` does not satisfy (empty: ``held`` covers all)."""
     return [s for s in wanted if not satisfies_scope(held, s)]
 
 
-def intersect(held: Sequence[str], restrict: Sequence[str]) -> list[str]:
-    """Scopes satisfied by both sets (``authorizedScopes`` narrowing what a client holds)."""
-    out = {s for s in restrict if satisfies_scope(held, s)}
-    out |= {s for s in held if satisfies_scope(restrict, s)}
-    return sorted(out)
+# A scope expression as a route declares it, before the request's values are known:
+# strings may hold ``<name>`` placeholders; ``{"if": name, "then": template}`` asks for
+# ``then`` only when the value ``name`` is true; inside an AllOf or AnyOf list,
+# ``{"for": name, "in": list, "each": template}`` stands for one template per element.
+# These are the scope templates of Taskcluster's API declarations.
+Template = Union[str, Mapping[str, object]]
+_PLACEHOLDER = re.compile(r"<([A-Za-z]+)>")
+
+
+class Unresolved(KeyError):
+    """A template needs a value that is not known yet (the request has to load it)."""
+
+
+def _value(values: Mapping[str, object], name: str) -> object:
+    if name not in values:
+        raise Unresolved(name)
+    return values[name]
+
+
+def render(template: Template, values: Mapping[str, object]) -> Expression | None:
+    """The expression ``template`` asks for with ``values`` filled in (None: nothing is
+    asked); ``Unresolved`` naming a placeholder that ``values`` lacks."""
+    if isinstance(template, str):
+        return _PLACEHOLDER.sub(lambda m: str(_value(values, m[1])), template)
+    if "if" in template:
+        then = template["then"]
+        assert isinstance(then, (str, Mapping))
+        return render(then, values) if _value(values, str(template["if"])) else None
+    kind = "AllOf" if "AllOf" in template else "AnyOf"
+    items = template[kind]
+    assert isinstance(items, Sequence)
+    out: list[Expression] = []
+    for item in items:
+        if isinstance(item, Mapping) and "for" in item:
+            elements = _value(values, str(item["in"]))
+            assert isinstance(elements, Sequence)
+            out += [e for element in elements
+                    if (e := render(item["each"], {**values, str(item["for"]): element}))
+                    is not None]
+        elif (e := render(item, values)) is not None:
+            out.append(e)
+    return {kind: out}

@@ -82,17 +82,6 @@ class ReasonResolved(StrEnum):
     INTERMITTENT_TASK = "intermittent-task"
 
 
-# What a worker may give to reportException.
-REPORTABLE_EXCEPTIONS: frozenset[ReasonResolved] = frozenset(
-    {
-        ReasonResolved.WORKER_SHUTDOWN,
-        ReasonResolved.MALFORMED_PAYLOAD,
-        ReasonResolved.RESOURCE_UNAVAILABLE,
-        ReasonResolved.INTERNAL_ERROR,
-        ReasonResolved.INTERMITTENT_TASK,
-    }
-)
-
 # Exceptions that schedule another run while retries are left, and the reason it carries.
 _RETRY_REASON: Mapping[ReasonResolved, ReasonCreated] = {
     ReasonResolved.CLAIM_EXPIRED: ReasonCreated.RETRY,

@@ -327,6 +327,9 @@ class Watch:
             async with self._deps.held(self._trigger) as current:
                 await self._deps.resolved(task)
             await self._deps.drop(current())
-        except Exception as e:
+        except errors.TRANSIENT as e:
             log.warning("could not pass the resolution of task %s on to its dependents (%s); "
                         "the dependency resolver will", self._task_id, e)
+        except Exception:
+            log.exception("passing the resolution of task %s on to its dependents failed "
+                          "unexpectedly; the dependency resolver will try again", self._task_id)

@@ -1,4 +1,8 @@
-"""Azure SDK errors, translated once into what the layers above act on."""
+"""Azure SDK errors, translated once into what the layers above act on.
+
+The exceptions raised here are the ``StorageCondition``s of ``azqueue.errors`` (the one
+error tree; they are importable from here too) and ``StorageError`` for everything else.
+"""
 
 from __future__ import annotations
 
@@ -14,31 +18,13 @@ from azure.core.exceptions import (
     ResourceNotFoundError,
 )
 
-from azqueue.errors import StorageError
-
-
-class EntityNotFound(Exception):
-    """The table entity does not exist."""
-
-
-class EntityExists(Exception):
-    """An insert found the entity already there."""
-
-
-class ETagMismatch(Exception):
-    """A conditional write lost a race (HTTP 412): re-read and decide again."""
-
-
-class TransactionConflict(Exception):
-    """A batch transaction failed on an ETag (412) or an existing entity (409)."""
-
-
-class MessageGone(Exception):
-    """The queue message is gone or our pop receipt is stale: it is not ours any more.
-
-    Azurite answers a stale receipt with 400 PopReceiptMismatch, Azure often with
-    404 MessageNotFound; both mean the same to us.
-    """
+from azqueue.errors import EntityExists as EntityExists
+from azqueue.errors import EntityNotFound as EntityNotFound
+from azqueue.errors import ETagMismatch as ETagMismatch
+from azqueue.errors import MessageGone as MessageGone
+from azqueue.errors import StorageCondition as StorageCondition
+from azqueue.errors import StorageError as StorageError
+from azqueue.errors import TransactionConflict as TransactionConflict
 
 
 @contextmanager

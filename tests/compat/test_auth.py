@@ -17,7 +17,7 @@ from taskcluster.exceptions import TaskclusterAuthFailure, TaskclusterRestFailur
 
 from azqueue.config import Client
 from tests import sas
-from tests.conftest import ROOT, Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import definition, slugid
 
 LIMITED = Client("limited", "limited-access-token-0123456789", (

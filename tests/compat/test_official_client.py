@@ -11,7 +11,7 @@ import taskcluster
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from tests.conftest import ROOT, Server
+from tests.servers import ROOT, Server
 from tests.tasks import definition, slugid
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}

@@ -9,8 +9,8 @@ import aiohttp
 
 from azqueue.devstorage import Azurite, free_port
 from tests import sas
-from tests.conftest import ServerFactory
-from tests.events.conftest import ConsumerFactory, Received
+from tests.events.consumers import ConsumerFactory, Received
+from tests.servers import ServerFactory
 from tests.serving import serve
 from tests.tasks import create, definition, slugid
 

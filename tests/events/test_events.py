@@ -7,8 +7,8 @@ import asyncio
 import aiohttp
 
 from tests import sas
-from tests.conftest import ServerFactory
-from tests.events.conftest import ConsumerFactory, Received, assert_valid
+from tests.events.consumers import ConsumerFactory, Received, assert_valid
+from tests.servers import ServerFactory
 from tests.tasks import create, definition, slugid
 
 

@@ -13,7 +13,7 @@ import taskcluster.download
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from tests import sas
-from tests.conftest import ROOT, Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, iso
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}

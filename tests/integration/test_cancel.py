@@ -13,7 +13,7 @@ from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import Client
 from tests import sas
-from tests.conftest import ROOT, Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import definition, slugid
 
 CANCELER = Client("canceler", "canceler-access-token-0123456789", (

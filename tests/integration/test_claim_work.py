@@ -9,19 +9,19 @@ from typing import Any
 import aiohttp
 
 from tests import sas
-from tests.conftest import Server, ServerFactory
+from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, status
+from tests.waiting import eventually
 
 
 async def recorded_worker(server: Server, task_queue_id: str,
                           worker_id: str) -> dict[str, Any]:
     """The worker's record, written just after claimWork answers."""
-    for _ in range(50):
-        worker = await server.service.work.workers.get(task_queue_id, "wg", worker_id)
-        if worker is not None:
-            return worker
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"worker {worker_id} was never recorded")
+    worker = await eventually(lambda: server.service.work.workers.get(task_queue_id, "wg", worker_id),
+                              lambda found: found is not None, what=f"worker {worker_id} recorded",
+                              interval=0.1)
+    assert worker is not None
+    return worker
 
 
 async def claim_work(http: aiohttp.ClientSession, server: Server, task_queue_id: str,

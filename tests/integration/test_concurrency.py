@@ -8,7 +8,7 @@ from collections import Counter
 import aiohttp
 
 from tests import sas
-from tests.conftest import ServerFactory
+from tests.servers import ServerFactory
 from tests.tasks import create, definition, status
 
 

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests import sas
-from tests.conftest import Server, ServerFactory
+from tests.servers import Server, ServerFactory
 from tests.tasks import definition, iso, slugid
 
 
@@ -70,13 +70,13 @@ async def test_normal_priority_is_lowest(server: Server, http: aiohttp.ClientSes
     assert len(await sas.get_messages(http, urls["queues"][6]["signedPollUrl"], 32)) == 1
 
 
-NOW = datetime.now(UTC)
+# A timedelta stands for that long from the moment the test runs.
 BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
-    ("created too old", {"created": iso(NOW - timedelta(minutes=16))}, "created"),
-    ("created in the future", {"created": iso(NOW + timedelta(minutes=16))}, "created"),
-    ("deadline in the past", {"deadline": iso(NOW - timedelta(seconds=1))}, "deadline"),
-    ("deadline beyond 5 days", {"deadline": iso(NOW + timedelta(days=5, minutes=1))}, "deadline"),
-    ("expires before deadline", {"expires": iso(NOW + timedelta(minutes=30))}, "expires"),
+    ("created too old", {"created": -timedelta(minutes=16)}, "created"),
+    ("created in the future", {"created": timedelta(minutes=16)}, "created"),
+    ("deadline in the past", {"deadline": -timedelta(seconds=1)}, "deadline"),
+    ("deadline beyond 5 days", {"deadline": timedelta(days=5, minutes=1)}, "deadline"),
+    ("expires before deadline", {"expires": timedelta(minutes=30)}, "expires"),
     ("retries above 49", {"retries": 50}, "retries"),
     ("retries below 0", {"retries": -1}, "retries"),
     ("identifier too long", {"schedulerId": "s" * 39}, "schedulerId"),
@@ -97,7 +97,9 @@ BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
 async def test_schema_errors_name_the_field_and_write_nothing(
         server: Server, http: aiohttp.ClientSession, change: dict[str, Any], field: str) -> None:
     task_id = slugid()
-    body = {**definition("prov/schema"), **change}
+    now = datetime.now(UTC)
+    body = {**definition("prov/schema"),
+            **{k: iso(now + v) if isinstance(v, timedelta) else v for k, v in change.items()}}
     code, err = await _put(http, server, task_id, body)
     assert code == 400, err
     assert err["code"] == "InputValidationError"

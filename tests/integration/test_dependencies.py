@@ -16,9 +16,10 @@ from taskcluster.exceptions import TaskclusterRestFailure
 from azqueue.config import Client
 from azqueue.devstorage import Azurite, free_port
 from tests import sas
-from tests.conftest import ROOT, Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.serving import serve
 from tests.tasks import definition, slugid
+from tests.waiting import eventually
 
 GROUP = slugid()
 SCHEDULER = Client("scheduler", "scheduler-access-token-012345678", (
@@ -217,10 +218,8 @@ async def test_an_unscheduled_task_at_its_deadline_is_resolved_and_passes_that_o
                          deadline=timedelta(seconds=3))
     after = await _task(queue, "prov/deps-deadline", dependencies=[doomed],
                         requires="all-resolved")
-    for _ in range(60):
-        if await _state(queue, after) == "pending":
-            break
-        await asyncio.sleep(0.2)
+    await eventually(lambda: _state(queue, after), lambda state: state == "pending",
+                     what="the deadline's resolution passed on")
     status = (await queue.status(doomed))["status"]
     assert [(r["state"], r["reasonCreated"], r["reasonResolved"]) for r in status["runs"]] == [
         ("exception", "exception", "deadline-exceeded")]
@@ -243,11 +242,8 @@ async def test_a_resolution_stored_just_before_a_crash_is_passed_on_after_it(
         assert await asyncio.to_thread(doomed.wait, 10) == 70
     assert await _state(queue, required) == "completed"
     assert await _state(queue, waiting) == "unscheduled"  # nobody told it before the crash
-    for _ in range(50):
-        if await _state(queue, waiting) == "pending":
-            break
-        await asyncio.sleep(0.2)
-    assert await _state(queue, waiting) == "pending"
+    await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
+                     what="the waiting task scheduled")
 
 
 async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_finished(
@@ -278,8 +274,5 @@ async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_f
         await _queue(dying).createTask(waiting, definition("prov/deps-dying",
                                                            dependencies=[required]))
     assert await _state(queue, waiting) == "unscheduled"
-    for _ in range(50):
-        if await _state(queue, waiting) == "pending":
-            break
-        await asyncio.sleep(0.2)
-    assert await _state(queue, waiting) == "pending"
+    await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
+                     what="the waiting task scheduled")

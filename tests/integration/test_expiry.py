@@ -12,7 +12,7 @@ from azqueue.api.routes import ARTIFACTS_KEY
 from azqueue.devstorage import Azurite
 from azqueue.service.expiry import expire
 from tests import sas
-from tests.conftest import Server
+from tests.servers import Server
 from tests.tasks import create, definition, iso, status
 
 

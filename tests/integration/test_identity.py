@@ -32,7 +32,7 @@ from cryptography.x509.oid import NameOID
 
 from azqueue.config import StorageSettings
 from azqueue.devstorage import Azurite
-from tests.conftest import ServerFactory
+from tests.servers import ServerFactory
 from tests.tasks import definition, iso, slugid
 
 

@@ -10,21 +10,9 @@ import aiohttp
 
 from azqueue.model import timeutil
 from tests import sas
-from tests.conftest import ServerFactory
+from tests.servers import ServerFactory
 from tests.tasks import create, definition, status
-
-
-async def _wait_status(http: aiohttp.ClientSession, api: str, task_id: str,
-                       done: Any, timeout: float = 30.0) -> dict[str, Any]:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        s = await status(http, api, task_id)
-        if done(s):
-            return s
-        if loop.time() > end:
-            raise AssertionError(f"status never reached the expected state: {s}")
-        await asyncio.sleep(0.2)
+from tests.waiting import eventually
 
 
 async def _claim(http: aiohttp.ClientSession, api: str, task_id: str, run_id: int,
@@ -45,14 +33,9 @@ async def test_claim_of_expired_run_with_no_retries_left_resolves_the_task_and_a
     [m] = await sas.get_messages(http, poll_url)
     code, _ = await sas.claim(http, server.api, m)
     assert code == 200
-    await asyncio.sleep(1.5)
-    again: list[sas.QueueMessage] = []
-    for _ in range(50):
-        again = await sas.get_messages(http, poll_url)
-        if again:
-            break
-        await asyncio.sleep(0.2)
-    assert again and again[0].tip["runId"] == 1
+    again = await eventually(lambda: sas.get_messages(http, poll_url),
+                             what="the tip reappearing once the claim expired")
+    assert again[0].tip["runId"] == 1
     code, err = await sas.claim(http, server.api, again[0], worker_id="w2")
     assert code == 409, err
     assert "no retries" in err["message"]
@@ -124,7 +107,8 @@ async def test_deadline_resolves_pending_and_running_runs_deadline_exceeded(
     running = await create(http, server.api, definition("prov/deadline", deadline=timedelta(seconds=3)))
     await _claim(http, server.api, running, 0)
     for task_id in (pending, running):
-        s = await _wait_status(http, server.api, task_id, lambda s: s["state"] == "exception")
+        s = await eventually(lambda: status(http, server.api, task_id),
+                             lambda s: s["state"] == "exception", what="the task resolving")
         [run] = s["runs"]
         assert run["reasonResolved"] == "deadline-exceeded"
         assert timeutil.parse(run["resolved"]) >= timeutil.parse(s["deadline"])
@@ -155,7 +139,8 @@ async def test_background_resolver_expires_unpolled_claims_once_within_its_lag(
             assert await sas.delete_message(http, urls["queues"][6]["signedDeleteUrl"], m) == 204
 
     for task_id in task_ids:
-        s = await _wait_status(http, api, task_id, lambda s: len(s["runs"]) == 2)
+        s = await eventually(lambda: status(http, api, task_id), lambda s: len(s["runs"]) == 2,
+                             what="a retry run after the claim expired")
         r0, r1 = s["runs"]
         assert (r0["state"], r0["reasonResolved"]) == ("exception", "claim-expired")
         assert (r1["state"], r1["reasonCreated"]) == ("pending", "retry")
@@ -186,8 +171,7 @@ async def test_a_resolver_that_lost_the_race_to_a_late_reclaim_leaves_its_receip
     [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
     code, _ = await sas.claim(http, server.api, message)
     assert code == 200
-    await asyncio.sleep(2.5)
-    [listed] = await server.service.expired_claims()
+    [listed] = await eventually(server.service.expired_claims, what="the claim listed expired")
     code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
     assert code == 200, body
     assert await server.service.expire_claim(listed) is False

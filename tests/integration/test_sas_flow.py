@@ -10,20 +10,9 @@ import aiohttp
 
 from azqueue.model.priority import Priority
 from tests import sas
-from tests.conftest import ServerFactory
+from tests.servers import ServerFactory
 from tests.tasks import create, definition, slugid, status
-
-
-async def _wait_for_messages(http: aiohttp.ClientSession, url: str, timeout: float = 30.0,
-                             n: int = 1) -> list[sas.QueueMessage]:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while loop.time() < deadline:
-        messages = await sas.get_messages(http, url, n)
-        if messages:
-            return messages
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"no message appeared within {timeout}s")
+from tests.waiting import eventually
 
 
 async def test_worker_does_the_seed_000_dance_with_plain_http(
@@ -88,7 +77,8 @@ async def test_unreclaimed_claim_reappears_as_next_run_and_expires_the_old_one(
     assert code == 200
     assert await sas.get_messages(http, poll_url) == []  # invisible while claimed
 
-    [again] = await _wait_for_messages(http, poll_url, timeout=15)
+    [again] = await eventually(lambda: sas.get_messages(http, poll_url),
+                               what="the tip reappearing once the claim expired")
     assert again.message_id == message.message_id
     tip = again.tip
     assert tip["taskId"] == task_id and tip["runId"] == 1

@@ -7,7 +7,7 @@ import pytest
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from tests.conftest import ROOT, Server
+from tests.servers import ROOT, Server
 from tests.tasks import definition, slugid
 
 

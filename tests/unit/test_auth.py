@@ -103,3 +103,23 @@ def test_a_bewit_whose_time_is_a_non_ascii_digit_is_refused() -> None:
     bewit = base64.urlsafe_b64encode("id\\²\\mac\\".encode()).decode().rstrip("=")
     with pytest.raises(AuthenticationFailed, match="malformed"):
         hawk.parse_bewit(bewit)
+
+
+def test_a_declared_scope_template_is_filled_from_the_request() -> None:
+    """As Taskcluster's API declarations: `<name>` placeholders, `if`/`then`, and
+    `for`/`in`/`each` inside AllOf and AnyOf."""
+    template: scopes.Template = {"AllOf": [
+        {"for": "route", "in": "routes", "each": "queue:route:<route>"},
+        "queue:scheduler-id:<schedulerId>",
+        {"if": "private", "then": "queue:get-artifact:<name>"},
+        {"AnyOf": [{"for": "p", "in": "priorities", "each": "queue:create-task:<p>:<queue>"}]},
+    ]}
+    values = {"routes": ["a", "b"], "schedulerId": "-", "private": False, "name": "public/x",
+              "priorities": ["highest", "high"], "queue": "p/w"}
+    assert scopes.render(template, values) == {"AllOf": [
+        "queue:route:a", "queue:route:b", "queue:scheduler-id:-",
+        {"AnyOf": ["queue:create-task:highest:p/w", "queue:create-task:high:p/w"]}]}
+    assert scopes.render({"if": "private", "then": "x:<name>"}, values) is None
+    with pytest.raises(scopes.Unresolved) as info:
+        scopes.render("queue:claim-task:<taskQueueId>", values)
+    assert info.value.args == ("taskQueueId",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from azqueue.config import ConfigError, StorageSettings
+from azqueue.config import Client, ConfigError, Settings, StorageSettings
 from azqueue.devstorage import KEY
 from azqueue.storage.account import StorageAccount
 
@@ -52,3 +52,40 @@ def test_azure_identity_needs_https_endpoints() -> None:
         StorageAccount(StorageSettings("AccountName=a;QueueEndpoint=http://127.0.0.1:1/a;"
                                        "TableEndpoint=https://t/a;BlobEndpoint=https://b/a"))
     assert "http://127.0.0.1:1/a is not https" in info.value.message
+
+
+_REQUIRED = {"AZQUEUE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+             "AZQUEUE_TIP_SECRETS": "a-secret-of-16-chars", "AZQUEUE_ROOT_CLIENT_ID": "root",
+             "AZQUEUE_ROOT_ACCESS_TOKEN": "a-token-of-22-characters"}
+
+
+def test_unset_and_empty_variables_keep_the_documented_defaults() -> None:
+    written = Settings(StorageSettings("UseDevelopmentStorage=true"), ("a-secret-of-16-chars",),
+                       Client("root", "a-token-of-22-characters", ("*",)))
+    assert Settings.from_env(_REQUIRED) == written
+    empty = {name: "" for name in ("AZQUEUE_HOST", "AZQUEUE_PORT", "AZQUEUE_CLAIM_TIMEOUT",
+                                   "AZQUEUE_EXCHANGE_PREFIX", "AZQUEUE_STORAGE_PREFIX")}
+    assert Settings.from_env({**_REQUIRED, **empty}) == written
+    assert (written.port, written.claim_timeout, written.storage.prefix) == (8080, 1200, "azq")
+    assert written.exchange_prefix == "exchange/taskcluster-queue/v1/"
+
+
+def test_variables_override_the_defaults() -> None:
+    settings = Settings.from_env({
+        **_REQUIRED, "AZQUEUE_HOST": "0.0.0.0", "AZQUEUE_PORT": "9000", "AZQUEUE_CLAIM_TIMEOUT": "60",
+        "AZQUEUE_EXPIRY_INTERVAL": "0.5", "AZQUEUE_STORAGE_PREFIX": "other",
+        "AZQUEUE_ANONYMOUS_SCOPES": ""})
+    assert (settings.host, settings.port, settings.claim_timeout) == ("0.0.0.0", 9000, 60.0)
+    assert settings.expiry_interval == 0.5 and settings.storage.prefix == "other"
+    assert settings.anonymous_scopes == ()
+
+
+@pytest.mark.parametrize(("variable", "value", "says"), [
+    ("AZQUEUE_PORT", "http", "is not a port number"),
+    ("AZQUEUE_CLAIM_TIMEOUT", "20m", "is not a number of seconds"),
+    ("AZQUEUE_SAS_LIFETIME", "-1", "must be greater than zero"),
+])
+def test_malformed_variables_are_named(variable: str, value: str, says: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({**_REQUIRED, variable: value})
+    assert info.value.message == f"{variable}={value!r} {says}"

@@ -1,0 +1,67 @@
+"""The one error tree: what reaches a client, what loops retry quietly, what is a bug."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from azqueue import errors
+from azqueue.background import every
+from azqueue.config import ConfigError
+from azqueue.devstorage import free_port
+from azqueue.events.publisher import Publisher
+from azqueue.model import events
+from azqueue.storage import errors as storage_errors
+
+
+def test_storage_errors_are_one_branch_of_the_tree_and_never_rendered() -> None:
+    for name in ("EntityNotFound", "EntityExists", "ETagMismatch", "TransactionConflict",
+                 "MessageGone"):
+        cls = getattr(storage_errors, name)
+        assert cls is getattr(errors, name)
+        assert issubclass(cls, errors.StorageCondition) and not issubclass(cls, errors.QueueError)
+    assert storage_errors.StorageError is errors.StorageError
+    assert issubclass(errors.StorageError, errors.QueueError)  # a 500 with an incident id
+
+
+def test_a_configuration_mistake_is_not_an_http_error() -> None:
+    assert issubclass(ConfigError, errors.AzqueueError)
+    assert not issubclass(ConfigError, errors.QueueError)
+    assert not hasattr(ConfigError("AZQUEUE_PORT"), "status")
+
+
+def test_a_body_that_is_not_json_keeps_taskclusters_code() -> None:
+    assert (errors.InvalidJson.code, errors.InvalidJson.status) == ("MalformedPayload", 400)
+
+
+async def test_an_unreachable_broker_is_a_broker_error() -> None:
+    publisher = Publisher(f"amqp://guest:guest@127.0.0.1:{free_port()}/", "test/")
+    try:
+        with pytest.raises(errors.BrokerError) as info:
+            await publisher.publish(events.task_group_resolved("g", "s"))
+        assert isinstance(info.value, errors.TRANSIENT)
+        assert "task-group-resolved primary.g.s._ not confirmed" in info.value.message
+    finally:
+        await publisher.close()
+
+
+@pytest.mark.parametrize(("failure", "traceback"), [
+    (errors.StorageError("Azure Storage failed during a read: 503 ServerBusy"), False),
+    (errors.BrokerError("task-pending not confirmed"), False),
+    (KeyError("taskId"), True),
+])
+async def test_a_resolver_logs_an_outage_in_one_line_and_a_bug_with_its_traceback(
+        caplog: pytest.LogCaptureFixture, failure: Exception, traceback: bool) -> None:
+    stop = asyncio.Event()
+
+    async def step() -> None:
+        stop.set()
+        raise failure
+
+    with caplog.at_level(logging.WARNING, logger="azqueue.background"):
+        await every(0.01, step, stop, "test resolver")
+    [record] = caplog.records
+    assert record.getMessage().startswith("test resolver: ")
+    assert (record.exc_info is not None) is traceback
