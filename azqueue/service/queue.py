@@ -72,6 +72,7 @@ from azqueue.storage.queues import Message, PendingQueues, Queues, encode_json
 from azqueue.storage.tasks import (
     KEEP,
     MAX_DEFINITION_CHARS,
+    MAX_TIPS,
     Change,
     HeldMessage,
     Stored,
@@ -204,14 +205,16 @@ class QueueService:
             raise errors.Conflict(
                 f"task {existing.task_id} already exists with a different definition; "
                 "createTask is idempotent only for an identical definition: use a new taskId")
-        if tip is not None and last is not None and last.run_id == 0 and \
-                last.state is RunState.PENDING:
+        pending = last is not None and last.state is RunState.PENDING
+        if pending and len((await self.tasks.load(existing.task_id)).tips) >= MAX_TIPS:
+            pending = False  # plenty of tips were put already
+        if tip is not None and pending and last is not None and last.run_id == 0:
             await self.tasks.record_tip(existing.task_id, tip.message_id)
             self.work.offer(existing, tip)
             return existing.status()
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
-        if last is not None and last.state is RunState.PENDING:
+        if pending and last is not None:
             await self.queue_tip(existing, last.run_id)
         elif last is None and existing.dependencies:
             await self.dependencies.recheck(existing)

@@ -6,20 +6,23 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 ``deadline`` and ``retriesLeft`` are plain properties so they can be read and queried;
 ``hasDependents`` is set (merged in) by the first task defined depending on this one;
 ``held`` is the message the running run's claim holds (``HeldMessage``), written with
-the claim that took it and cleared by the write that ends the run.
+the claim that took it and cleared by the write that ends the run; each property
+``tip_<hash of messageId>`` (value: the messageId) records a message that was put carrying
+one of the task's tips, the first in the task's own insert.
 
-Other rows in a task's partition: ``tip:<messageId>`` (messages put carrying its tips),
-``wait:<tag>:<taskId>`` (dependencies it still waits for), ``outbox:…`` (unpublished events),
-``artifact:…``.
+Other rows in a task's partition: ``wait:<tag>:<taskId>`` (dependencies it still waits
+for), ``outbox:…`` (unpublished events), ``artifact:…``; ``tip:<messageId>`` rows are tip
+records of earlier versions, still honoured.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -49,8 +52,12 @@ BeforeWrite = Callable[[Task, Task], Awaitable[None]]
 MAX_DEFINITION_CHARS = 400_000
 MAX_MODIFY_ATTEMPTS = 50
 ROW = "task"
-# Rows "tip:<messageId>": the Azure messages that were put carrying this task's tips.
+# Rows "tip:<messageId>": tip records as earlier versions wrote them.
 TIP = "tip:"
+# Properties "tip_<hash>" on the task entity: the messages put carrying its tips.
+TIP_PROPERTY = "tip_"
+# More tip records than this are not kept (a createTask repeated without end).
+MAX_TIPS = 64
 # Rows "wait:<tag>:<taskId>": a dependency this task still waits for, as written by a
 # createTask of the definition that ``tag`` names.
 WAIT = "wait:"
@@ -128,7 +135,12 @@ class _Keep:
 KEEP = _Keep()
 
 
-def to_entity(task: Task, held: HeldMessage | None = None) -> dict[str, Any]:
+def tip_property(message_id: str) -> str:
+    return TIP_PROPERTY + hashlib.sha256(message_id.encode()).hexdigest()[:32]
+
+
+def to_entity(task: Task, held: HeldMessage | None = None,
+              tips: frozenset[str] = frozenset()) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": task.task_id,
         "RowKey": ROW,
@@ -139,6 +151,7 @@ def to_entity(task: Task, held: HeldMessage | None = None) -> dict[str, Any]:
         "retriesLeft": EntityProperty(task.retries_left, EdmType.INT32),
         "hasDependents": task.has_dependents,
         "held": held.to_json() if held is not None else "",
+        **{tip_property(t): t for t in tips},
     }
     _put_chunks(entity, "definition", json.dumps(task.definition, separators=(",", ":")))
     _put_chunks(entity, "runs", json.dumps([r.to_json() for r in task.runs], separators=(",", ":")))
@@ -147,8 +160,9 @@ def to_entity(task: Task, held: HeldMessage | None = None) -> dict[str, Any]:
 
 def stored_from_entity(entity: Mapping[str, Any], tips: frozenset[str] = frozenset()) -> Stored:
     held = entity.get("held")
+    recorded = frozenset(str(v) for k, v in entity.items() if k.startswith(TIP_PROPERTY))
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
-                  HeldMessage.from_json(held) if held else None, tips)
+                  HeldMessage.from_json(held) if held else None, recorded | tips)
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
@@ -180,43 +194,40 @@ class TaskStore(TableStore):
 
     async def insert(self, task: Task, events: EventsFor | None = None,
                      tips: tuple[str, ...] = ()) -> Stored | None:
-        """Store a new task, the records of the tip messages already put for it and the
-        outbox rows of its events, in one transaction; None if a task with this taskId
-        already exists (then nothing was written)."""
+        """Store a new task with the records of the tip messages already put for it (and
+        the outbox rows of its events, in one transaction); None if a task with this
+        taskId already exists (then nothing was written)."""
         outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
-        rows = [{"PartitionKey": task.task_id, "RowKey": TIP + t} for t in tips] + outbox
+        entity = to_entity(task, None, frozenset(tips))
         try:
             with translate(f"inserting task {task.task_id}"):
-                if rows:
+                if outbox:
                     written = await self._table.submit_transaction(
-                        [("create", to_entity(task)), *(("create", row) for row in rows)])
+                        [("create", entity), *(("create", row) for row in outbox)])
                     etag = written[0]["etag"]
                 else:
-                    etag = (await self._table.create_entity(to_entity(task)))["etag"]
+                    etag = (await self._table.create_entity(entity))["etag"]
         except (EntityExists, TransactionConflict):
             return None
         return Stored(task, str(etag), None, frozenset(tips))
 
     async def load(self, task_id: str, tip: str | None = None) -> Stored:
-        """The task as stored; with ``tip``, a messageId, also whether that message is
-        recorded as one of the task's tips (in the same request: ``tip in stored.tips``)."""
-        if tip is None:
-            try:
-                with translate(f"reading task {task_id}"):
-                    entity = await self._table.get_entity(task_id, ROW)
-            except EntityNotFound:
-                raise NotFound(f"task {task_id} does not exist (or has expired)") from None
-            return stored_from_entity(entity)
-        tip_key = TIP + tip
-        with translate(f"reading task {task_id}"):
-            rows = [row async for row in self._table.query_entities(
-                "PartitionKey eq @pk and ( RowKey eq @task or RowKey eq @tip )",
-                parameters={"pk": task_id, "task": ROW, "tip": tip_key})]
-        found = next((r for r in rows if r["RowKey"] == ROW), None)
-        if found is None:
-            raise NotFound(f"task {task_id} does not exist (or has expired)")
-        return stored_from_entity(found, frozenset(
-            tip for r in rows if r["RowKey"] == tip_key))
+        """The task as stored; with ``tip``, a messageId not recorded on the task, also
+        looks for a record of it as an earlier version wrote them (``tip in stored.tips``)."""
+        try:
+            with translate(f"reading task {task_id}"):
+                entity = await self._table.get_entity(task_id, ROW)
+        except EntityNotFound:
+            raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+        stored = stored_from_entity(entity)
+        if tip is None or tip in stored.tips:
+            return stored
+        try:
+            with translate(f"reading task {task_id}"):
+                await self._table.get_entity(task_id, TIP + tip)
+        except EntityNotFound:
+            return stored
+        return replace(stored, tips=stored.tips | {tip})
 
     async def expired(self, now: datetime) -> list[Task]:
         """Tasks whose ``expires`` is before ``now`` (a scan of the whole table)."""
@@ -285,13 +296,15 @@ class TaskStore(TableStore):
         return stored_from_entity(entity), waits
 
     async def record_tip(self, task_id: str, message_id: str) -> None:
-        """Remember that the message ``message_id`` was put carrying a tip of this task."""
+        """Remember that the message ``message_id`` was put carrying a tip of this task (a
+        merge: it moves the ETag, so a concurrent ``modify`` keeps the record)."""
         try:
             with translate(f"recording a tip of task {task_id}"):
-                await self._table.create_entity({"PartitionKey": task_id,
-                                                 "RowKey": TIP + message_id})
-        except EntityExists:
-            pass
+                await self._table.update_entity(
+                    {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id},
+                    mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            raise NotFound(f"task {task_id} does not exist (or has expired)") from None
 
     async def outbox(self, task_id: str) -> list[tuple[str, Event]]:
         """The task's unpublished events, oldest first, with their RowKeys."""
@@ -352,14 +365,14 @@ class TaskStore(TableStore):
                 with translate(f"updating task {task_id}"):
                     if outbox:
                         written = await self._table.submit_transaction([
-                            ("update", to_entity(after, held),
+                            ("update", to_entity(after, held, stored.tips),
                              {"mode": UpdateMode.REPLACE, "etag": stored.etag,
                               "match_condition": MatchConditions.IfNotModified}),
                             *(("create", row) for row in outbox)])
                         etag = written[0]["etag"]
                     else:
                         etag = (await self._table.update_entity(
-                            to_entity(after, held), mode=UpdateMode.REPLACE, etag=stored.etag,
+                            to_entity(after, held, stored.tips), mode=UpdateMode.REPLACE, etag=stored.etag,
                             match_condition=MatchConditions.IfNotModified))["etag"]
             except (ETagMismatch, TransactionConflict):
                 continue
