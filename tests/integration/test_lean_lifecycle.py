@@ -1,0 +1,179 @@
+"""What makes a lifecycle cheap must keep the claim protocol's rules: the tip put before
+its task, this process's copies of tasks, the claim index written late, the claimWork
+poller shared by every waiting call."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+from azure.data.tables.aio import TableServiceClient
+
+from azqueue.devstorage import Azurite
+from azqueue.model import definition as definitions
+from azqueue.model import task as model
+from azqueue.model import timeutil
+from azqueue.model.priority import Priority
+from azqueue.storage.tasks import TIP
+from tests import sas
+from tests.integration.test_claim_work import claim_work
+from tests.servers import Server, ServerFactory
+from tests.tasks import create, definition, slugid, status
+from tests.waiting import eventually
+
+
+async def _stage_tip(server: Server, task_queue_id: str) -> tuple[str, model.Task, str]:
+    """What createTask does first: a task's run-0 tip put in its queue, the task not yet
+    stored. Returns the taskId, the task to store, and the tip's messageId."""
+    service = server.service
+    task_id = slugid()
+    task = model.new_task(task_id, definitions.normalize(
+        task_id, definition(task_queue_id), timeutil.utcnow()), timeutil.utcnow())
+    name = await service.pending.ensure(task_queue_id, Priority.LOWEST)
+    message = await service.queues.put(name, service.signer.tip(task_id, 0).encode())
+    return task_id, task, message.message_id
+
+
+async def _poll_one(http: aiohttp.ClientSession, server: Server,
+                    worker_type: str) -> tuple[sas.QueueMessage, dict[str, Any]]:
+    urls = await sas.poll_task_urls(http, server.api, "prov", worker_type)
+    queue = urls["queues"][6]
+    [message] = await sas.get_messages(http, queue["signedPollUrl"])
+    return message, queue
+
+
+async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """createTask puts the tip, then stores the task with the tip's record. A worker that
+    polls the tip in between must not be told to delete it ('if ... claimTask fails with
+    a 4xx error, the worker must delete the messages', 000): its claim waits for the task."""
+    server = await make_server()
+    task_id, task, message_id = await _stage_tip(server, "prov/early")
+    message, _ = await _poll_one(http, server, "early")
+    assert message.message_id == message_id
+    claiming = asyncio.create_task(sas.claim(http, server.api, message))
+    await asyncio.sleep(0.5)
+    assert not claiming.done()
+    assert await server.service.tasks.insert(task, tips=(message_id,)) is not None
+    code, claim = await claiming
+    assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0
+
+
+async def test_a_tip_whose_task_is_never_stored_answers_404_and_is_deleted(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A createTask that died between its tip and its task leaves a tip of no task: the
+    claim answers 404 and the worker deletes the message."""
+    server = await make_server()
+    await _stage_tip(server, "prov/never")
+    message, queue = await _poll_one(http, server, "never")
+    code, err = await sas.claim(http, server.api, message)
+    assert code == 404, err
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], message) in (200, 204)
+
+
+async def test_a_tip_recorded_as_a_row_by_an_earlier_version_is_still_honoured(
+        make_server: ServerFactory, http: aiohttp.ClientSession, azurite: Azurite) -> None:
+    server = await make_server()
+    task_id, task, message_id = await _stage_tip(server, "prov/legacy")
+    assert await server.service.tasks.insert(task) is not None
+    async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
+        await tables.get_table_client(server.service.tasks.name).create_entity(
+            {"PartitionKey": task_id, "RowKey": TIP + message_id})
+    server.service.cache.drop(task_id)
+    message, _ = await _poll_one(http, server, "legacy")
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200 and claim["runId"] == 0
+
+
+async def test_replicas_deciding_on_their_own_copies_never_disagree(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A replica decides a claim, reclaim or report on its copy of the task only if its
+    conditional write succeeds: claimed on A, reclaimed on B, reclaimed and reported on A
+    (whose copy, and held receipt, are stale), reported again on B."""
+    a, b = await make_server(), await make_server()
+    task_id = await create(http, a.api, definition("prov/copies"))
+    message, _ = await _poll_one(http, a, "copies")
+    code, _ = await sas.claim(http, a.api, message)
+    assert code == 200
+    for replica in (b, a, b, a):
+        code, body = await sas.post(http, f"{replica.api}/task/{task_id}/runs/0/reclaim")
+        assert code == 200, body
+    code, body = await sas.post(http, f"{a.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and body["status"]["state"] == "completed", body
+    code, body = await sas.post(http, f"{b.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and body["status"]["state"] == "completed", body
+    code, body = await sas.post(http, f"{a.api}/task/{task_id}/runs/0/failed")
+    assert code == 409, body
+    # The message the claim held was deleted when the run was resolved.
+    urls = await sas.poll_task_urls(http, a.api, "prov", "copies")
+    for q in urls["queues"]:
+        assert await sas.get_messages(http, q["signedPollUrl"], 32) == []
+
+
+async def test_a_report_on_a_stale_copy_is_refused_only_after_a_fresh_read(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Replica A created (and kept a copy of) the task; B claimed it. A report to A must
+    see B's claim, not refuse the run as pending."""
+    a, b = await make_server(), await make_server()
+    task_id = await create(http, a.api, definition("prov/stale"))
+    message, _ = await _poll_one(http, b, "stale")
+    code, _ = await sas.claim(http, b.api, message)
+    assert code == 200
+    code, body = await sas.post(http, f"{a.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and body["status"]["state"] == "completed", body
+
+
+async def test_a_short_run_costs_the_claim_index_nothing_and_a_long_one_is_indexed(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """The claim resolver's index holds the runs still running some time after their
+    claim (here half the 2 s claim timeout); a run resolved sooner never gets a row, and
+    the row of an indexed run goes when it is resolved."""
+    server = await make_server(claim_timeout=2.0, run_resolvers=False)
+    index = server.service.index.store
+    short = await create(http, server.api, definition("prov/index"))
+    long = await create(http, server.api, definition("prov/index"))
+    for task_id in (short, long):
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
+                                 {"workerGroup": "wg", "workerId": "w"})
+        assert code == 200
+    code, _ = await sas.post(http, f"{server.api}/task/{short}/runs/0/completed")
+    assert code == 200
+    await eventually(lambda: index.get(long, 0), lambda row: row is not None,
+                     what="the long run indexed")
+    assert await index.get(short, 0) is None
+    code, _ = await sas.post(http, f"{server.api}/task/{long}/runs/0/completed")
+    assert code == 200
+    assert await index.get(long, 0) is None
+
+
+async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server(claim_timeout=600.0, run_resolvers=False)
+    task_id = await create(http, server.api, definition("prov/closing"))
+    code, claim = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
+                                 {"workerGroup": "wg", "workerId": "w"})
+    assert code == 200
+    assert await server.service.index.store.get(task_id, 0) is None  # 300 s to go
+    await server.service.index.close()
+    row = await server.service.index.store.get(task_id, 0)
+    assert row is not None and timeutil.fmt(row.taken_until) == claim["takenUntil"]
+
+
+async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'claimWork ... long-polling' (003): eight callers waiting at once on a replica that
+    did not create the tasks (so nothing is handed over) each get their own task."""
+    creator, server = await make_server(), await make_server(claim_work_poll_interval=0.5)
+    callers = [asyncio.create_task(claim_work(http, server, "prov/shared", worker_id=f"w{i}"))
+               for i in range(8)]
+    await asyncio.sleep(0.5)
+    created = {await create(http, creator.api, definition("prov/shared")) for _ in range(8)}
+    claimed = [c["status"]["taskId"] for got in await asyncio.gather(*callers) for c in got]
+    assert len(claimed) == len(set(claimed)) and set(claimed) <= created
+    # Whatever a caller did not get is still there for the next one.
+    rest = [c["status"]["taskId"] for c in await claim_work(http, server, "prov/shared",
+                                                              tasks=8, worker_id="late")]
+    assert sorted(claimed + rest) == sorted(created)
+    for task_id in created:
+        assert (await status(http, server.api, task_id))["state"] == "running"
