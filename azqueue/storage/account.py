@@ -19,6 +19,7 @@ from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.config import ConfigError, StorageSettings, connection_settings
 from azqueue.storage.errors import translate
+from azqueue.storage.rest import RestClient, Signer
 
 # A user delegation key may last 7 days; ask for one a day, renew it when it has less
 # than the longest-lived SAS URL made from it (an hour is plenty) left.
@@ -111,6 +112,7 @@ class StorageAccount:
             return CountingTransport(self.requests, service, self._session, **options)
 
         self._own_credential: Any = None
+        credential: Any = None
         self._delegation_key: UserDelegationKey | None = None
         self._delegation_expiry = datetime.min.replace(tzinfo=UTC)
         self._delegation_lock = asyncio.Lock()
@@ -124,7 +126,7 @@ class StorageAccount:
                         f"the {service} endpoint {endpoint} is not https: azure-identity tokens "
                         "are only sent over TLS; use https endpoints, or a connection string "
                         "with AccountKey")
-            credential: Any = self.settings.credential
+            credential = self.settings.credential
             if credential is None:
                 credential = self._own_credential = DefaultAzureCredential()
             self.tables = TableServiceClient(url["table"], credential=credential,
@@ -146,6 +148,10 @@ class StorageAccount:
             self.account_key = getattr(self.queues.credential, "account_key", None)
         if not self.account_name:
             raise ConfigError("AZQUEUE_STORAGE_CONNECTION_STRING names no AccountName")
+        self.rest = RestClient(
+            self._session, Signer(self.account_name, self.account_key, credential,
+                                  connection_settings(conn).get("sharedaccesssignature")),
+            self.tables.url, self.queues.url, self.requests, self.settings.ca_file)
 
     async def user_delegation_key(self, now: datetime) -> UserDelegationKey:
         """A user delegation key (azure-identity only) valid at least until

@@ -36,8 +36,8 @@ class GroupStore(TableStore):
         """Add an unresolved member (an existing member is left as it is)."""
         try:
             with translate(f"adding task {task_id} to group {task_group_id}"):
-                await self._table.create_entity({"PartitionKey": task_group_id,
-                                                 "RowKey": task_id, "resolved": False})
+                await self._rest.create_entity(self.name, {"PartitionKey": task_group_id,
+                                                           "RowKey": task_id, "resolved": False})
         except EntityExists:
             pass
 

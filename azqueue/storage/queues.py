@@ -58,6 +58,7 @@ class Queues:
 
     def __init__(self, account: StorageAccount) -> None:
         self._account = account
+        self._rest = account.rest
         self._clients: dict[str, QueueClient] = {}
         self._ensured: set[str] = set()
 
@@ -81,24 +82,21 @@ class Queues:
     async def put(self, name: str, text: str, visible_in: timedelta = timedelta(0),
                   forever: bool = False) -> Message:
         with translate(f"adding a message to {name}"):
-            msg = await self.client(name).send_message(
-                text, visibility_timeout=_seconds(visible_in) or None,
-                time_to_live=-1 if forever else None)
-        return Message(name, msg.id, msg.pop_receipt or "", text, 0)
+            msg = await self._rest.put_message(name, text, _seconds(visible_in) or None,
+                                               -1 if forever else None)
+        return Message(name, msg.message_id, msg.pop_receipt, text, 0)
 
     async def update(self, name: str, message_id: str, pop_receipt: str, visible_in: timedelta,
                      text: str | None = None) -> str:
         """Change a message's visibility (and text); the new pop receipt. MessageGone if stale."""
         with translate_message(f"updating message {message_id} in {name}"):
-            msg = await self.client(name).update_message(
-                message_id, pop_receipt=pop_receipt, content=text,
-                visibility_timeout=_seconds(visible_in))
-        return str(msg.pop_receipt)
+            return await self._rest.update_message(name, message_id, pop_receipt,
+                                                   _seconds(visible_in), text)
 
     async def delete(self, name: str, message_id: str, pop_receipt: str) -> None:
         """Delete a message. MessageGone if it is gone or the receipt is stale."""
         with translate_message(f"deleting message {message_id} from {name}"):
-            await self.client(name).delete_message(message_id, pop_receipt=pop_receipt)
+            await self._rest.delete_message(name, message_id, pop_receipt)
 
     async def drop(self, name: str, message_id: str, pop_receipt: str) -> bool:
         """Delete a message if it is still ours; False if it was gone or not ours any more."""
@@ -120,11 +118,8 @@ class Queues:
 
     async def receive(self, name: str, invisible_for: timedelta, limit: int = 32) -> list[Message]:
         with translate(f"receiving messages from {name}"):
-            pager = self.client(name).receive_messages(
-                max_messages=limit, messages_per_page=min(limit, 32),
-                visibility_timeout=_seconds(invisible_for))
-            return [Message(name, m.id, m.pop_receipt or "", m.content or "", m.dequeue_count or 0)
-                    async for m in pager]
+            got = await self._rest.receive_messages(name, min(limit, 32), _seconds(invisible_for))
+        return [Message(name, m.message_id, m.pop_receipt, m.text, m.dequeue_count) for m in got]
 
     def signed_urls(self, name: str, start: datetime, expiry: datetime) -> SignedQueueUrls:
         key = self._account.account_key

@@ -13,6 +13,7 @@ class TableStore:
         self.name = account.table_name(kind)
         self._service = account.tables
         self._table = account.tables.get_table_client(self.name)
+        self._rest = account.rest  # for the requests of the hot path
 
     async def ensure(self) -> None:
         """Create the table (idempotent)."""

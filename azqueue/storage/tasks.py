@@ -206,7 +206,7 @@ class TaskStore(TableStore):
                         [("create", entity), *(("create", row) for row in outbox)])
                     etag = written[0]["etag"]
                 else:
-                    etag = (await self._table.create_entity(entity))["etag"]
+                    etag = (await self._rest.create_entity(self.name, entity))["etag"]
         except (EntityExists, TransactionConflict):
             return None
         return Stored(task, str(etag), None, frozenset(tips))
@@ -216,7 +216,7 @@ class TaskStore(TableStore):
         looks for a record of it as an earlier version wrote them (``tip in stored.tips``)."""
         try:
             with translate(f"reading task {task_id}"):
-                entity = await self._table.get_entity(task_id, ROW)
+                entity = await self._rest.get_entity(self.name, task_id, ROW)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
         stored = stored_from_entity(entity)
@@ -224,7 +224,7 @@ class TaskStore(TableStore):
             return stored
         try:
             with translate(f"reading task {task_id}"):
-                await self._table.get_entity(task_id, TIP + tip)
+                await self._rest.get_entity(self.name, task_id, TIP + tip)
         except EntityNotFound:
             return stored
         return replace(stored, tips=stored.tips | {tip})
@@ -300,9 +300,10 @@ class TaskStore(TableStore):
         merge: it moves the ETag, so a concurrent ``modify`` keeps the record)."""
         try:
             with translate(f"recording a tip of task {task_id}"):
-                await self._table.update_entity(
+                await self._rest.update_entity(
+                    self.name,
                     {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id},
-                    mode=UpdateMode.MERGE)
+                    "*", merge=True)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
 
@@ -371,9 +372,8 @@ class TaskStore(TableStore):
                             *(("create", row) for row in outbox)])
                         etag = written[0]["etag"]
                     else:
-                        etag = (await self._table.update_entity(
-                            to_entity(after, held, stored.tips), mode=UpdateMode.REPLACE, etag=stored.etag,
-                            match_condition=MatchConditions.IfNotModified))["etag"]
+                        etag = (await self._rest.update_entity(
+                            self.name, to_entity(after, held, stored.tips), stored.etag))["etag"]
             except (ETagMismatch, TransactionConflict):
                 continue
             return Change(before, after, stored.held, Stored(after, str(etag), held, stored.tips))
