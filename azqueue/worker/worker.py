@@ -90,7 +90,11 @@ class WorkerConfig:
         first) when that queue is empty or when its last pass from the top is this many
         seconds old, default 5. So a higher-priority task waits at most this much longer
         for this worker than if every poll started at the top; with W workers sticky on
-        a lower queue, about ``priority_recheck / (W + 1)`` seconds on average.
+        a lower queue, about ``priority_recheck / (W + 1)`` seconds on average. Each
+        recheck at a ``lowest`` backlog costs six empty polls. The default equals
+        ``max_idle_sleep``: a higher-priority task waits about as long for busy workers
+        as any task may wait for idle ones, and the rechecks cost a busy worker about
+        what idling costs.
     """
 
     root_url: str
@@ -334,15 +338,18 @@ class Worker:
                               run.run_id)
                 outcome = ("exception", "internal-error")
         finally:
-            await _cancel(reclaimer, f"task {run.task_id}/{run.run_id}: reclaiming")
-            if outcome is not None and not run.lost:
-                # A forced stop must not cancel a report that is already due.
-                report = asyncio.ensure_future(self._report(run, *outcome))
-                try:
-                    await asyncio.shield(report)
-                except asyncio.CancelledError:
-                    await report
-                    raise
+            reclaimer.cancel()
+            try:
+                if outcome is not None and not run.lost:
+                    # A forced stop must not cancel a report that is already due.
+                    report = asyncio.ensure_future(self._report(run, *outcome))
+                    try:
+                        await asyncio.shield(report)
+                    except asyncio.CancelledError:
+                        await report
+                        raise
+            finally:
+                await _cancel(reclaimer, f"task {run.task_id}/{run.run_id}: reclaiming")
 
     async def _reclaim(self, run: TaskRun, handler: asyncio.Future[None]) -> None:
         while not handler.done():
