@@ -55,6 +55,9 @@ def add_parsers(sub: Any) -> None:
     worker.add_argument("--worker-id", default=_default_worker_id())
     worker.add_argument("--reclaim-margin", type=float, default=60.0,
                         help="seconds before takenUntil to reclaim (default 60)")
+    worker.add_argument("--idle-sleep", type=float, default=1.0,
+                        help="sas mode: seconds slept after an empty polling pass, doubled "
+                             "after each further one (default 1)")
     worker.add_argument("--max-idle-sleep", type=float, default=5.0,
                         help="sas mode: the longest sleep between empty polling passes "
                              "(default 5)")
@@ -92,7 +95,7 @@ async def _worker(args: argparse.Namespace) -> int:
                               task_queue_id=args.task_queue, worker_group=args.worker_group,
                               worker_id=args.worker_id, capacity=args.capacity, mode=args.mode,
                               reclaim_margin=args.reclaim_margin,
-                              max_idle_sleep=args.max_idle_sleep,
+                              idle_sleep=args.idle_sleep, max_idle_sleep=args.max_idle_sleep,
                               priority_recheck=args.priority_recheck)
     except ValueError as e:
         raise SystemExit(f"azqueue worker: {e}") from None

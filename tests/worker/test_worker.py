@@ -6,6 +6,7 @@ import asyncio
 import base64
 import json
 import logging
+import os
 import signal
 import subprocess
 from collections import Counter
@@ -314,3 +315,48 @@ async def test_a_sas_worker_refused_for_its_own_credentials_keeps_the_tip(
                                                                        Priority.LOWEST))
     assert (await qclient.get_queue_properties()).approximate_message_count == 1
     assert (await status(http, server.api, task_id))["state"] == "pending"
+
+
+async def test_expected_failures_are_logged_in_a_line_and_others_with_their_traceback(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A dropped connection is retried after one line of log; an exception nobody expects
+    (a bug) is logged with its traceback, so that it cannot repeat silently, and the
+    worker goes on."""
+    server = await make_server()
+    task_id = await create(http, server.api, definition("prov/flaky"))
+    failures: list[Exception] = [aiohttp.ClientConnectionError("connection dropped"),
+                                 ZeroDivisionError("a bug")]
+
+    class Flaky(Worker):
+        def _source(self, session: aiohttp.ClientSession) -> Any:
+            get = super()._source(session)
+
+            async def source(n: int) -> list[Any]:
+                if failures:
+                    raise failures.pop(0)
+                return await get(n)
+            return source
+
+    caplog.set_level(logging.WARNING, logger="azqueue.worker")
+    worker = Flaky(config(server, "prov/flaky", "w", mode="sas", idle_sleep=0.05),
+                   lambda run: asyncio.sleep(0))
+    async with running(worker):
+        await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
+    logged = [r for r in caplog.records if "getting work failed" in r.getMessage()]
+    assert [(r.levelno, r.exc_info is not None) for r in logged] == [
+        (logging.WARNING, False), (logging.ERROR, True)]
+    assert "connection dropped" in logged[0].getMessage()
+    assert logged[1].exc_info is not None and logged[1].exc_info[0] is ZeroDivisionError
+
+
+def test_azqueue_worker_refuses_options_that_do_not_fit() -> None:
+    """Bad input: a clear message saying what is wrong, not a traceback."""
+    refused = subprocess.run(
+        [AZQUEUE, "worker", "--task-queue", "prov/options", "--idle-sleep", "2",
+         "--max-idle-sleep", "1"],
+        env={**os.environ, "TASKCLUSTER_ROOT_URL": "http://127.0.0.1:9"},
+        capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "azqueue worker: idle_sleep (2.0) must be over 0 and at most max_idle_sleep (1.0)")
