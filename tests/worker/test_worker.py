@@ -136,11 +136,13 @@ async def test_task_cancel_stops_the_running_subprocess_at_its_next_reclaim(
         make_server: ServerFactory, http: aiohttp.ClientSession, tmp_path: Path) -> None:
     """`azqueue task cancel`: the run resolves exception canceled, and the worker, told by
     its next reclaim (409), 'should halt execution ... and forget all about the task' (003)."""
-    server = await make_server(claim_timeout=3.0)
+    # Reclaims every 4 s, each due 4 s before the claim expires: a slow machine delays a
+    # reclaim, but not by that much, so the run is not resolved claim-expired first.
+    server = await make_server(claim_timeout=8.0)
     pid_file = tmp_path / "pid"
     task_id = await create(http, server.api, definition(
         "prov/cancel", payload=_sleeper(pid_file)))
-    worker = shell_worker(server, "prov/cancel", "canceled", reclaim_margin=1.5)
+    worker = shell_worker(server, "prov/cancel", "canceled", reclaim_margin=4.0)
     async with running(worker):
         pid = await _pid_once_running(http, server, task_id, pid_file)
         canceled = await asyncio.to_thread(
