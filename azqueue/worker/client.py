@@ -9,6 +9,9 @@
   official client signs with, and the client's own Hawk ``ext`` (certificate,
   authorizedScopes).
 * ``status_of()``: the HTTP status of any failure the official client raises.
+* ``EXPECTED``: the failures a worker expects from the network and the queue (a
+  connection dropped, a timeout, an error answer); anything else is a bug, to be logged
+  with its traceback.
 """
 
 from __future__ import annotations
@@ -27,9 +30,23 @@ from taskcluster.exceptions import TaskclusterFailure
 
 from azqueue.worker.errors import QueueUnavailable
 
+# What talking to the queue and to Azure can raise without anything being wrong with the
+# worker: the official client's failures (an error answer, retries used up), aiohttp's
+# (connection refused or dropped, an error status), a timeout, and pollTaskUrls' answer.
+EXPECTED: tuple[type[Exception], ...] = (TaskclusterFailure, aiohttp.ClientError, TimeoutError,
+                                         QueueUnavailable)
+
 
 @dataclass(frozen=True, slots=True)
 class Credentials:
+    """Taskcluster credentials: a client's own, or the temporary ones of a claim.
+
+    :param client_id: the ``clientId``.
+    :param access_token: its ``accessToken``.
+    :param certificate: the JSON ``certificate`` of temporary credentials (claims and
+        reclaims answer those), None for a permanent client.
+    """
+
     client_id: str
     access_token: str
     certificate: str | None = None

@@ -55,6 +55,15 @@ def add_parsers(sub: Any) -> None:
     worker.add_argument("--worker-id", default=_default_worker_id())
     worker.add_argument("--reclaim-margin", type=float, default=60.0,
                         help="seconds before takenUntil to reclaim (default 60)")
+    worker.add_argument("--idle-sleep", type=float, default=1.0,
+                        help="sas mode: seconds slept after an empty polling pass, doubled "
+                             "after each further one (default 1)")
+    worker.add_argument("--max-idle-sleep", type=float, default=5.0,
+                        help="sas mode: the longest sleep between empty polling passes "
+                             "(default 5)")
+    worker.add_argument("--priority-recheck", type=float, default=5.0,
+                        help="sas mode: seconds after which a worker that keeps finding work "
+                             "in one queue polls the higher-priority queues again (default 5)")
 
     task = sub.add_parser("task", help="create and follow tasks")
     tsub = task.add_subparsers(dest="task_command", required=True)
@@ -81,10 +90,15 @@ def run(args: argparse.Namespace) -> int:
 
 async def _worker(args: argparse.Namespace) -> int:
     root_url, credentials = _env_credentials()
-    config = WorkerConfig(root_url=root_url, credentials=credentials,
-                          task_queue_id=args.task_queue, worker_group=args.worker_group,
-                          worker_id=args.worker_id, capacity=args.capacity, mode=args.mode,
-                          reclaim_margin=args.reclaim_margin)
+    try:
+        config = WorkerConfig(root_url=root_url, credentials=credentials,
+                              task_queue_id=args.task_queue, worker_group=args.worker_group,
+                              worker_id=args.worker_id, capacity=args.capacity, mode=args.mode,
+                              reclaim_margin=args.reclaim_margin,
+                              idle_sleep=args.idle_sleep, max_idle_sleep=args.max_idle_sleep,
+                              priority_recheck=args.priority_recheck)
+    except ValueError as e:
+        raise SystemExit(f"azqueue worker: {e}") from None
     worker = Worker(config, shell.run_command)
     print(f"azqueue worker {args.worker_group}/{args.worker_id} on {args.task_queue} "
           f"({args.mode}, capacity {args.capacity})", file=sys.stderr, flush=True)

@@ -35,18 +35,26 @@ class TaskException(TaskOutcome):
 
 
 class MalformedPayload(TaskException):
+    """The payload cannot be run as it is; another run would fail alike."""
+
     reason = "malformed-payload"
 
 
 class ResourceUnavailable(TaskException):
+    """Something the task needs is missing for now."""
+
     reason = "resource-unavailable"
 
 
 class IntermittentTask(TaskException):
+    """The task asked to be retried (strongly discouraged by document 003)."""
+
     reason = "intermittent-task"
 
 
 class InternalError(TaskException):
+    """The worker itself is broken."""
+
     reason = "internal-error"
 
 

@@ -5,7 +5,8 @@ loop until ``stop()``; every wait in the loop is bounded, so stopping takes seco
 
 * Capacity: up to ``capacity`` tasks run at once; the worker asks for exactly its free
   capacity (document 001's remark on multiple messages).
-* Work comes from SAS URLs (``mode="sas"``, documents 000/001) or from claimWork
+* Work comes from SAS URLs (``mode="sas"``, documents 000/001; see ``azqueue.worker.sas``
+  for the order of polls and the sleeps between empty passes) or from claimWork
   (``mode="claim-work"``, document 003).
 * Each task is reclaimed ``reclaim_margin`` seconds before ``takenUntil`` with its own
   credentials, which are then swapped for the new ones. A 409 on reclaim cancels the
@@ -15,6 +16,9 @@ loop until ``stop()``; every wait in the loop is bounded, so stopping takes seco
   under ``run_until_signalled``) cancels them and reports each ``worker-shutdown``, so
   the queue retries it elsewhere.
 * Handlers get the task's temporary credentials (``TaskRun.queue``), never the worker's.
+* Failures the network and the queue are expected to produce (``client.EXPECTED``) are
+  logged in one line and retried; anything else is logged with its traceback, so a bug
+  cannot repeat silently.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ import contextlib
 import logging
 import random
 import signal
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 import taskcluster.aio
@@ -41,9 +46,14 @@ log = logging.getLogger(__name__)
 
 CLAIM_WORK_TIMEOUT = 25.0
 SLOT_WAIT = 1.0
+CLAIM_WORK = "claimWork"  # the key of ``Worker.requests`` counting claimWork calls
+
+Mode = Literal["sas", "claim-work"]
 
 
 class WorkerState(StrEnum):
+    """Where a ``Worker`` is in its lifecycle: ``ready → running → stopping → stopped``."""
+
     READY = "ready"
     RUNNING = "running"
     STOPPING = "stopping"
@@ -52,26 +62,77 @@ class WorkerState(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
+    """What a ``Worker`` is and how it gets work.
+
+    :param root_url: the queue's rootUrl, e.g. ``http://127.0.0.1:8080``.
+    :param credentials: the worker's own credentials (scopes: claim-task or claim-work
+        on the task queue, ``queue:worker-id:<workerGroup>/<workerId>``, and
+        ``queue:poll-task-urls:<taskQueueId>`` in ``sas`` mode); None for anonymous.
+    :param task_queue_id: ``<provisionerId>/<workerType>``.
+    :param worker_group: the ``workerGroup`` the worker claims as.
+    :param worker_id: the ``workerId`` the worker claims as, unique in its group.
+    :param capacity: how many tasks run at once, 1–32 (the most one Azure poll returns),
+        default 1. The worker asks for exactly its free capacity.
+    :param mode: ``"claim-work"`` (default): long-poll claimWork; ``"sas"``: poll the
+        Azure queues of pollTaskUrls directly.
+    :param reclaim_margin: seconds before ``takenUntil`` at which a task is reclaimed,
+        default 60 (document 003: "a few minutes prior to expiration" for the default
+        20-minute claims).
+    :param idle_sleep: ``sas`` mode: seconds slept after an empty pass over the queues,
+        default 1 ("sleep a second or so", document 000), with ±25% jitter; doubled
+        after each further empty pass in a row, up to ``max_idle_sleep``.
+    :param max_idle_sleep: ``sas`` mode: the longest sleep between empty passes (on
+        average; ±25% jitter), default 5. An idle worker makes seven Azure requests per
+        pass, so about ``7 / max_idle_sleep`` requests per second; a task created while
+        it sleeps waits up to 1.25 × ``max_idle_sleep`` seconds for it.
+    :param priority_recheck: ``sas`` mode: a worker that keeps finding work in one queue
+        keeps polling that queue, and goes back to the top of the list (highest priority
+        first) when that queue is empty or when its last pass from the top is this many
+        seconds old, default 5. So a higher-priority task waits at most this much longer
+        for this worker than if every poll started at the top; with W workers sticky on
+        a lower queue, about ``priority_recheck / (W + 1)`` seconds on average. Each
+        recheck at a ``lowest`` backlog costs six empty polls. The default equals
+        ``max_idle_sleep``: a higher-priority task waits about as long for busy workers
+        as any task may wait for idle ones, and the rechecks cost a busy worker about
+        what idling costs.
+    """
+
     root_url: str
     credentials: Credentials | None
     task_queue_id: str
     worker_group: str
     worker_id: str
     capacity: int = 1
-    mode: str = "claim-work"  # or "sas"
+    mode: Mode = "claim-work"
     reclaim_margin: float = 60.0
     idle_sleep: float = 1.0
+    max_idle_sleep: float = 5.0
+    priority_recheck: float = 5.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("sas", "claim-work"):
             raise ValueError(f"mode must be 'sas' or 'claim-work', not {self.mode!r}")
         if not 1 <= self.capacity <= 32:
-            raise ValueError("capacity must be 1-32")
+            raise ValueError(f"capacity must be 1-32, not {self.capacity}")
+        if self.reclaim_margin < 0:
+            raise ValueError(f"reclaim_margin must be 0 or more seconds, not {self.reclaim_margin}")
+        if not 0 < self.idle_sleep <= self.max_idle_sleep:
+            raise ValueError(f"idle_sleep ({self.idle_sleep}) must be over 0 and at most "
+                             f"max_idle_sleep ({self.max_idle_sleep})")
+        if self.priority_recheck <= 0:
+            raise ValueError(f"priority_recheck must be over 0 seconds, not "
+                             f"{self.priority_recheck}")
 
 
-@dataclass
+@dataclass(slots=True)
 class TaskRun:
-    """One claimed run, as a handler sees it."""
+    """One claimed run, as a handler sees it.
+
+    ``task`` is the task definition and ``payload`` its payload; ``queue`` is a client
+    with the run's temporary credentials, swapped for new ones at every reclaim;
+    ``upload_artifact`` creates, uploads and finishes a blob artifact. ``lost`` becomes
+    True when a reclaim answered 409 (the handler is then cancelled).
+    """
 
     task_id: str
     run_id: int
@@ -106,6 +167,19 @@ Handler = Callable[[TaskRun], Awaitable[None]]
 
 
 class Worker:
+    """Claims tasks of one task queue and runs ``handler`` for each (see the module's
+    docstring for the rules it follows).
+
+    :param config: the ``WorkerConfig``.
+    :param handler: an async function of a ``TaskRun``; returning reports the run
+        completed, raising one of ``azqueue.worker.errors`` reports that outcome, and any
+        other exception reports exception ``internal-error``.
+
+    ``completed`` counts the runs reported completed; ``requests`` counts the requests
+    made to get work (``azqueue.worker.sas.REQUEST_KINDS``, and ``"claimWork"``), and
+    ``claimed`` the claims they brought: their ratio is what a task costs in polls.
+    """
+
     def __init__(self, config: WorkerConfig, handler: Handler) -> None:
         self.config = config
         self.handler = handler
@@ -115,6 +189,8 @@ class Worker:
         self._running: dict[asyncio.Task[None], TaskRun] = {}
         self._shutdown = False
         self.completed = 0
+        self.claimed = 0
+        self.requests: Counter[str] = Counter()
 
     async def start(self) -> None:
         """Run the loop until ``stop()``."""
@@ -131,15 +207,22 @@ class Worker:
                         continue
                     try:
                         claims = await source(free)
-                    except Exception as e:  # the loop must survive any one failure
+                    except client.EXPECTED as e:
                         log.warning("getting work failed: %s; retrying", e)
                         await self._sleep(self.config.idle_sleep * random.uniform(1, 2))
                         continue
+                    except Exception:  # a bug: say where, and keep the worker alive
+                        log.error("getting work failed unexpectedly; retrying", exc_info=True)
+                        await self._sleep(self.config.idle_sleep * random.uniform(1, 2))
+                        continue
+                    self.claimed += len(claims)
                     for claim in claims:
                         self._spawn(session, claim)
                 await self._finish_running()
         finally:
             self.state = WorkerState.STOPPED
+            log.debug("worker %s/%s: %d claims for %s", self.config.worker_group,
+                      self.config.worker_id, self.claimed, dict(self.requests))
             self._stopped.set()
 
     async def stop(self, graceful: bool = True) -> None:
@@ -173,11 +256,16 @@ class Worker:
         c = self.config
         if c.mode == "sas":
             sas = SasSource(session, c.root_url, c.credentials, c.task_queue_id,
-                            c.worker_group, c.worker_id, c.idle_sleep)
+                            c.worker_group, c.worker_id, c.idle_sleep,
+                            max_idle_sleep=c.max_idle_sleep,
+                            priority_recheck=c.priority_recheck, requests=self.requests)
             return lambda n: sas.get(n, self._stop)
         queue = client.queue(c.root_url, c.credentials, session)
 
         async def claim_work(n: int) -> list[Any]:
+            """Up to ``n`` claims: document 003's ``tasks``, "the number of tasks it is
+            willing to process", is the free capacity."""
+            self.requests[CLAIM_WORK] += 1
             call = asyncio.ensure_future(queue.claimWork(c.task_queue_id, {
                 "workerGroup": c.worker_group, "workerId": c.worker_id, "tasks": n}))
             stop = asyncio.ensure_future(self._stop.wait())
@@ -186,11 +274,11 @@ class Worker:
             stop.cancel()
             if call not in done:
                 # Stopping (or stuck): give up the call. A task the server claimed for us
-                # just now expires and is retried.
+                # just now expires and is retried; one answered while we gave up is run.
                 call.cancel()
-                with contextlib.suppress(BaseException):
-                    await call
-                return []
+                await asyncio.wait({call})
+                if call.cancelled():
+                    return []
             return list(call.result()["tasks"])
 
         return claim_work
@@ -234,9 +322,7 @@ class Worker:
                 await asyncio.shield(handler)
                 outcome = ("completed", "")
             except asyncio.CancelledError:
-                handler.cancel()
-                with contextlib.suppress(BaseException):
-                    await handler
+                await _cancel(handler, f"task {run.task_id}/{run.run_id}: the handler")
                 if run.lost:
                     log.warning("task %s/%d: the claim was lost (reclaim answered 409); "
                                 "forgetting it", run.task_id, run.run_id)
@@ -253,16 +339,17 @@ class Worker:
                 outcome = ("exception", "internal-error")
         finally:
             reclaimer.cancel()
-            with contextlib.suppress(BaseException):
-                await reclaimer
-            if outcome is not None and not run.lost:
-                # A forced stop must not cancel a report that is already due.
-                report = asyncio.ensure_future(self._report(run, *outcome))
-                try:
-                    await asyncio.shield(report)
-                except asyncio.CancelledError:
-                    await report
-                    raise
+            try:
+                if outcome is not None and not run.lost:
+                    # A forced stop must not cancel a report that is already due.
+                    report = asyncio.ensure_future(self._report(run, *outcome))
+                    try:
+                        await asyncio.shield(report)
+                    except asyncio.CancelledError:
+                        await report
+                        raise
+            finally:
+                await _cancel(reclaimer, f"task {run.task_id}/{run.run_id}: reclaiming")
 
     async def _reclaim(self, run: TaskRun, handler: asyncio.Future[None]) -> None:
         while not handler.done():
@@ -270,13 +357,17 @@ class Worker:
             await asyncio.sleep(max(0.5, due))
             try:
                 answer = await run.queue.reclaimTask(run.task_id, run.run_id)
-            except Exception as e:
+            except client.EXPECTED as e:
                 if client.status_of(e) == 409:
                     run.lost = True
                     handler.cancel()
                     return
                 log.warning("task %s/%d: reclaim failed (%s); retrying", run.task_id,
                             run.run_id, e)
+                continue
+            except Exception:
+                log.error("task %s/%d: reclaim failed unexpectedly; retrying", run.task_id,
+                          run.run_id, exc_info=True)
                 continue
             run.taken_until = client.parse_time(answer["takenUntil"])
             run.credentials = Credentials.from_claim(answer["credentials"])
@@ -293,5 +384,17 @@ class Worker:
                 await queue.reportException(run.task_id, run.run_id, {"reason": reason})
             log.info("task %s/%d: reported %s%s", run.task_id, run.run_id, state,
                      f" ({reason})" if reason else "")
-        except Exception as e:
+        except client.EXPECTED as e:
             log.warning("task %s/%d: reporting %s failed: %s", run.task_id, run.run_id, state, e)
+        except Exception:
+            log.error("task %s/%d: reporting %s failed unexpectedly", run.task_id, run.run_id,
+                      state, exc_info=True)
+
+
+async def _cancel(task: asyncio.Future[None], what: str) -> None:
+    """Cancel ``task`` and wait until it has ended; an exception it ended with instead
+    is logged (our own cancellation still propagates)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed while being cancelled", what, exc_info=task.exception())

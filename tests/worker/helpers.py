@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -62,17 +63,41 @@ def finish(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> str:
     return err.decode(errors="replace")
 
 
-async def wait_status(http: aiohttp.ClientSession, server: Server, task_id: str,
-                      done: Any, timeout: float = 60.0) -> dict[str, Any]:
+async def eventually(probe: Callable[[], Any], *, what: str, timeout: float = 60.0,
+                     interval: float = 0.1) -> Any:
+    """Call ``probe`` (a function, or an async one) until it returns something truthy, and
+    return that; fail saying ``what`` was awaited and the last value seen after
+    ``timeout`` seconds (a bound for a stuck test, not a measure of speed)."""
     loop = asyncio.get_running_loop()
     end = loop.time() + timeout
     while True:
-        s = await status(http, server.api, task_id)
-        if done(s):
-            return s
+        value = probe()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
         if loop.time() > end:
-            raise AssertionError(f"status never reached the expected state: {s}")
-        await asyncio.sleep(0.2)
+            raise AssertionError(f"waited {timeout:.0f} s for {what}; last seen: {value!r}")
+        await asyncio.sleep(interval)
+
+
+async def wait_status(http: aiohttp.ClientSession, server: Server, task_id: str,
+                      done: Callable[[dict[str, Any]], bool],
+                      timeout: float = 60.0) -> dict[str, Any]:
+    """The task's status once ``done(status)`` holds."""
+    last: dict[str, Any] = {}
+
+    async def reached() -> dict[str, Any] | None:
+        last.update(await status(http, server.api, task_id))
+        return dict(last) if done(last) else None
+
+    try:
+        result: dict[str, Any] = await eventually(
+            reached, what=f"task {task_id} to reach the expected state", timeout=timeout,
+            interval=0.2)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; its status: {last}") from None
+    return result
 
 
 async def log_of(http: aiohttp.ClientSession, server: Server, task_id: str, run_id: int) -> str:

@@ -1,0 +1,104 @@
+"""What getting work costs a SAS worker in Azure requests, measured on ``azqueue dev``.
+
+1. A backlog of TASKS tasks at the default priority (``lowest``, the last of the seven
+   queues), run by one worker of capacity 1 and by one of capacity 4 with a handler that
+   returns at once: Azure polls (and the empty ones among them) per claimed task, for
+   the worker's defaults and for document 000's plain loop (every pass from the top:
+   ``priority_recheck`` ~0).
+2. An idle worker for IDLE seconds, after 15 idle seconds: Azure requests per second,
+   with the defaults and with the plain loop (a second's sleep after every empty pass).
+
+Not a test: the figures depend on the machine, and nothing here asserts them.
+
+Usage: .venv/bin/python -m tests.worker.measure_polls [--tasks 200] [--idle 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+from benchlib import ROOT_ID, ROOT_TOKEN, dev_server  # noqa: E402
+
+from azqueue.worker import Credentials, TaskRun, Worker, WorkerConfig  # noqa: E402
+from azqueue.worker.sas import EMPTY_POLL, POLL  # noqa: E402
+from tests.tasks import create, definition  # noqa: E402
+
+IDLE_WARM_UP = 15.0
+PLAIN = {"priority_recheck": 1e-9, "max_idle_sleep": 1.0}
+
+
+def config(api: str, queue: str, **overrides: Any) -> WorkerConfig:
+    return WorkerConfig(root_url=api.removesuffix("/api/queue/v1"),
+                        credentials=Credentials(ROOT_ID, ROOT_TOKEN), task_queue_id=queue,
+                        worker_group="measure", worker_id="w", mode="sas", **overrides)
+
+
+async def backlog(http: Any, api: str, queue: str, tasks: int,
+                  **overrides: Any) -> tuple[Counter[str], int, float]:
+    """The worker's requests up to its last claim, its claims, and the seconds taken."""
+    for _ in range(tasks):
+        await create(http, api, definition(queue))
+    at_last_claim: Counter[str] = Counter()
+    done = asyncio.Event()
+
+    async def handler(run: TaskRun) -> None:
+        if worker.claimed >= tasks and not done.is_set():
+            at_last_claim.update(worker.requests)
+            done.set()
+
+    worker = Worker(config(api, queue, **overrides), handler)
+    started = time.monotonic()
+    running = asyncio.ensure_future(worker.start())
+    await asyncio.wait_for(done.wait(), 600)
+    elapsed = time.monotonic() - started
+    await worker.stop()
+    await running
+    return at_last_claim, worker.claimed, elapsed
+
+
+async def idle(api: str, queue: str, seconds: float, **overrides: Any) -> float:
+    """Azure requests per second of a worker finding nothing, over ``seconds`` that follow
+    ``IDLE_WARM_UP`` seconds of finding nothing (its sleeps have grown to their longest)."""
+    worker = Worker(config(api, queue, **overrides), lambda run: asyncio.sleep(0))
+    running = asyncio.ensure_future(worker.start())
+    await asyncio.sleep(IDLE_WARM_UP)
+    before = worker.requests[POLL]
+    await asyncio.sleep(seconds)
+    after = worker.requests[POLL]
+    await worker.stop()
+    await running
+    return (after - before) / seconds
+
+
+async def main(args: argparse.Namespace) -> None:
+    async with dev_server(AZQUEUE_CLAIM_RESOLVER_INTERVAL="3600") as (api, http):
+        print(f"backlog of {args.tasks} tasks at priority lowest "
+              "(Azure polls per claimed task, empty ones in brackets):")
+        for capacity in (1, 4):
+            for name, overrides in (("defaults", {}), ("plain loop", PLAIN)):
+                counts, claimed, elapsed = await backlog(
+                    http, api, f"measure/c{capacity}{name[0]}", args.tasks, capacity=capacity,
+                    **overrides)
+                print(f"  capacity {capacity}, {name:<10}: {counts[POLL] / claimed:5.2f} "
+                      f"({counts[EMPTY_POLL] / claimed:4.2f})  "
+                      f"[{claimed} claims in {elapsed:.1f} s]")
+        print(f"idle for {args.idle:.0f} s after {IDLE_WARM_UP:.0f} s "
+              "(Azure requests per second):")
+        for name, overrides in (("defaults", {}), ("plain loop", PLAIN)):
+            rate = await idle(api, f"measure/idle{name[0]}", args.idle, **overrides)
+            print(f"  {name:<10}: {rate:5.2f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=200)
+    parser.add_argument("--idle", type=float, default=30.0)
+    asyncio.run(main(parser.parse_args()))

@@ -1,0 +1,178 @@
+"""How a worker gets work: the order of its polls, their cost, and its sleeps when idle.
+
+Document 000: "the worker must poll the Azure queues in order they are given", "the
+parameter &numofmessages=N may be appended ... N can be up to 32", "If at end of the
+array, the worker should sleep a second or so, and start polling from the start of the
+list"; document 001: "if the worker received multiple <QueueMessage> entries ... it must
+also claim these tasks".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from azqueue.model.priority import Priority
+from azqueue.worker import TaskRun, Worker
+from azqueue.worker.sas import EMPTY_POLL, POLL, SasSource, idle_delay
+from tests.conftest import ServerFactory
+from tests.tasks import create, definition, slugid, status
+from tests.worker.helpers import CREDENTIALS, config, eventually, running
+
+BACKLOG = 5
+PAUSE = 0.4  # seconds a handler takes in test_a_higher_priority_task_...
+
+
+async def test_a_sas_worker_keeps_polling_the_queue_it_finds_work_in(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A backlog in the last queue (``lowest``, the default priority) costs one pass over
+    the seven queues for the first task, then one Azure poll per task, not seven."""
+    server = await make_server()
+    for _ in range(BACKLOG):
+        await create(http, server.api, definition("prov/sticky"))
+    polls_at_claim: list[tuple[int, int]] = []
+
+    async def handler(run: TaskRun) -> None:
+        polls_at_claim.append((worker.requests[POLL], worker.requests[EMPTY_POLL]))
+
+    worker = Worker(config(server, "prov/sticky", "w", mode="sas", priority_recheck=3600),
+                    handler)
+    async with running(worker):
+        await eventually(lambda: worker.completed == BACKLOG, what="the backlog to be run")
+    # The k-th task: six empty polls of the queues above `lowest`, then k polls of `lowest`.
+    assert polls_at_claim == [(6 + k, 6) for k in range(1, BACKLOG + 1)]
+
+
+@pytest.mark.parametrize("recheck, high_at", [(PAUSE / 2, 1), (3600, BACKLOG)],
+                         ids=["recheck-due", "recheck-not-due"])
+async def test_a_higher_priority_task_created_during_a_backlog_is_claimed_at_the_next_recheck(
+        make_server: ServerFactory, http: aiohttp.ClientSession, recheck: float,
+        high_at: int) -> None:
+    """'the worker must poll the Azure queues in order they are given' (000), within
+    ``priority_recheck``: a worker sticky on ``lowest`` goes back to the top once its last
+    pass from the top is ``priority_recheck`` seconds old, so a ``highest`` task created
+    while the backlog runs is claimed before the backlog is drained. Until then (or with
+    a recheck that is never due) it keeps to the queue it finds work in."""
+    server = await make_server()
+    lows = [await create(http, server.api, definition("prov/recheck")) for _ in range(BACKLOG)]
+    claimed: list[str] = []
+    high: list[str] = []
+
+    async def handler(run: TaskRun) -> None:
+        claimed.append(run.task_id)
+        if not high:  # the first task: a higher-priority one arrives, then time passes
+            high.append(await create(http, server.api,
+                                     definition("prov/recheck", priority="highest")))
+            await asyncio.sleep(PAUSE)
+
+    worker = Worker(config(server, "prov/recheck", "w", mode="sas", priority_recheck=recheck),
+                    handler)
+    async with running(worker):
+        await eventually(lambda: worker.completed == BACKLOG + 1, what="every task to be run")
+    assert claimed[0] in lows
+    assert claimed.index(high[0]) == high_at
+    assert sorted(claimed) == sorted([*lows, *high])
+
+
+@pytest.mark.parametrize("mode", ["sas", "claim-work"])
+async def test_a_worker_asks_for_exactly_its_free_capacity(
+        make_server: ServerFactory, http: aiohttp.ClientSession, mode: str) -> None:
+    """'tasks is the number of tasks it is willing to process' (003); 'numofmessages=N ...
+    the maximum number of messages desired' (000): a worker of capacity 3 facing five
+    pending tasks claims three in one request and leaves two for others."""
+    server = await make_server(claim_work_wait=1.0)
+    tasks = [await create(http, server.api, definition("prov/capacity")) for _ in range(5)]
+    release = asyncio.Event()
+    asked: list[tuple[int, int]] = []  # (free capacity asked for, claims received)
+
+    class Recording(Worker):
+        def _source(self, session: aiohttp.ClientSession) -> Any:
+            get = super()._source(session)
+
+            async def source(n: int) -> list[Any]:
+                claims: list[Any] = await get(n)
+                if claims:
+                    asked.append((n, len(claims)))
+                return claims
+            return source
+
+    async def handler(run: TaskRun) -> None:
+        await release.wait()
+
+    worker = Recording(config(server, "prov/capacity", "w", mode=mode, capacity=3), handler)
+    async with running(worker):
+        await eventually(lambda: asked, what="the first claims")
+        assert asked == [(3, 3)]
+        states = [(await status(http, server.api, t))["state"] for t in tasks]
+        assert sorted(states) == ["pending"] * 2 + ["running"] * 3
+        release.set()
+        await eventually(lambda: worker.completed == 5, what="every task to be run")
+    assert sum(got for _, got in asked) == 5
+    assert all(got <= wanted <= 3 for wanted, got in asked)
+
+
+async def test_the_messages_of_one_poll_are_claimed_at_once_each_deleted_after_its_4xx(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'if the worker received multiple <QueueMessage> entries ... it must also claim these
+    tasks' (001) and 'the worker must delete messages if the queue.claimTask operations
+    fails with a 4xx error' (000): the claims of one poll are in flight together, and the
+    tip that is refused is deleted while the others are claimed."""
+    server = await make_server()
+    tasks = [await create(http, server.api, definition("prov/batch")) for _ in range(4)]
+    qclient = server.service.queues.client(server.service.pending.name("prov/batch",
+                                                                       Priority.LOWEST))
+    await qclient.send_message(base64.b64encode(json.dumps(
+        {"taskId": slugid(), "runId": 0, "signature": "not-a-signature"}).encode()).decode())
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, CREDENTIALS, "prov/batch", "g", "w")
+        claim_task = source.queue.claimTask
+        in_flight, most = 0, 0
+
+        async def counting_claim_task(*args: Any, **kwargs: Any) -> Any:
+            nonlocal in_flight, most
+            in_flight += 1
+            most = max(most, in_flight)
+            try:
+                return await claim_task(*args, **kwargs)
+            finally:
+                in_flight -= 1
+
+        source.queue.claimTask = counting_claim_task
+        claims = await source.get(5, asyncio.Event())
+    assert sorted(c["status"]["taskId"] for c in claims) == sorted(tasks)
+    assert most == 5
+    # The four claimed tips stay (they now enforce the claims); the refused one is gone.
+    assert (await qclient.get_queue_properties()).approximate_message_count == 4
+
+
+def test_the_sleep_after_empty_passes_grows_from_idle_sleep_to_max_idle_sleep() -> None:
+    """'sleep a second or so' after an empty pass (000), doubling while nothing comes, up
+    to ``max_idle_sleep``; the jitter factor spreads workers out."""
+    assert [idle_delay(k, 1.0, 5.0, 1.0) for k in range(1, 7)] == [1, 2, 4, 5, 5, 5]
+    assert idle_delay(1, 1.0, 5.0, 0.75) == 0.75
+    assert idle_delay(10_000, 1.0, 5.0, 1.25) == 6.25
+
+
+async def test_finding_work_resets_the_idle_sleep(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """After empty passes the worker sleeps longer; as soon as it finds work it is back to
+    ``idle_sleep`` for the next empty pass."""
+    server = await make_server()
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, CREDENTIALS, "prov/reset", "g", "w",
+                           idle_sleep=0.01, max_idle_sleep=0.05)
+        for _ in range(3):
+            assert await source.get(1, stop) == []
+        assert source.empty_passes == 3
+        task_id = await create(http, server.api, definition("prov/reset"))
+        [claim] = await source.get(1, stop)
+        assert claim["status"]["taskId"] == task_id
+        assert source.empty_passes == 0
+        assert await source.get(1, stop) == []
+        assert source.empty_passes == 1
