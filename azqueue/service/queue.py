@@ -42,6 +42,7 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from collections.abc import Callable
@@ -156,19 +157,20 @@ class QueueService:
             new = await self.dependencies.check_new(task_id, definition)
         waiting = new is not None and bool(new.waiting)
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
-        # The deadline trigger goes first: if we die after it, the resolver finds no
-        # task at the deadline and drops it; if we died after the insert without it,
-        # nothing would ever resolve the task.
-        await self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
-                              visible_in=task.deadline - now, forever=True)
         defining = None
         if new is not None:
             if waiting:
                 defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
-        await self.groups.add(task.definition["taskGroupId"], task_id)
-        # The tip goes before the task, so that its record is written with the task.
-        tip = None if waiting else await self._put_tip(task, 0)
+        # Before the task, all at once: the deadline trigger (if we died after the insert
+        # without it, nothing would ever resolve the task; without the task, the resolver
+        # drops it), the group member, and the tip, so that its record is written with
+        # the task. What a createTask that dies before the insert leaves is harmless.
+        _, _, tip = await asyncio.gather(
+            self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
+                            visible_in=task.deadline - now, forever=True),
+            self.groups.add(task.definition["taskGroupId"], task_id),
+            self._no_tip() if waiting else self._put_tip(task, 0))
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         stored = await self.tasks.insert(task, events.for_change if trigger else None,
                                          tips=(tip.message_id,) if tip else ())
@@ -279,6 +281,9 @@ class QueueService:
         return (await self.tasks.get(task_id)).status()
 
     # -- tips ------------------------------------------------------------------------
+
+    async def _no_tip(self) -> None:
+        return None
 
     async def _put_tip(self, task: Task, run_id: int) -> Message:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
