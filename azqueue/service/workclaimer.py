@@ -94,6 +94,7 @@ class _TaskQueue:
         self.wake = asyncio.Event()
         self.start_rank = 0
         self.recheck_at = 0.0
+        self.found_nothing_at = float("-inf")  # when a round from the top last found nothing
 
     def demand(self) -> int:
         return sum(w.room for w in self.waiters)
@@ -182,10 +183,16 @@ class WorkClaimer:
     # -- polling ---------------------------------------------------------------------
 
     def _poll(self, task_queue_id: str, tq: _TaskQueue) -> None:
+        """A caller came: start the poller, and have it look now unless it found nothing
+        less than a poll interval ago (tips put in this process since were handed over;
+        others wait for the next round, as they would for a caller already waiting). So
+        callers that come and go cost no more polls than one that stays."""
         if tq.poller is None:
             tq.poller = asyncio.create_task(self._poller(task_queue_id, tq),
                                             name=f"claimWork poller {task_queue_id}")
-        tq.wake.set()
+        now = asyncio.get_running_loop().time()
+        if now - tq.found_nothing_at >= self.core.settings.claim_work_poll_interval:
+            tq.wake.set()
 
     async def _poller(self, task_queue_id: str, tq: _TaskQueue) -> None:
         interval = self.core.settings.claim_work_poll_interval
@@ -233,6 +240,8 @@ class WorkClaimer:
             if len(found) >= demand:
                 break
         if not found:
+            if start == 0:
+                tq.found_nothing_at = now
             tq.start_rank = 0
         for message in found:
             await self._pass_on(tq, message)
