@@ -13,6 +13,7 @@ never the truth: the Task entity decides.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import json
@@ -61,6 +62,7 @@ class Queues:
         self._rest = account.rest
         self._clients: dict[str, QueueClient] = {}
         self._ensured: set[str] = set()
+        self._creating: dict[str, asyncio.Future[None]] = {}
 
     def client(self, name: str) -> QueueClient:
         client = self._clients.get(name)
@@ -69,9 +71,17 @@ class Queues:
         return client
 
     async def ensure(self, name: str, metadata: Mapping[str, str] | None = None) -> None:
-        """Create the queue unless this process already knows it exists."""
+        """Create the queue unless this process already knows it exists (callers asking
+        at the same time share one request)."""
         if name in self._ensured:
             return
+        creating = self._creating.get(name)
+        if creating is None:
+            creating = self._creating[name] = asyncio.ensure_future(self._create(name, metadata))
+            creating.add_done_callback(lambda _: self._creating.pop(name, None))
+        await asyncio.shield(creating)
+
+    async def _create(self, name: str, metadata: Mapping[str, str] | None) -> None:
         try:
             with translate(f"creating queue {name}"):
                 await self.client(name).create_queue(metadata=dict(metadata or {}))
