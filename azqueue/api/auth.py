@@ -48,6 +48,8 @@ def _host_port(host_header: str, default_port: int) -> tuple[str, int]:
 
 
 class Authenticator:
+    """Hawk and temporary credentials: who sent a request, and which scopes it holds."""
+
     def __init__(self, settings: Settings) -> None:
         self._clients = {c.client_id: Principal(c.client_id, c.access_token, c.scopes)
                          for c in (settings.root, *settings.clients)}

@@ -23,6 +23,8 @@ _NOT_NOW: tuple[type[Exception], ...] = (*errors.TRANSIENT, TimeoutError)
 
 
 class Outbox:
+    """Publishes the outbox rows a change wrote, and recovers those a process left behind."""
+
     def __init__(self, tasks: TaskStore, groups: GroupStore, queues: Queues,
                  publisher: Publisher, trigger_queue: str, recovery_delay: timedelta) -> None:
         self.tasks = tasks

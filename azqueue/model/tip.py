@@ -44,6 +44,8 @@ class Tip:
 
 
 class TipSigner:
+    """Signs tips with the newest secret and verifies them with any of them."""
+
     def __init__(self, secrets: tuple[str, ...]) -> None:
         if not secrets:
             raise ValueError("at least one tip secret is needed")

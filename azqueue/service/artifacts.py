@@ -34,6 +34,8 @@ class Target:
 
 
 class ArtifactService:
+    """Artifacts of a task's runs: records in the task's partition, content in Blob storage."""
+
     def __init__(self, account: StorageAccount, tasks: TaskStore,
                  outbox: Outbox | None = None) -> None:
         self.tasks = tasks

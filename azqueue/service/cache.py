@@ -21,6 +21,8 @@ MAX_AGE = 60.0
 
 
 class TaskCache:
+    """The last tasks this process wrote, with their ETags: a bounded, aging map by taskId."""
+
     def __init__(self, max_entries: int = MAX_ENTRIES, max_age: float = MAX_AGE) -> None:
         self._entries: OrderedDict[str, tuple[float, Stored]] = OrderedDict()
         self._max_entries = max_entries

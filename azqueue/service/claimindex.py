@@ -42,6 +42,8 @@ CLOSE_TIMEOUT = 10.0
 
 
 class ClaimIndex:
+    """Notes this process's claims and writes the claim index rows of those still running."""
+
     def __init__(self, store: ClaimStore, tasks: TaskStore, claim_timeout: timedelta) -> None:
         self.store = store
         self.tasks = tasks

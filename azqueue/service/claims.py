@@ -53,6 +53,8 @@ class _Stale(Exception):
 
 
 class Claims:
+    """claimTask and reclaimTask over the queue service's core."""
+
     def __init__(self, core: QueueService) -> None:
         self.core = core
 

@@ -103,6 +103,8 @@ class NewTask:
 
 
 class Dependencies:
+    """Defining tasks that wait, passing resolutions on to them, and recovering both."""
+
     def __init__(self, tasks: TaskStore, dependents: DependentStore, queues: Queues,
                  queue_name: str, recovery_delay: timedelta, schedule: Schedule) -> None:
         self.tasks = tasks

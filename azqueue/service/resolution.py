@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class Resolution:
+    """Resolving runs: workers' reports, cancelTask, expired claims and deadlines."""
+
     def __init__(self, core: QueueService) -> None:
         self.core = core
 

@@ -109,6 +109,8 @@ class _TaskQueue:
 
 
 class WorkClaimer:
+    """claimWork for this process: waiting callers, one poller per task queue, hand-over."""
+
     def __init__(self, core: QueueService, workers: WorkerStore) -> None:
         self.core = core
         self.workers = workers

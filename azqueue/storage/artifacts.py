@@ -44,6 +44,8 @@ def _from_entity(e: Any) -> Artifact:
 
 
 class ArtifactStore:
+    """Artifact rows in the tasks table (see the module docstring)."""
+
     def __init__(self, account: StorageAccount, table_name: str) -> None:
         self._table = account.tables.get_table_client(table_name)
 

@@ -21,6 +21,8 @@ SAS_START_SLACK = timedelta(minutes=5)
 
 
 class BlobStore:
+    """Artifact content in the blob container, and the signed URLs to it."""
+
     def __init__(self, account: StorageAccount) -> None:
         self._account = account
         self.container = account.queue_name("artifacts")

@@ -39,6 +39,8 @@ class ClaimRecord:
 
 
 class ClaimStore(TableStore):
+    """The claim index table."""
+
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "claims")
 

@@ -17,6 +17,8 @@ from azqueue.storage.rows import delete_rows, key_page
 
 
 class DependentStore(TableStore):
+    """The dependents table."""
+
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "dependents")
 

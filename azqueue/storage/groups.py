@@ -29,6 +29,8 @@ ANNOUNCED = "~announced"
 
 
 class GroupStore(TableStore):
+    """The task groups table."""
+
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "groups")
 

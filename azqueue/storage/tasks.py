@@ -189,6 +189,8 @@ def event_from_row(entity: Mapping[str, Any]) -> Event:
 
 
 class TaskStore(TableStore):
+    """The tasks table: task entities and the rows of their partitions."""
+
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "tasks")
 

@@ -23,6 +23,8 @@ RECENT_TASKS = 20
 
 
 class WorkerStore(TableStore):
+    """The workers table."""
+
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "workers")
 
