@@ -83,6 +83,7 @@ class Azurite:
         workdir = data_dir or tempfile.mkdtemp(prefix="azqueue-azurite-")
         ports = [free_port(), free_port(), free_port()]
         args = [str(binary), "--silent", "--skipApiVersionCheck", "--disableProductStyleUrl",
+                "--disableTelemetry",
                 "--blobHost", "127.0.0.1", "--queueHost", "127.0.0.1", "--tableHost", "127.0.0.1",
                 "--blobPort", str(ports[0]), "--queuePort", str(ports[1]),
                 "--tablePort", str(ports[2])]
