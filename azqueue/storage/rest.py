@@ -169,7 +169,7 @@ class RestClient:
         for attempt in range(ATTEMPTS):
             request_headers = {**headers, "x-ms-date": formatdate(usegmt=True),
                                "x-ms-version": TABLE_VERSION if service == "table" else QUEUE_VERSION}
-            if body is not None or method in ("PUT", "POST", "MERGE"):
+            if body is not None or method in ("PUT", "POST", "PATCH"):
                 # aiohttp sends both headers for these methods: they are signed as sent.
                 body = body or b""
                 request_headers["Content-Length"] = str(len(body))
@@ -249,7 +249,7 @@ class RestClient:
             raise ValueError("update_entity needs the ETag to write at, or '*'")
         path = self._entity_path(table, entity["PartitionKey"], entity["RowKey"])
         headers, _ = await self._table(
-            "MERGE" if merge else "PUT", path,
+            "PATCH" if merge else "PUT", path,
             {"Accept": JSON_ACCEPT, "Content-Type": JSON, "If-Match": etag},
             _entity_to_json(entity), (204,), f"updating {table}")
         return {"etag": headers.get("ETag", "")}
