@@ -357,7 +357,9 @@ class QueueService:
                 await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
         if retry_pending and not tip_ready:
             await self.queue_tip(task, run_id + 1)
-        await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
+        if run_id < len(change.before.runs) and \
+                change.before.runs[run_id].state is RunState.RUNNING:
+            await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
 
     def _fault_point(self) -> None:
         if self.settings.crash_after_commit:
