@@ -106,8 +106,8 @@ class Bench:
                     {k: b.cpu[k] - a.cpu.get(k, 0.0) for k in b.cpu})
 
     async def start_server(self, name: str = "server", **settings: str) -> Server:
-        server = await benchlib.start_server(self.proxy.connection_string(), self.logs / f"{name}.log",
-                                    **settings)
+        server = await benchlib.start_server(self.proxy.connection_string(),
+                                             self.logs / f"{name}.log", **settings)
         self.pids[name] = server.process.pid
         return server
 
@@ -287,8 +287,9 @@ async def phase_celery(b: Bench) -> None:
 
 # -- phases: createTask, drains ------------------------------------------------------------
 
-async def create_backlog(b: Bench, queue: str, label: str) -> float:
-    """N tasks on ``queue`` by ``workers`` concurrent clients; prints and returns tasks/s."""
+async def create_backlog(b: Bench, queue: str, label: str, key: str = "") -> float:
+    """N tasks on ``queue`` by ``workers`` concurrent clients; prints and returns tasks/s,
+    and keeps the server's requests and CPU per createTask under ``key``."""
     n, w = b.args.tasks, b.args.workers
     async with signed_session(w * 2) as http:
         await create_task(http, b.main.api, queue)  # the queue's Azure queues exist: not timed
@@ -309,6 +310,9 @@ async def create_backlog(b: Bench, queue: str, label: str) -> float:
           f"and {span.cpu['server'] * 1000 / (n - 1):.1f} ms CPU per task; CPU cores: "
           f"{cpu_line(span, 'server', 'azurite', 'bench')}")
     print_kinds(span, n - 1, ("server",))
+    if key:
+        b.summary[f"{key} create requests"] = span.requests("server") / (n - 1)
+        b.summary[f"{key} create cpu"] = span.cpu["server"] * 1000 / (n - 1)
     return rate
 
 
@@ -388,39 +392,46 @@ async def drain(b: Bench, mode: str, queue: str, root_urls: list[str]) -> Drain:
     server_cpu = sum(span.cpu[k] for k in servers)
     print(f"  drain: {n} tasks by {b.args.workers} {mode} workers in {done['done']:.2f}s = "
           f"{rate:.1f} tasks/s")
-    print(f"  per lifecycle: server {span.requests('server') / n:.2f} storage requests, workers "
-          f"{span.requests('workers') / n:.2f} (polls {span.requests('workers', 'GET messages') / n:.2f}); "
-          f"server CPU {server_cpu * 1000 / n:.1f} ms")
+    print(f"  per task drained (claim to completed): server {span.requests('server') / n:.2f} "
+          f"storage requests and {server_cpu * 1000 / n:.1f} ms CPU, workers "
+          f"{span.requests('workers') / n:.2f} requests (polls "
+          f"{span.requests('workers', 'GET messages') / n:.2f})")
     print(f"  CPU cores: {cpu_line(span, *servers, 'azurite', 'workers', 'bench')}")
     print_kinds(span, n)
     return Drain(rate, span)
 
 
 def record_drain(b: Bench, key: str, d: Drain) -> None:
-    n = b.args.tasks
-    b.summary[f"{key} rate"] = d.rate
-    b.summary[f"{key} server requests"] = d.span.requests("server") / n
-    b.summary[f"{key} worker polls"] = d.span.requests("workers", "GET messages") / n
-    b.summary[f"{key} server cpu"] = sum(v for k, v in d.span.cpu.items()
-                                         if k.startswith("server")) * 1000 / n
-    b.summary[f"{key} azurite cores"] = d.span.cores("azurite")
+    """Keep a drain's figures; with its backlog's, print the whole lifecycle's."""
+    n, s = b.args.tasks, b.summary
+    s[f"{key} rate"] = d.rate
+    s[f"{key} server requests"] = d.span.requests("server") / n
+    s[f"{key} worker polls"] = d.span.requests("workers", "GET messages") / n
+    s[f"{key} server cpu"] = sum(v for k, v in d.span.cpu.items()
+                                 if k.startswith("server")) * 1000 / n
+    s[f"{key} azurite cores"] = d.span.cores("azurite")
+    if f"{key} create requests" in s:
+        s[f"{key} lifecycle requests"] = s[f"{key} create requests"] + s[f"{key} server requests"]
+        s[f"{key} lifecycle cpu"] = s[f"{key} create cpu"] + s[f"{key} server cpu"]
+        print(f"  per lifecycle (createTask + drain): server {s[f'{key} lifecycle requests']:.2f} "
+              f"storage requests, {s[f'{key} lifecycle cpu']:.1f} ms CPU")
 
 
 async def phase_create(b: Bench) -> None:
     print("\n== create: azqueue createTask, priority lowest ==")
-    b.summary["create"] = await create_backlog(b, "bench/sas", "backlog for the SAS drain")
+    b.summary["create"] = await create_backlog(b, "bench/sas", "backlog for the SAS drain", "sas")
 
 
 async def phase_sas(b: Bench) -> None:
     print(f"\n== sas: drain by {b.args.workers} SDK workers, mode sas, capacity 1 ==")
     if "create" not in b.args.phases:
-        await create_backlog(b, "bench/sas", "backlog")
+        await create_backlog(b, "bench/sas", "backlog", "sas")
     record_drain(b, "sas", await drain(b, "sas", "bench/sas", [b.main.root_url]))
 
 
 async def phase_claimwork(b: Bench) -> None:
     print(f"\n== claimwork: drain by {b.args.workers} SDK workers, mode claim-work, capacity 1 ==")
-    rate = await create_backlog(b, "bench/claimwork", "backlog")
+    rate = await create_backlog(b, "bench/claimwork", "backlog", "claimwork")
     b.summary.setdefault("create", rate)
     record_drain(b, "claimwork", await drain(b, "claim-work", "bench/claimwork",
                                              [b.main.root_url]))
@@ -494,7 +505,7 @@ async def phase_replicas(b: Bench) -> None:
     print(f"\n== replicas: claimWork drain, two `azqueue serve` on one storage, "
           f"{b.args.workers // 2} workers on each ==")
     if "claimwork rate" not in b.summary:
-        await create_backlog(b, "bench/replicas1", "backlog, one replica")
+        await create_backlog(b, "bench/replicas1", "backlog, one replica", "claimwork")
         record_drain(b, "claimwork", await drain(b, "claim-work", "bench/replicas1",
                                                  [b.main.root_url]))
     second = await b.start_server("server2")
@@ -558,10 +569,10 @@ GOALS = (
          _get("steps SAS server"), lambda v: v <= 8),
     Goal("server storage requests / lifecycle, claimWork (steps)", "<= 8",
          _get("steps claimWork server"), lambda v: v <= 8),
-    Goal("server storage requests / lifecycle, SAS drain", "<= 8",
-         _get("sas server requests"), lambda v: v <= 8),
-    Goal("server storage requests / lifecycle, claimWork drain", "<= 8",
-         _get("claimwork server requests"), lambda v: v <= 8),
+    Goal("server storage requests / lifecycle, SAS (createTask + drain)", "<= 8",
+         _get("sas lifecycle requests"), lambda v: v <= 8),
+    Goal("server storage requests / lifecycle, claimWork (createTask + drain)", "<= 8",
+         _get("claimwork lifecycle requests"), lambda v: v <= 8),
     Goal("worker queue polls / lifecycle, SAS drain (backlog)", "<= 1",
          _get("sas worker polls"), lambda v: v <= 1),
     Goal("drain, 16 SAS workers", ">= 45 tasks/s", _get("sas rate"), lambda v: v >= 45, " tasks/s"),
@@ -574,10 +585,10 @@ GOALS = (
          "x"),
     Goal("createTask / Celery enqueue", ">= 1.0x",
          _get("create", "celery enqueue", combine=lambda a, c: a / c), lambda v: v >= 1.0, "x"),
-    Goal("server CPU / lifecycle, SAS drain", "<= 8 ms", _get("sas server cpu"),
+    Goal("server CPU / lifecycle, SAS (createTask + drain)", "<= 8 ms", _get("sas lifecycle cpu"),
          lambda v: v <= 8, " ms"),
-    Goal("server CPU / lifecycle, claimWork drain", "<= 8 ms", _get("claimwork server cpu"),
-         lambda v: v <= 8, " ms"),
+    Goal("server CPU / lifecycle, claimWork (createTask + drain)", "<= 8 ms",
+         _get("claimwork lifecycle cpu"), lambda v: v <= 8, " ms"),
     Goal("claimWork wake-up p50, 1 / 8 waiting", "<= 20 ms",
          _get("latency1 p50", "latency8 p50", combine=max), lambda v: v <= 20, " ms (worse)"),
     Goal("claimWork wake-up p99, 1 / 8 waiting", "<= 100 ms",
@@ -592,6 +603,10 @@ FIGURES = (
     ("create", "tasks/s", "azqueue createTask, 16 concurrent Hawk-signed clients, priority lowest"),
     ("sas rate", "tasks/s", "16 SAS SDK workers: workers started -> all N reported completed"),
     ("claimwork rate", "tasks/s", "16 claimWork SDK workers: the same"),
+    ("sas server requests", "requests", "server's storage requests per task drained (SAS)"),
+    ("claimwork server requests", "requests", "the same, claimWork"),
+    ("sas server cpu", "ms", "server CPU per task drained, createTask not included (SAS)"),
+    ("claimwork server cpu", "ms", "the same, claimWork"),
     ("sas azurite cores", "cores", "Azurite's CPU during the SAS drain (1.0 = one core busy)"),
     ("claimwork azurite cores", "cores", "Azurite's CPU during the claimWork drain"),
     ("replicas azurite cores", "cores", "Azurite's CPU during the two-replica drain"),
@@ -613,10 +628,10 @@ def print_summary(b: Bench) -> None:
     for key, unit, meaning in FIGURES:
         if key in s:
             print(f"| {key} | {s[key]:.2f} {unit} | {meaning} |")
-    print("\nRequests per lifecycle: storage requests counted by the proxy in front of Azurite "
-          "during a drain, divided by N; the server's are those signed with the account key, "
-          "the workers' those signed with SAS. Server CPU: utime+stime of `azqueue serve` over "
-          "the drain, divided by N.")
+    print("\nPer lifecycle: what the server spent (storage requests counted by the proxy in "
+          "front of Azurite, signed with the account key; CPU: utime+stime of `azqueue serve`) "
+          "while the backlog was created, plus while it was drained, each divided by N. "
+          "Workers' requests are those signed with SAS.")
 
 
 # -- main ----------------------------------------------------------------------------------
