@@ -92,10 +92,11 @@ class Bench:
     server: Server | None = None
     pids: dict[str, int] = field(default_factory=dict)
     summary: dict[str, float] = field(default_factory=dict)
+    anomalies: list[str] = field(default_factory=list)
 
     def mark(self) -> Mark:
         cpu = {"azurite": cpu_seconds(self.azurite.process.pid),
-               "bench": cpu_seconds(os.getpid(), descendants=False)}
+               "bench": cpu_seconds(os.getpid())}
         for name, pid in self.pids.items():
             cpu[name] = cpu_seconds(pid)
         return Mark(time.monotonic(), self.proxy.snapshot(), cpu)
@@ -141,14 +142,15 @@ STEP_ORDER = ("createTask", "SAS poll (7 queues, numofmessages=1)", "claimTask",
 
 def where(counts: Counter[Hit], n: int, client: str) -> str:
     parts = sorted((h.service, h.kind, c) for h, c in counts.items() if h.client == client)
-    return ", ".join(f"{s} {k} {c / n:.3g}" for s, k, c in parts)
+    return ", ".join(f"{s} {k} {round(c / n, 2):g}" for s, k, c in parts)
 
 
 async def phase_steps(b: Bench) -> None:
     n = b.args.step_tasks
-    print(f"\n== steps: storage requests per step, {n} lifecycles one at a time, events off, "
-          "resolvers quiet ==")
-    server = await b.start_server("server-quiet", **QUIET_RESOLVERS)
+    events = {"AZQUEUE_AMQP_URL": b.args.amqp} if b.args.amqp else {}
+    print(f"\n== steps: storage requests per step, {n} lifecycles one at a time, events "
+          f"{'on' if events else 'off'}, resolvers quiet ==")
+    server = await b.start_server("server-quiet", **QUIET_RESOLVERS, **events)
     steps: dict[str, Counter[Hit]] = {s: Counter() for s in STEP_ORDER}
     queue = "bench/steps"
     try:
@@ -323,10 +325,11 @@ class WorkerProcess:
         self.process = process
 
     @classmethod
-    async def start(cls, b: Bench, mode: str, queue: str, root_urls: list[str], target: int,
-                    workers: int | None = None) -> WorkerProcess:
+    async def start(cls, b: Bench, mode: str, queue: str, root_urls: list[str],
+                    target: int) -> WorkerProcess:
         args = [PYTHON, str(SCRIPTS / "bench_workers.py"), "--mode", mode, "--task-queue", queue,
-                "--workers", str(workers or b.args.workers), "--target", str(target)]
+                "--workers", str(b.args.workers), "--target", str(target),
+                "--stall", str(b.args.stall)]
         for url in root_urls:
             args += ["--root-url", url]
         env = {**os.environ, "TASKCLUSTER_CLIENT_ID": ROOT_ID,
@@ -340,14 +343,23 @@ class WorkerProcess:
         await wp.expect("ready", 60)
         return wp
 
-    async def expect(self, key: str, seconds: float) -> dict[str, Any]:
+    async def next(self, key: str, seconds: float) -> dict[str, Any]:
+        """The workers' next message, which should come before ``key`` within ``seconds``."""
         assert self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), max(seconds, 0))
+        except TimeoutError:
+            raise BenchError(f"the workers did not say {key!r} within the time given") from None
+        if not line:
+            raise BenchError(f"the worker process exited ({self.process.returncode}) "
+                             f"before saying {key!r}; see its log")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def expect(self, key: str, seconds: float) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
         while True:
-            line = await asyncio.wait_for(self.process.stdout.readline(), seconds)
-            if not line:
-                raise BenchError(f"the worker process exited ({self.process.returncode}) "
-                                 f"before saying {key!r}; see its log")
-            message: dict[str, Any] = json.loads(line)
+            message = await self.next(key, deadline - time.monotonic())
             if key in message:
                 return message
 
@@ -356,37 +368,73 @@ class WorkerProcess:
         self.process.stdin.write(line.encode() + b"\n")
         await self.process.stdin.drain()
 
-    async def stop(self, b: Bench) -> None:
+    async def stop(self, b: Bench) -> dict[str, Any]:
         """Ask the workers to stop (a forced stop: tasks they hold go back to the queue);
-        KILL them if they do not within 40 s or if this wait is cancelled."""
+        KILL them if they do not within 40 s or if this wait is cancelled. Returns their
+        last word (``completed``: how many tasks they completed), if any."""
+        last: dict[str, Any] = {}
         try:
             if self.process.returncode is None:
                 with contextlib.suppress(Exception):
                     await self.send("stop")
-                    await self.expect("stopped", 40)
+                    last = await self.expect("stopped", 40)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             b.pids.pop("workers", None)
         await self.process.wait()
+        return last
+
+
+def warnings(b: Bench, most: int = 10) -> str:
+    """The last warnings in the servers' logs."""
+    lines = [line for log in sorted(b.logs.glob("server*.log"))
+             for line in log.read_text(errors="replace").splitlines()
+             if (" WARNING " in line or " ERROR " in line) and "AMQP_URL" not in line]
+    return "\n".join(lines[-most:]) or "(none)"
 
 
 @dataclass(frozen=True, slots=True)
 class Drain:
     rate: float
     span: Span
+    completed: int
 
 
 async def drain(b: Bench, mode: str, queue: str, root_urls: list[str]) -> Drain:
+    """The backlog of N tasks on ``queue`` drained; the figures are per task completed. If
+    completions stall short of N, the drain ends at the last one, saying so."""
     n = b.args.tasks
     workers = await WorkerProcess.start(b, mode, queue, root_urls, n)
     try:
         before = b.mark()
         await workers.send("go")
-        done = await workers.expect("done", b.args.timeout)
-        span = b.span(before, b.mark())
+        last = before  # at the last completion: a stall at the end is not measured
+        deadline = time.monotonic() + b.args.timeout
+        try:
+            while "done" not in (message := await workers.next("done",
+                                                               deadline - time.monotonic())):
+                if "progress" in message:
+                    last = b.mark()
+            done = message
+        except BenchError:
+            stopped = await workers.stop(b)
+            raise BenchError(
+                f"the {mode} drain did not finish within {b.args.timeout:.0f}s: "
+                f"{stopped.get('completed', '?')} of {n} tasks completed. A task whose claim "
+                "could not be stored stays invisible until the claim expires; the servers' "
+                f"warnings:\n{warnings(b)}") from None
+        span = b.span(before, last)
     finally:
         await workers.stop(b)
+    n = int(done["completed"])
+    if done.get("stalled"):
+        b.anomalies.append(f"{mode} drain: {n} of {b.args.tasks} tasks completed, then none for "
+                           f"{b.args.stall:.0f}s")
+        print(f"  WARNING: only {n} of {b.args.tasks} tasks were completed, then none for "
+              f"{b.args.stall:.0f}s (a task whose claim was lost stays invisible until the claim "
+              f"expires); the figures below are per task completed. Servers' warnings:\n"
+              f"{warnings(b)}")
     rate = n / done["done"]
     servers = [k for k in span.cpu if k.startswith("server")]
     server_cpu = sum(span.cpu[k] for k in servers)
@@ -398,12 +446,12 @@ async def drain(b: Bench, mode: str, queue: str, root_urls: list[str]) -> Drain:
           f"{span.requests('workers', 'GET messages') / n:.2f})")
     print(f"  CPU cores: {cpu_line(span, *servers, 'azurite', 'workers', 'bench')}")
     print_kinds(span, n)
-    return Drain(rate, span)
+    return Drain(rate, span, n)
 
 
 def record_drain(b: Bench, key: str, d: Drain) -> None:
     """Keep a drain's figures; with its backlog's, print the whole lifecycle's."""
-    n, s = b.args.tasks, b.summary
+    n, s = d.completed, b.summary
     s[f"{key} rate"] = d.rate
     s[f"{key} server requests"] = d.span.requests("server") / n
     s[f"{key} worker polls"] = d.span.requests("workers", "GET messages") / n
@@ -628,6 +676,8 @@ def print_summary(b: Bench) -> None:
     for key, unit, meaning in FIGURES:
         if key in s:
             print(f"| {key} | {s[key]:.2f} {unit} | {meaning} |")
+    for anomaly in b.anomalies:
+        print(f"\nWARNING: {anomaly}.")
     print("\nPer lifecycle: what the server spent (storage requests counted by the proxy in "
           "front of Azurite, signed with the account key; CPU: utime+stime of `azqueue serve`) "
           "while the backlog was created, plus while it was drained, each divided by N. "
@@ -661,7 +711,7 @@ async def main(args: argparse.Namespace) -> None:
         for phase in args.phases:
             await RUNNERS[phase](b)
         print_summary(b)
-    except BenchError:
+    except Exception:
         keep_logs = True
         raise
     finally:
@@ -687,8 +737,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-tasks", type=int, default=50,
                         help="tasks per claimWork latency scenario (50)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
-    parser.add_argument("--timeout", type=float, default=300.0,
+    parser.add_argument("--amqp", default="", metavar="URL",
+                        help="RabbitMQ URL: the steps phase publishes events (default: off)")
+    parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds a drain may take before the run is abandoned")
+    parser.add_argument("--stall", type=float, default=30.0,
+                        help="seconds without a completion that end a drain short of N")
     parser.add_argument("--keep-logs", action="store_true",
                         help="keep the servers', workers' and Celery's logs")
     args = parser.parse_args()

@@ -6,8 +6,10 @@ and TASKCLUSTER_ACCESS_TOKEN.
 
 Driven by ``scripts/bench.py`` over stdin/stdout, one JSON object a line:
 prints ``{"ready": true}`` once imported; starts the workers on the line ``go``; prints
+``{"progress": n}`` whenever the count of completed tasks grows, and
 ``{"done": seconds, "completed": n}`` when TARGET tasks are completed (never with
-``--target 0``); on the line ``stop`` (or end of input) stops the workers, prints
+``--target 0``), or with ``"stalled": true`` when fewer are and none was for STALL seconds
+(seconds: until the last completion); on the line ``stop`` (or end of input) stops the workers, prints
 ``{"stopped": true, "completed": n}`` and exits.
 """
 
@@ -50,9 +52,16 @@ async def main(args: argparse.Namespace) -> None:
         return sum(w.completed for w in workers)
 
     async def watch() -> None:
-        while completed() < args.target:
+        count, last = 0, time.monotonic()
+        while count < args.target:
             await asyncio.sleep(0.01)
-        say(done=time.monotonic() - started, completed=completed())
+            if completed() > count:
+                count, last = completed(), time.monotonic()
+                say(progress=count)
+            elif time.monotonic() - last > args.stall:
+                say(done=last - started, completed=count, stalled=True)
+                return
+        say(done=last - started, completed=count)
 
     watcher = asyncio.create_task(watch()) if args.target else None
     await reader.readline()  # "stop", or the end of input
@@ -70,6 +79,7 @@ if __name__ == "__main__":
     parser.add_argument("--task-queue", required=True)
     parser.add_argument("--root-url", action="append", required=True)
     parser.add_argument("--target", type=int, default=0)
+    parser.add_argument("--stall", type=float, default=30.0)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(main(parser.parse_args()))

@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import time
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -54,27 +55,15 @@ def free_port() -> int:
 
 # -- CPU time --------------------------------------------------------------------------
 
-def cpu_seconds(pid: int, descendants: bool = True) -> float:
-    """utime + stime of a process (and of its live descendants), from /proc; 0 once gone."""
-    children: dict[int, list[int]] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            raw = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
-        children.setdefault(int(fields[1]), []).append(int(entry))
-        times[int(entry)] = (int(fields[11]) + int(fields[12])) / TICK
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += times.get(p, 0.0)
-        if descendants:
-            todo.extend(children.get(p, []))
-    return total
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process (all its threads; not its children), from /proc; 0 once
+    it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
+    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 # -- Azurite -----------------------------------------------------------------------------
@@ -205,17 +194,28 @@ def classify(label: str, head: bytes) -> tuple[str, str, str]:
     return ("workers" if "sig=" in target else "other"), method, target
 
 
+# Azurite closes a connection idle for 5 s (Node's keep-alive timeout); a request sent
+# just then is lost. The proxy closes its own connection to Azurite after this many idle
+# seconds, and opens a new one for the next request, so that race never happens on its
+# side while clients keep their connections to the proxy.
+UPSTREAM_IDLE = 3.0
+
+
 class _Upstream(asyncio.Protocol):
     """Azurite's side of one proxied connection: bytes go back unchanged."""
 
-    def __init__(self, downstream: asyncio.Transport) -> None:
-        self.downstream = downstream
+    def __init__(self, owner: _Downstream) -> None:
+        self.owner = owner
+        self.retired = False
 
     def data_received(self, data: bytes) -> None:
-        self.downstream.write(data)
+        self.owner.last = time.monotonic()
+        if self.owner.transport is not None:
+            self.owner.transport.write(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.downstream.close()
+        if not self.retired and self.owner.transport is not None:
+            self.owner.transport.close()
 
 
 class _Downstream(asyncio.Protocol):
@@ -227,31 +227,60 @@ class _Downstream(asyncio.Protocol):
         self.proxy, self.service, self.label = proxy, service, label
         self.transport: asyncio.Transport | None = None
         self.upstream: asyncio.Transport | None = None
+        self.upstream_protocol: _Upstream | None = None
+        self.connecting = False
         self.pending: list[bytes] = []
         self.buffer = bytearray()
         self.body_left = 0
         self.chunked = False
+        self.last = time.monotonic()
+        self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
-        self.proxy.connect(self)
 
-    def connected(self, upstream: asyncio.Transport) -> None:
-        self.upstream = upstream
+    def connected(self, upstream: asyncio.Transport, protocol: _Upstream) -> None:
+        self.connecting = False
+        if self.transport is None or self.transport.is_closing():
+            upstream.close()
+            return
+        self.upstream, self.upstream_protocol = upstream, protocol
         for data in self.pending:
             upstream.write(data)
         self.pending.clear()
+        self._arm(UPSTREAM_IDLE)
+
+    def _arm(self, seconds: float) -> None:
+        self.timer = asyncio.get_running_loop().call_later(seconds, self._idle)
+
+    def _idle(self) -> None:
+        quiet = time.monotonic() - self.last
+        if quiet < UPSTREAM_IDLE:
+            self._arm(UPSTREAM_IDLE - quiet)
+            return
+        self.timer = None
+        if self.upstream is not None and self.upstream_protocol is not None:
+            self.upstream_protocol.retired = True
+            self.upstream.close()
+            self.upstream = self.upstream_protocol = None
 
     def data_received(self, data: bytes) -> None:
-        if self.upstream is None:
-            self.pending.append(data)
-        else:
+        self.last = time.monotonic()
+        if self.upstream is not None:
             self.upstream.write(data)
+        else:
+            self.pending.append(data)
+            if not self.connecting:
+                self.connecting = True
+                self.proxy.connect(self)
         self.buffer += data
         self._parse()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self.timer is not None:
+            self.timer.cancel()
         if self.upstream is not None:
             self.upstream.close()
 
@@ -313,7 +342,8 @@ class CountingProxy:
         loop = asyncio.get_running_loop()
         for label in labels:
             for service in SERVICES:
-                server = await loop.create_server(self._factory(service, label), "127.0.0.1", 0)
+                server = await loop.create_server(self._factory(service, label), "127.0.0.1", 0,
+                                                  backlog=1024)
                 self._servers.append(server)
                 self.ports[(label, service)] = server.sockets[0].getsockname()[1]
 
@@ -322,15 +352,16 @@ class CountingProxy:
 
     def connect(self, downstream: _Downstream) -> None:
         async def connect() -> None:
-            back = downstream.transport
-            assert back is not None
             try:
-                upstream, _ = await asyncio.get_running_loop().create_connection(
-                    lambda: _Upstream(back), "127.0.0.1", self.azurite.ports[downstream.service])
+                upstream, protocol = await asyncio.get_running_loop().create_connection(
+                    lambda: _Upstream(downstream), "127.0.0.1",
+                    self.azurite.ports[downstream.service])
             except OSError:
-                back.close()
+                downstream.connecting = False
+                if downstream.transport is not None:
+                    downstream.transport.close()
                 return
-            downstream.connected(upstream)
+            downstream.connected(upstream, protocol)
 
         task = asyncio.ensure_future(connect())
         self._connecting.add(task)
