@@ -195,9 +195,9 @@ def classify(label: str, head: bytes) -> tuple[str, str, str]:
 
 
 # Azurite closes a connection idle for 5 s (Node's keep-alive timeout); a request sent
-# just then is lost. The proxy closes its own connection to Azurite after this many idle
-# seconds, and opens a new one for the next request, so that race never happens on its
-# side while clients keep their connections to the proxy.
+# just then is lost. The proxy closes its own connection to Azurite once it has been idle
+# (answered, and nothing since) this many seconds, and opens a new one for the next
+# request, so that race never happens on its side while clients keep their connections.
 UPSTREAM_IDLE = 3.0
 
 
@@ -209,7 +209,7 @@ class _Upstream(asyncio.Protocol):
         self.retired = False
 
     def data_received(self, data: bytes) -> None:
-        self.owner.last = time.monotonic()
+        self.owner.last = self.owner.answered = time.monotonic()
         if self.owner.transport is not None:
             self.owner.transport.write(data)
 
@@ -233,7 +233,7 @@ class _Downstream(asyncio.Protocol):
         self.buffer = bytearray()
         self.body_left = 0
         self.chunked = False
-        self.last = time.monotonic()
+        self.last = self.sent = self.answered = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -256,8 +256,8 @@ class _Downstream(asyncio.Protocol):
 
     def _idle(self) -> None:
         quiet = time.monotonic() - self.last
-        if quiet < UPSTREAM_IDLE:
-            self._arm(UPSTREAM_IDLE - quiet)
+        if quiet < UPSTREAM_IDLE or self.answered < self.sent:  # quiet, or still waiting
+            self._arm(max(UPSTREAM_IDLE - quiet, 0.5))
             return
         self.timer = None
         if self.upstream is not None and self.upstream_protocol is not None:
@@ -266,7 +266,7 @@ class _Downstream(asyncio.Protocol):
             self.upstream = self.upstream_protocol = None
 
     def data_received(self, data: bytes) -> None:
-        self.last = time.monotonic()
+        self.last = self.sent = time.monotonic()
         if self.upstream is not None:
             self.upstream.write(data)
         else:
