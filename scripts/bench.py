@@ -135,9 +135,9 @@ def print_kinds(span: Span, per: int, clients: tuple[str, ...] = ("server", "wor
 
 # -- phase: per-step requests --------------------------------------------------------------
 
-STEP_ORDER = ("createTask", "SAS poll (7 queues, numofmessages=1)", "claimTask", "reportCompleted",
-              "claimWork, waiting (before the task exists)", "createTask + claimWork's claim",
-              "reportCompleted (claimWork run)")
+STEP_ORDER = ("createTask", "SAS poll (queues in order until the tip)", "claimTask",
+              "reportCompleted", "claimWork, waiting (before the task exists)",
+              "createTask + claimWork's claim", "reportCompleted (claimWork run)")
 
 
 def where(counts: Counter[Hit], n: int, client: str) -> str:
@@ -672,10 +672,11 @@ def print_summary(b: Bench) -> None:
         v = g.value(s)
         if v is not None:
             print(f"| {g.what} | {g.target} | {v:.2f}{g.unit} | {'yes' if g.met(v) else 'NO'} |")
-    print("\n| figure | value | what it means |\n| --- | --- | --- |")
-    for key, unit, meaning in FIGURES:
-        if key in s:
-            print(f"| {key} | {s[key]:.2f} {unit} | {meaning} |")
+    figures = [(key, unit, meaning) for key, unit, meaning in FIGURES if key in s]
+    if figures:
+        print("\n| figure | value | what it means |\n| --- | --- | --- |")
+    for key, unit, meaning in figures:
+        print(f"| {key} | {s[key]:.2f} {unit} | {meaning} |")
     for anomaly in b.anomalies:
         print(f"\nWARNING: {anomaly}.")
     print("\nPer lifecycle: what the server spent (storage requests counted by the proxy in "

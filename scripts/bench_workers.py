@@ -9,8 +9,8 @@ prints ``{"ready": true}`` once imported; starts the workers on the line ``go``;
 ``{"progress": n}`` whenever the count of completed tasks grows, and
 ``{"done": seconds, "completed": n}`` when TARGET tasks are completed (never with
 ``--target 0``), or with ``"stalled": true`` when fewer are and none was for STALL seconds
-(seconds: until the last completion); on the line ``stop`` (or end of input) stops the workers, prints
-``{"stopped": true, "completed": n}`` and exits.
+(seconds: until the last completion); on the line ``stop`` (or end of input) stops the
+workers, prints ``{"stopped": true, "completed": n}`` and exits.
 """
 
 from __future__ import annotations
