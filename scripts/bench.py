@@ -1,0 +1,767 @@
+#!/usr/bin/env python3
+"""Benchmark: azqueue next to a Celery peer on one Azurite, in one run.
+
+Starts one in-memory Azurite (telemetry off), a counting proxy in front of it (one port per
+Azure service; every request counted by client -- the server signs with SharedKey, workers
+with SAS, the Celery peer has ports of its own -- by service and by kind), and
+`azqueue serve` in a subprocess whose storage endpoints are the proxy's (so the SAS URLs it
+hands out point at the proxy too). Then, in phases (all by default):
+
+  steps     storage requests per step of one lifecycle, one task at a time, resolvers quiet
+  celery    the Celery peer: enqueue N no-op tasks from 16 threads, then time the drain by
+            Celery's worker (--pool threads --concurrency 16)
+  create    azqueue createTask: N tasks by 16 concurrent clients, default priority (lowest)
+  sas       drain of those N by 16 SDK workers, mode "sas" (capacity 1, no-op handler)
+  claimwork the same with mode "claim-work" (a fresh backlog of N)
+  latency   claimWork wake-up: createTask answered -> claimWork answered, 1 and 8 waiting
+  replicas  claimWork drain with two `azqueue serve` on the same storage, half the workers each
+  idle      16 idle workers per mode, 10 s, no tasks: storage requests/s per idle worker
+
+and prints a summary with the performance goals next to the measured values. Workers run in
+a child process (scripts/bench_workers.py); CPU times come from /proc.
+
+Usage: .venv/bin/python scripts/bench.py [--tasks 400] [--workers 16] [--skip-celery]
+                                         [--phases steps,create,sas,...]
+The Celery peer needs the bench extra: .venv/bin/pip install -e ".[bench]"
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+import benchlib
+from benchlib import (KEY, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, Azurite, BenchError,
+                      CountingProxy, Hit, Server, call, claim_message, cpu_seconds, create_task,
+                      get_messages, signed_session, stop_process)
+
+SCRIPTS = Path(__file__).resolve().parent
+PHASES = ("steps", "celery", "create", "sas", "claimwork", "latency", "replicas", "idle")
+PYTHON = sys.executable
+
+
+# -- measuring -------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Mark:
+    """The proxy's counters and the CPU seconds of every process, at one moment."""
+
+    at: float
+    counts: Counter[Hit]
+    cpu: dict[str, float]
+
+
+@dataclass(frozen=True, slots=True)
+class Span:
+    seconds: float
+    counts: Counter[Hit]
+    cpu: dict[str, float]
+
+    def requests(self, client: str | None = None, kind: str | None = None) -> int:
+        return sum(n for h, n in self.counts.items()
+                   if (client is None or h.client == client) and (kind is None or h.kind == kind))
+
+    def cores(self, name: str) -> float:
+        return self.cpu.get(name, 0.0) / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class Bench:
+    args: argparse.Namespace
+    azurite: Azurite
+    proxy: CountingProxy
+    logs: Path
+    server: Server | None = None
+    pids: dict[str, int] = field(default_factory=dict)
+    summary: dict[str, float] = field(default_factory=dict)
+    anomalies: list[str] = field(default_factory=list)
+
+    def mark(self) -> Mark:
+        cpu = {"azurite": cpu_seconds(self.azurite.process.pid),
+               "bench": cpu_seconds(os.getpid())}
+        for name, pid in self.pids.items():
+            cpu[name] = cpu_seconds(pid)
+        return Mark(time.monotonic(), self.proxy.snapshot(), cpu)
+
+    @staticmethod
+    def span(a: Mark, b: Mark) -> Span:
+        return Span(b.at - a.at, b.counts - a.counts,
+                    {k: b.cpu[k] - a.cpu.get(k, 0.0) for k in b.cpu})
+
+    async def start_server(self, name: str = "server", **settings: str) -> Server:
+        server = await benchlib.start_server(self.proxy.connection_string(),
+                                             self.logs / f"{name}.log", **settings)
+        self.pids[name] = server.process.pid
+        return server
+
+    async def stop_server(self, name: str, server: Server) -> None:
+        await server.stop()
+        self.pids.pop(name, None)
+
+    @property
+    def main(self) -> Server:
+        assert self.server is not None
+        return self.server
+
+
+def cpu_line(span: Span, *names: str) -> str:
+    return ", ".join(f"{n} {span.cores(n):.2f}" for n in names if n in span.cpu)
+
+
+def print_kinds(span: Span, per: int, clients: tuple[str, ...] = ("server", "workers")) -> None:
+    for client in clients:
+        rows = sorted((h.service, h.kind, n) for h, n in span.counts.items() if h.client == client)
+        if rows:
+            print(f"    {client}: " + ", ".join(f"{s} {k} {n / per:.2f}" for s, k, n in rows))
+
+
+# -- phase: per-step requests --------------------------------------------------------------
+
+STEP_ORDER = ("createTask", "SAS poll (queues in order until the tip)", "claimTask",
+              "reportCompleted", "claimWork, waiting (before the task exists)",
+              "createTask + claimWork's claim", "reportCompleted (claimWork run)")
+
+
+def where(counts: Counter[Hit], n: int, client: str) -> str:
+    parts = sorted((h.service, h.kind, c) for h, c in counts.items() if h.client == client)
+    return ", ".join(f"{s} {k} {round(c / n, 2):g}" for s, k, c in parts)
+
+
+async def phase_steps(b: Bench) -> None:
+    n = b.args.step_tasks
+    events = {"AZQUEUE_AMQP_URL": b.args.amqp} if b.args.amqp else {}
+    print(f"\n== steps: storage requests per step, {n} lifecycles one at a time, events "
+          f"{'on' if events else 'off'}, resolvers quiet ==")
+    server = await b.start_server("server-quiet", **QUIET_RESOLVERS, **events)
+    steps: dict[str, Counter[Hit]] = {s: Counter() for s in STEP_ORDER}
+    queue = "bench/steps"
+    try:
+        async with signed_session() as http:
+            api = server.api
+            urls = await call(http, "GET", f"{api}/poll-task-url/{queue}")
+
+            async def sas_lifecycle(record: bool) -> None:
+                marks = [b.proxy.snapshot()]
+                task_id = await create_task(http, api, queue)
+                marks.append(b.proxy.snapshot())
+                messages = []
+                for q in urls["queues"]:
+                    messages = await get_messages(http, q["signedPollUrl"], 1)
+                    if messages:
+                        break
+                assert messages, "the task's tip was not in any of its queues"
+                marks.append(b.proxy.snapshot())
+                claim = await claim_message(http, api, messages[0])
+                assert claim["status"]["taskId"] == task_id
+                marks.append(b.proxy.snapshot())
+                await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
+                marks.append(b.proxy.snapshot())
+                if record:
+                    for step, (x, y) in zip(STEP_ORDER[:4], zip(marks, marks[1:])):
+                        steps[step] += y - x
+
+            async def claim_work_lifecycle(record: bool) -> None:
+                marks = [b.proxy.snapshot()]
+                waiting = asyncio.create_task(call(
+                    http, "POST", f"{api}/claim-work/{queue.replace('/', '%2F')}",
+                    {"workerGroup": "bench", "workerId": "steps", "tasks": 1}))
+                await asyncio.sleep(0.3)  # its first pass over the queues finds nothing
+                marks.append(b.proxy.snapshot())
+                task_id = await create_task(http, api, queue)
+                [claim] = (await waiting)["tasks"]
+                assert claim["status"]["taskId"] == task_id
+                marks.append(b.proxy.snapshot())
+                await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
+                marks.append(b.proxy.snapshot())
+                if record:
+                    for step, (x, y) in zip(STEP_ORDER[4:], zip(marks, marks[1:])):
+                        steps[step] += y - x
+
+            await sas_lifecycle(False)  # warm-up: queues and tables exist, connections open
+            await claim_work_lifecycle(False)
+            for _ in range(n):
+                await sas_lifecycle(True)
+            for _ in range(n):
+                await claim_work_lifecycle(True)
+    finally:
+        await b.stop_server("server-quiet", server)
+
+    print("\n| step | server | workers | where the requests go (per lifecycle) |")
+    print("| --- | ---: | ---: | --- |")
+    totals = {"SAS": Counter[Hit](), "claimWork": Counter[Hit]()}
+    for step in STEP_ORDER:
+        c = steps[step]
+        totals["SAS" if step in STEP_ORDER[:4] else "claimWork"] += c
+        server_n = sum(v for h, v in c.items() if h.client == "server") / n
+        worker_n = sum(v for h, v in c.items() if h.client == "workers") / n
+        detail = "; ".join(x for x in (where(c, n, "server"), where(c, n, "workers")) if x)
+        print(f"| {step} | {server_n:.2f} | {worker_n:.2f} | {detail} |")
+    for flow, c in totals.items():
+        server_n = sum(v for h, v in c.items() if h.client == "server") / n
+        worker_n = sum(v for h, v in c.items() if h.client == "workers") / n
+        print(f"| **{flow} lifecycle** | **{server_n:.2f}** | **{worker_n:.2f}** | "
+              f"total {server_n + worker_n:.2f} |")
+        b.summary[f"steps {flow} server"] = server_n
+        b.summary[f"steps {flow} total"] = server_n + worker_n
+
+
+# -- phase: the Celery peer ----------------------------------------------------------------
+
+async def phase_celery(b: Bench) -> None:
+    n, w = b.args.tasks, b.args.workers
+    print(f"\n== celery: Celery 5 on kombu's azurestoragequeues transport, {n} no-op tasks ==")
+    try:
+        sys.path.insert(0, str(SCRIPTS))
+        os.environ["BENCH_CELERY_BROKER"] = (f"azurestoragequeues://{KEY}@"
+                                             f"{b.proxy.endpoint('queue', 'celery')}")
+        import bench_celery
+    except ImportError as e:
+        print(f"  skipped: {e}. Install the peer with: .venv/bin/pip install -e \".[bench]\"")
+        return
+    noop = bench_celery.noop
+
+    def send(count: int) -> None:
+        for _ in range(count):
+            noop.delay()
+
+    with ThreadPoolExecutor(w) as pool:
+        # One task per thread first, outside the timing: each opens its broker connection
+        # and creates or finds the queue.
+        await asyncio.to_thread(lambda: list(pool.map(send, [1] * w)))
+        share = [n // w + (1 if i < n % w else 0) for i in range(w)]
+        before = b.mark()
+        await asyncio.to_thread(lambda: list(pool.map(send, share)))
+        enqueue = b.span(before, b.mark())
+    print(f"  enqueue: {n} tasks from {w} threads in {enqueue.seconds:.2f}s = "
+          f"{n / enqueue.seconds:.1f} tasks/s; "
+          f"{enqueue.requests('celery') / n:.2f} storage requests per task")
+    b.summary["celery enqueue"] = n / enqueue.seconds
+
+    done_file = b.logs / "celery-done.json"
+    env = {**os.environ, "BENCH_CELERY_TARGET": str(n + w), "BENCH_CELERY_DONE": str(done_file),
+           "PYTHONPATH": str(SCRIPTS)}
+    with open(b.logs / "celery.log", "ab") as log:
+        worker = subprocess.Popen(
+            [str(Path(PYTHON).parent / "celery"), "-A", "bench_celery", "worker", "--pool",
+             "threads", "--concurrency", str(w), "--loglevel", "WARNING", "--without-heartbeat",
+             "--without-mingle", "--without-gossip"],
+            env=env, cwd=b.logs, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+            start_new_session=True)
+    b.pids["celery"] = worker.pid
+    try:
+        before = b.mark()
+        while not done_file.exists():
+            if worker.poll() is not None:
+                raise BenchError(f"the Celery worker exited with {worker.returncode}; "
+                                 f"see {b.logs / 'celery.log'}")
+            if time.monotonic() - before.at > b.args.timeout:
+                raise BenchError(f"the Celery worker did not finish in {b.args.timeout}s")
+            await asyncio.sleep(0.05)
+        span = b.span(before, b.mark())
+    finally:
+        await stop_process(worker)
+        b.pids.pop("celery", None)
+    seen = json.loads(done_file.read_text())
+    seconds = seen["done"] - min(seen.get("ready", seen["first"]), seen["first"])
+    print(f"  drain: {n + w} tasks in {seconds:.2f}s (worker ready -> last task done) = "
+          f"{(n + w) / seconds:.1f} tasks/s; {span.requests('celery') / (n + w):.2f} storage "
+          f"requests per task; CPU cores: {cpu_line(span, 'celery', 'azurite', 'bench')}")
+    b.summary["celery drain"] = (n + w) / seconds
+
+
+# -- phases: createTask, drains ------------------------------------------------------------
+
+async def create_backlog(b: Bench, queue: str, label: str, key: str = "") -> float:
+    """N tasks on ``queue`` by ``workers`` concurrent clients; prints and returns tasks/s,
+    and keeps the server's requests and CPU per createTask under ``key``."""
+    n, w = b.args.tasks, b.args.workers
+    async with signed_session(w * 2) as http:
+        await create_task(http, b.main.api, queue)  # the queue's Azure queues exist: not timed
+        left = n - 1
+
+        async def client() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await create_task(http, b.main.api, queue)
+
+        before = b.mark()
+        await asyncio.gather(*(client() for _ in range(w)))
+        span = b.span(before, b.mark())
+    rate = float(n - 1) / span.seconds
+    print(f"  {label}: {n - 1} createTask by {w} concurrent clients in {span.seconds:.2f}s = "
+          f"{rate:.1f} tasks/s; server {span.requests('server') / (n - 1):.2f} storage requests "
+          f"and {span.cpu['server'] * 1000 / (n - 1):.1f} ms CPU per task; CPU cores: "
+          f"{cpu_line(span, 'server', 'azurite', 'bench')}")
+    print_kinds(span, n - 1, ("server",))
+    if key:
+        b.summary[f"{key} create requests"] = span.requests("server") / (n - 1)
+        b.summary[f"{key} create cpu"] = span.cpu["server"] * 1000 / (n - 1)
+    return rate
+
+
+class WorkerProcess:
+    """scripts/bench_workers.py as a child, driven over stdin/stdout."""
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(cls, b: Bench, mode: str, queue: str, root_urls: list[str],
+                    target: int) -> WorkerProcess:
+        args = [PYTHON, str(SCRIPTS / "bench_workers.py"), "--mode", mode, "--task-queue", queue,
+                "--workers", str(b.args.workers), "--target", str(target),
+                "--stall", str(b.args.stall)]
+        for url in root_urls:
+            args += ["--root-url", url]
+        env = {**os.environ, "TASKCLUSTER_CLIENT_ID": ROOT_ID,
+               "TASKCLUSTER_ACCESS_TOKEN": ROOT_TOKEN}
+        with open(b.logs / f"workers-{mode}.log", "ab") as log:
+            process = await asyncio.create_subprocess_exec(
+                *args, env=env, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=log, start_new_session=True)
+        b.pids["workers"] = process.pid
+        wp = cls(process)
+        await wp.expect("ready", 60)
+        return wp
+
+    async def next(self, key: str, seconds: float) -> dict[str, Any]:
+        """The workers' next message, which should come before ``key`` within ``seconds``."""
+        assert self.process.stdout is not None
+        try:
+            line = await asyncio.wait_for(self.process.stdout.readline(), max(seconds, 0))
+        except TimeoutError:
+            raise BenchError(f"the workers did not say {key!r} within the time given") from None
+        if not line:
+            raise BenchError(f"the worker process exited ({self.process.returncode}) "
+                             f"before saying {key!r}; see its log")
+        message: dict[str, Any] = json.loads(line)
+        return message
+
+    async def expect(self, key: str, seconds: float) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        while True:
+            message = await self.next(key, deadline - time.monotonic())
+            if key in message:
+                return message
+
+    async def send(self, line: str) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write(line.encode() + b"\n")
+        await self.process.stdin.drain()
+
+    async def stop(self, b: Bench) -> dict[str, Any]:
+        """Ask the workers to stop (a forced stop: tasks they hold go back to the queue);
+        KILL them if they do not within 40 s or if this wait is cancelled. Returns their
+        last word (``completed``: how many tasks they completed), if any."""
+        last: dict[str, Any] = {}
+        try:
+            if self.process.returncode is None:
+                with contextlib.suppress(Exception):
+                    await self.send("stop")
+                    last = await self.expect("stopped", 40)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            b.pids.pop("workers", None)
+        await self.process.wait()
+        return last
+
+
+def warnings(b: Bench, most: int = 10) -> str:
+    """The last warnings in the servers' logs."""
+    lines = [line for log in sorted(b.logs.glob("server*.log"))
+             for line in log.read_text(errors="replace").splitlines()
+             if (" WARNING " in line or " ERROR " in line) and "AMQP_URL" not in line]
+    return "\n".join(lines[-most:]) or "(none)"
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    rate: float
+    span: Span
+    completed: int
+
+
+async def drain(b: Bench, mode: str, queue: str, root_urls: list[str]) -> Drain:
+    """The backlog of N tasks on ``queue`` drained; the figures are per task completed. If
+    completions stall short of N, the drain ends at the last one, saying so."""
+    n = b.args.tasks
+    workers = await WorkerProcess.start(b, mode, queue, root_urls, n)
+    try:
+        before = b.mark()
+        await workers.send("go")
+        last = before  # at the last completion: a stall at the end is not measured
+        deadline = time.monotonic() + b.args.timeout
+        try:
+            while "done" not in (message := await workers.next("done",
+                                                               deadline - time.monotonic())):
+                if "progress" in message:
+                    last = b.mark()
+            done = message
+        except BenchError:
+            stopped = await workers.stop(b)
+            raise BenchError(
+                f"the {mode} drain did not finish within {b.args.timeout:.0f}s: "
+                f"{stopped.get('completed', '?')} of {n} tasks completed. A task whose claim "
+                "could not be stored stays invisible until the claim expires; the servers' "
+                f"warnings:\n{warnings(b)}") from None
+        span = b.span(before, last)
+    finally:
+        await workers.stop(b)
+    n = int(done["completed"])
+    if done.get("stalled"):
+        b.anomalies.append(f"{mode} drain: {n} of {b.args.tasks} tasks completed, then none for "
+                           f"{b.args.stall:.0f}s")
+        print(f"  WARNING: only {n} of {b.args.tasks} tasks were completed, then none for "
+              f"{b.args.stall:.0f}s (a task whose claim was lost stays invisible until the claim "
+              f"expires); the figures below are per task completed. Servers' warnings:\n"
+              f"{warnings(b)}")
+    rate = n / done["done"]
+    servers = [k for k in span.cpu if k.startswith("server")]
+    server_cpu = sum(span.cpu[k] for k in servers)
+    print(f"  drain: {n} tasks by {b.args.workers} {mode} workers in {done['done']:.2f}s = "
+          f"{rate:.1f} tasks/s")
+    print(f"  per task drained (claim to completed): server {span.requests('server') / n:.2f} "
+          f"storage requests and {server_cpu * 1000 / n:.1f} ms CPU, workers "
+          f"{span.requests('workers') / n:.2f} requests (polls "
+          f"{span.requests('workers', 'GET messages') / n:.2f})")
+    print(f"  CPU cores: {cpu_line(span, *servers, 'azurite', 'workers', 'bench')}")
+    print_kinds(span, n)
+    return Drain(rate, span, n)
+
+
+def record_drain(b: Bench, key: str, d: Drain) -> None:
+    """Keep a drain's figures; with its backlog's, print the whole lifecycle's."""
+    n, s = d.completed, b.summary
+    s[f"{key} rate"] = d.rate
+    s[f"{key} server requests"] = d.span.requests("server") / n
+    s[f"{key} worker polls"] = d.span.requests("workers", "GET messages") / n
+    s[f"{key} server cpu"] = sum(v for k, v in d.span.cpu.items()
+                                 if k.startswith("server")) * 1000 / n
+    s[f"{key} azurite cores"] = d.span.cores("azurite")
+    if f"{key} create requests" in s:
+        s[f"{key} lifecycle requests"] = s[f"{key} create requests"] + s[f"{key} server requests"]
+        s[f"{key} lifecycle cpu"] = s[f"{key} create cpu"] + s[f"{key} server cpu"]
+        print(f"  per lifecycle (createTask + drain): server {s[f'{key} lifecycle requests']:.2f} "
+              f"storage requests, {s[f'{key} lifecycle cpu']:.1f} ms CPU")
+
+
+async def phase_create(b: Bench) -> None:
+    print("\n== create: azqueue createTask, priority lowest ==")
+    b.summary["create"] = await create_backlog(b, "bench/sas", "backlog for the SAS drain", "sas")
+
+
+async def phase_sas(b: Bench) -> None:
+    print(f"\n== sas: drain by {b.args.workers} SDK workers, mode sas, capacity 1 ==")
+    if "create" not in b.args.phases:
+        await create_backlog(b, "bench/sas", "backlog", "sas")
+    record_drain(b, "sas", await drain(b, "sas", "bench/sas", [b.main.root_url]))
+
+
+async def phase_claimwork(b: Bench) -> None:
+    print(f"\n== claimwork: drain by {b.args.workers} SDK workers, mode claim-work, capacity 1 ==")
+    rate = await create_backlog(b, "bench/claimwork", "backlog", "claimwork")
+    b.summary.setdefault("create", rate)
+    record_drain(b, "claimwork", await drain(b, "claim-work", "bench/claimwork",
+                                             [b.main.root_url]))
+
+
+# -- phase: claimWork wake-up latency --------------------------------------------------------
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+async def latency(b: Bench, http: aiohttp.ClientSession, workers: int, tasks: int) -> list[float]:
+    api, queue = b.main.api, f"bench/latency{workers}"
+    claimed: dict[str, float] = {}
+    waiting = 0
+    stop = False
+
+    async def worker(i: int) -> None:
+        nonlocal waiting
+        while not stop:
+            waiting += 1
+            try:
+                body = await call(http, "POST", f"{api}/claim-work/{queue.replace('/', '%2F')}",
+                                  {"workerGroup": "bench", "workerId": f"l{i}", "tasks": 1})
+            finally:
+                waiting -= 1
+            at = time.perf_counter()
+            for claim in body["tasks"]:
+                claimed[claim["status"]["taskId"]] = at
+                await call(http, "POST", f"{api}/task/{claim['status']['taskId']}/runs/"
+                                         f"{claim['runId']}/completed", {})
+
+    pool = [asyncio.create_task(worker(i)) for i in range(workers)]
+    out: list[float] = []
+    try:
+        for _ in range(tasks):
+            while waiting < workers:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.05)  # let them settle into their wait
+            task_id = await create_task(http, api, queue)
+            answered = time.perf_counter()
+            while task_id not in claimed:
+                await asyncio.sleep(0.001)
+            out.append((claimed[task_id] - answered) * 1000)
+    finally:
+        stop = True
+        for p in pool:
+            p.cancel()
+        await asyncio.gather(*pool, return_exceptions=True)
+    return out
+
+
+async def phase_latency(b: Bench) -> None:
+    n = b.args.latency_tasks
+    print(f"\n== latency: claimWork wake-up, createTask answered -> claimWork answered, "
+          f"{n} tasks one at a time ==")
+    async with signed_session() as http:
+        for workers in (1, 8):
+            lat = await latency(b, http, workers, n)
+            p50, p99 = percentile(lat, 50), percentile(lat, 99)
+            print(f"  {workers} waiting: p50 {p50:.1f} ms, p99 {p99:.1f} ms, max {max(lat):.1f} "
+                  f"ms, mean {statistics.mean(lat):.1f} ms")
+            b.summary[f"latency{workers} p50"] = p50
+            b.summary[f"latency{workers} p99"] = p99
+
+
+# -- phase: two replicas -------------------------------------------------------------------
+
+async def phase_replicas(b: Bench) -> None:
+    print(f"\n== replicas: claimWork drain, two `azqueue serve` on one storage, "
+          f"{b.args.workers // 2} workers on each ==")
+    if "claimwork rate" not in b.summary:
+        await create_backlog(b, "bench/replicas1", "backlog, one replica", "claimwork")
+        record_drain(b, "claimwork", await drain(b, "claim-work", "bench/replicas1",
+                                                 [b.main.root_url]))
+    second = await b.start_server("server2")
+    try:
+        await create_backlog(b, "bench/replicas", "backlog")
+        d = await drain(b, "claim-work", "bench/replicas", [b.main.root_url, second.root_url])
+    finally:
+        await b.stop_server("server2", second)
+    ratio = d.rate / b.summary["claimwork rate"]
+    print(f"  two replicas / one: {ratio:.2f}x; Azurite {d.span.cores('azurite'):.2f} cores "
+          f"(one replica: {b.summary['claimwork azurite cores']:.2f})")
+    b.summary["replicas ratio"] = ratio
+    b.summary["replicas azurite cores"] = d.span.cores("azurite")
+
+
+# -- phase: idle cost ----------------------------------------------------------------------
+
+async def phase_idle(b: Bench) -> None:
+    w, seconds = b.args.workers, b.args.idle_seconds
+    print(f"\n== idle: {w} workers per mode, no tasks, {seconds:.0f} s ==")
+    for mode in ("sas", "claim-work"):
+        workers = await WorkerProcess.start(b, mode, f"bench/idle-{mode}", [b.main.root_url], 0)
+        try:
+            await workers.send("go")
+            await asyncio.sleep(3)  # past start-up (pollTaskUrls, first calls)
+            before = b.mark()
+            await asyncio.sleep(seconds)
+            span = b.span(before, b.mark())
+        finally:
+            await workers.stop(b)
+        per = (span.requests("server") + span.requests("workers")) / span.seconds / w
+        print(f"  {mode}: {per:.2f} storage requests/s per idle worker (server "
+              f"{span.requests('server') / span.seconds / w:.2f}, workers "
+              f"{span.requests('workers') / span.seconds / w:.2f}); CPU cores: "
+              f"{cpu_line(span, 'server', 'azurite', 'workers')}")
+        b.summary[f"idle {mode}"] = per
+
+
+# -- summary -------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class Goal:
+    what: str
+    target: str
+    value: Callable[[dict[str, float]], float | None]
+    met: Callable[[float], bool]
+    unit: str = ""
+
+
+def _get(*keys: str, combine: Callable[..., float] | None = None) -> Callable[
+        [dict[str, float]], float | None]:
+    def value(s: dict[str, float]) -> float | None:
+        if not all(k in s for k in keys):
+            return None
+        return float(combine(*(s[k] for k in keys))) if combine else s[keys[0]]
+    return value
+
+
+GOALS = (
+    Goal("server storage requests / lifecycle, SAS (steps)", "<= 8",
+         _get("steps SAS server"), lambda v: v <= 8),
+    Goal("server storage requests / lifecycle, claimWork (steps)", "<= 8",
+         _get("steps claimWork server"), lambda v: v <= 8),
+    Goal("server storage requests / lifecycle, SAS (createTask + drain)", "<= 8",
+         _get("sas lifecycle requests"), lambda v: v <= 8),
+    Goal("server storage requests / lifecycle, claimWork (createTask + drain)", "<= 8",
+         _get("claimwork lifecycle requests"), lambda v: v <= 8),
+    Goal("worker queue polls / lifecycle, SAS drain (backlog)", "<= 1",
+         _get("sas worker polls"), lambda v: v <= 1),
+    Goal("drain, 16 SAS workers", ">= 45 tasks/s", _get("sas rate"), lambda v: v >= 45, " tasks/s"),
+    Goal("drain, 16 claimWork workers", ">= 45 tasks/s", _get("claimwork rate"), lambda v: v >= 45,
+         " tasks/s"),
+    Goal("SAS drain / Celery drain", ">= 0.5x",
+         _get("sas rate", "celery drain", combine=lambda a, c: a / c), lambda v: v >= 0.5, "x"),
+    Goal("claimWork drain / Celery drain", ">= 0.5x",
+         _get("claimwork rate", "celery drain", combine=lambda a, c: a / c), lambda v: v >= 0.5,
+         "x"),
+    Goal("createTask / Celery enqueue", ">= 1.0x",
+         _get("create", "celery enqueue", combine=lambda a, c: a / c), lambda v: v >= 1.0, "x"),
+    Goal("server CPU / lifecycle, SAS (createTask + drain)", "<= 8 ms", _get("sas lifecycle cpu"),
+         lambda v: v <= 8, " ms"),
+    Goal("server CPU / lifecycle, claimWork (createTask + drain)", "<= 8 ms",
+         _get("claimwork lifecycle cpu"), lambda v: v <= 8, " ms"),
+    Goal("claimWork wake-up p50, 1 / 8 waiting", "<= 20 ms",
+         _get("latency1 p50", "latency8 p50", combine=max), lambda v: v <= 20, " ms (worse)"),
+    Goal("claimWork wake-up p99, 1 / 8 waiting", "<= 100 ms",
+         _get("latency1 p99", "latency8 p99", combine=max), lambda v: v <= 100, " ms (worse)"),
+    Goal("two replicas / one, claimWork drain", ">= 1.7x", _get("replicas ratio"),
+         lambda v: v >= 1.7, "x"),
+)
+
+FIGURES = (
+    ("celery enqueue", "tasks/s", "Celery: noop.delay() from 16 threads, broker connections open"),
+    ("celery drain", "tasks/s", "Celery worker (16 threads): from ready to the last task done"),
+    ("create", "tasks/s", "azqueue createTask, 16 concurrent Hawk-signed clients, priority lowest"),
+    ("sas rate", "tasks/s", "16 SAS SDK workers: workers started -> all N reported completed"),
+    ("claimwork rate", "tasks/s", "16 claimWork SDK workers: the same"),
+    ("sas server requests", "requests", "server's storage requests per task drained (SAS)"),
+    ("claimwork server requests", "requests", "the same, claimWork"),
+    ("sas server cpu", "ms", "server CPU per task drained, createTask not included (SAS)"),
+    ("claimwork server cpu", "ms", "the same, claimWork"),
+    ("sas azurite cores", "cores", "Azurite's CPU during the SAS drain (1.0 = one core busy)"),
+    ("claimwork azurite cores", "cores", "Azurite's CPU during the claimWork drain"),
+    ("replicas azurite cores", "cores", "Azurite's CPU during the two-replica drain"),
+    ("idle sas", "req/s", "storage requests/s per idle SAS worker (its polls + the server's)"),
+    ("idle claim-work", "req/s", "storage requests/s per idle claimWork worker (the server's)"),
+)
+
+
+def print_summary(b: Bench) -> None:
+    s = b.summary
+    print("\n== summary (one run; this machine is shared and noisy: compare figures of one "
+          "run, not across runs) ==")
+    print("\n| goal | target | measured | met |\n| --- | --- | --- | --- |")
+    for g in GOALS:
+        v = g.value(s)
+        if v is not None:
+            print(f"| {g.what} | {g.target} | {v:.2f}{g.unit} | {'yes' if g.met(v) else 'NO'} |")
+    figures = [(key, unit, meaning) for key, unit, meaning in FIGURES if key in s]
+    if figures:
+        print("\n| figure | value | what it means |\n| --- | --- | --- |")
+    for key, unit, meaning in figures:
+        print(f"| {key} | {s[key]:.2f} {unit} | {meaning} |")
+    for anomaly in b.anomalies:
+        print(f"\nWARNING: {anomaly}.")
+    print("\nPer lifecycle: what the server spent (storage requests counted by the proxy in "
+          "front of Azurite, signed with the account key; CPU: utime+stime of `azqueue serve`) "
+          "while the backlog was created, plus while it was drained, each divided by N. "
+          "Workers' requests are those signed with SAS.")
+
+
+# -- main ----------------------------------------------------------------------------------
+
+RUNNERS: dict[str, Callable[[Bench], Awaitable[None]]] = {
+    "steps": phase_steps, "celery": phase_celery, "create": phase_create, "sas": phase_sas,
+    "claimwork": phase_claimwork, "latency": phase_latency, "replicas": phase_replicas,
+    "idle": phase_idle}
+
+
+async def main(args: argparse.Namespace) -> None:
+    main_task = asyncio.current_task()
+    assert main_task is not None
+    # SIGTERM as Ctrl-C: cancel the run, so that the cleanup below stops every process it
+    # started while the proxy still forwards their last requests.
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    logs = Path(tempfile.mkdtemp(prefix="azqueue-bench-logs-"))
+    print(f"azqueue benchmark: {args.tasks} tasks, {args.workers} workers, phases "
+          f"{','.join(args.phases)}; {os.cpu_count()} CPUs")
+    keep_logs = args.keep_logs
+    azurite = await Azurite.start()
+    proxy = CountingProxy(azurite)
+    b = Bench(args, azurite, proxy, logs)
+    try:
+        await proxy.start(("", "celery"))
+        b.server = await b.start_server("server")
+        for phase in args.phases:
+            await RUNNERS[phase](b)
+        print_summary(b)
+    except Exception:
+        keep_logs = True
+        raise
+    finally:
+        if b.server is not None:
+            await b.stop_server("server", b.server)
+        await proxy.stop()
+        await azurite.stop()
+        if keep_logs:
+            print(f"logs of the servers, workers and Celery: {logs}")
+        else:
+            shutil.rmtree(logs, ignore_errors=True)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=400, help="backlog size N (default 400)")
+    parser.add_argument("--workers", type=int, default=16, help="workers and clients (16)")
+    parser.add_argument("--phases", default=",".join(PHASES),
+                        help=f"comma-separated subset of {','.join(PHASES)} (default: all)")
+    parser.add_argument("--skip-celery", action="store_true", help="leave the Celery peer out")
+    parser.add_argument("--step-tasks", type=int, default=30,
+                        help="lifecycles of the per-step table (30)")
+    parser.add_argument("--latency-tasks", type=int, default=50,
+                        help="tasks per claimWork latency scenario (50)")
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--amqp", default="", metavar="URL",
+                        help="RabbitMQ URL: the steps phase publishes events (default: off)")
+    parser.add_argument("--timeout", type=float, default=180.0,
+                        help="seconds a drain may take before the run is abandoned")
+    parser.add_argument("--stall", type=float, default=30.0,
+                        help="seconds without a completion that end a drain short of N")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep the servers', workers' and Celery's logs")
+    args = parser.parse_args()
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    unknown = set(phases) - set(PHASES)
+    if unknown:
+        parser.error(f"unknown phases {', '.join(sorted(unknown))}; choose from "
+                     f"{', '.join(PHASES)}")
+    args.phases = [p for p in PHASES if p in phases and not (p == "celery" and args.skip_celery)]
+    if args.tasks < 2 or args.workers < 2:
+        parser.error("--tasks and --workers must be at least 2")
+    return args
+
+
+if __name__ == "__main__":
+    try:
+        asyncio.run(main(parse_args()))
+    except BenchError as e:
+        sys.exit(f"bench: {e}")
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        sys.exit("bench: interrupted; every process it started is stopped")
