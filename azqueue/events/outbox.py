@@ -99,6 +99,12 @@ class Outbox:
                 await self.groups.drop(task_group_id, member)
                 continue
             return  # a member is still unresolved
+        # The group's own task (taskGroupId = its taskId) has no member row until it is
+        # resolved.
+        own = await self.tasks.find(task_group_id)
+        if own is not None and own.definition["taskGroupId"] == task_group_id and \
+                not own.state.resolved:
+            return
         if await self.groups.claim_announcement(task_group_id, task_id):
             await self.publisher.publish(events.task_group_resolved(task_group_id, scheduler_id))
 

@@ -169,7 +169,7 @@ class QueueService:
         _, _, tip = await asyncio.gather(
             self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
                             visible_in=task.deadline - now, forever=True),
-            self.groups.add(task.definition["taskGroupId"], task_id),
+            self._add_to_group(task),
             self._no_tip() if waiting else self._put_tip(task, 0))
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         stored = await self.tasks.insert(task, events.for_change if trigger else None,
@@ -247,12 +247,20 @@ class QueueService:
                               limit: int) -> dict[str, Any]:
         """listTaskGroup: the tasks of a task group, a page at a time."""
         after = paging.after(continuation)
-        page, last = await self.groups.page(task_group_id, after, limit)
-        if not page and after is None:
+        rows, last = await self.groups.page(task_group_id, after, limit)
+        page = rows
+        # The group's own task has no member row: it takes its place in taskId order.
+        if (after is None or task_group_id > after) and \
+                (last is None or task_group_id <= last) and task_group_id not in rows:
+            page = sorted([*rows, task_group_id])
+            if len(page) > limit:
+                page = page[:limit]
+                last = page[-1]
+        tasks = await self._definitions_and_statuses(
+            page, lambda t: t.definition["taskGroupId"] == task_group_id)
+        if not rows and not tasks and after is None:
             raise errors.NotFound(f"task group {task_group_id} has no tasks (or does not exist)")
-        return {"taskGroupId": task_group_id,
-                "tasks": await self._definitions_and_statuses(
-                    page, lambda t: t.definition["taskGroupId"] == task_group_id),
+        return {"taskGroupId": task_group_id, "tasks": tasks,
                 **({"continuationToken": paging.token(last)} if last is not None else {})}
 
     async def _definitions_and_statuses(self, task_ids: list[str], belongs: Callable[[Task], bool]
@@ -281,6 +289,12 @@ class QueueService:
         return (await self.tasks.get(task_id)).status()
 
     # -- tips ------------------------------------------------------------------------
+
+    async def _add_to_group(self, task: Task) -> None:
+        """A member row for the task's group; the group's own task (taskGroupId = its
+        taskId, Taskcluster's default) needs none: listings and group checks read it."""
+        if task.definition["taskGroupId"] != task.task_id:
+            await self.groups.add(task.definition["taskGroupId"], task.task_id)
 
     async def _no_tip(self) -> None:
         return None

@@ -1,7 +1,9 @@
 """Task group membership in Azure Tables, for listTaskGroup and task-group-resolved.
 
-PartitionKey = taskGroupId, RowKey = taskId, ``resolved``. A member is added before
-its task is written and (with events on) marked resolved when the task's final
+PartitionKey = taskGroupId, RowKey = taskId, ``resolved``. The group's own task (the
+one whose taskId is the taskGroupId, Taskcluster's default group) has no row until it is
+resolved: listings and group checks read that task itself. Any other member is added
+before its task is written and (with events on) marked resolved when the task's final
 resolution is published,
 so "no member unresolved" means the group is resolved. A member whose task never got
 written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``.

@@ -140,6 +140,27 @@ async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
     await consumer.wait_for(lambda m: len(m) >= 2)
 
 
+async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """A decision task's group (taskGroupId = its taskId) is resolved when all its tasks
+    are, the decision task included: its children resolving first announce nothing."""
+    server = await make_server(amqp_url=amqp_url)
+    decision = await create(http, server.api, definition("prov/decision"))
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    await _claim(http, server.api, decision)
+    child = await create(http, server.api, definition("prov/decision", taskGroupId=decision))
+    await _claim(http, server.api, child)
+    await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
+    await asyncio.sleep(0.5)
+    assert consumer.messages == [], "announced while the decision task runs"
+    await sas.post(http, f"{server.api}/task/{decision}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) >= 1)
+    await asyncio.sleep(0.5)
+    [message] = consumer.messages
+    assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-"}
+
+
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
         make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
         consume: ConsumerFactory) -> None:

@@ -49,3 +49,29 @@ async def test_an_unknown_task_group_is_404(server: Server) -> None:
     with pytest.raises(TaskclusterRestFailure) as info:
         await anonymous.listTaskGroup(slugid())
     assert info.value.status_code == 404
+
+
+async def test_the_group_named_after_a_task_lists_that_task_in_its_place(server: Server) -> None:
+    """A task created without taskGroupId is its own group (Taskcluster's default), and a
+    decision task's children join it: the group's own task, which has no member row, is
+    listed in taskId order, once, on whichever page it falls."""
+    queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+    decision = slugid()
+    await queue.createTask(decision, definition("prov/own"))
+    assert [t["status"]["taskId"] for t in (await queue.listTaskGroup(decision))["tasks"]] == [
+        decision]
+    children = [slugid() for _ in range(4)]
+    for task_id in children:
+        await queue.createTask(task_id, definition("prov/own", taskGroupId=decision))
+    for limit in ("1", "2", "5", "10"):
+        seen: list[str] = []
+        page = await queue.listTaskGroup(decision, query={"limit": limit})
+        while True:
+            assert len(page["tasks"]) <= int(limit)
+            seen += [t["status"]["taskId"] for t in page["tasks"]]
+            if "continuationToken" not in page:
+                break
+            page = await queue.listTaskGroup(decision, query={
+                "limit": limit, "continuationToken": page["continuationToken"]})
+        assert seen == sorted([decision, *children]), limit
