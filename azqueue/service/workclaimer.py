@@ -53,6 +53,7 @@ RECHECK = 1.0
 # How often a waiting caller checks that its client is still connected.
 CONNECTED_CHECK = 1.0
 WORKER_RECORD_INTERVAL = 30.0
+MAX_TASK_QUEUES = 10_000
 
 
 class _Waiter:
@@ -126,7 +127,7 @@ class WorkClaimer:
         end = loop.time() + self.core.settings.claim_work_wait
         for priority in ORDER:
             await self.core.pending.ensure(task_queue_id, priority)
-        tq = self._queues.setdefault(task_queue_id, _TaskQueue())
+        tq = self._queues.get(task_queue_id) or self._task_queue(task_queue_id)
         waiter = _Waiter(count, connected)
         tq.waiters.append(waiter)
         self._poll(task_queue_id, tq)
@@ -151,11 +152,18 @@ class WorkClaimer:
             tq.waiters.remove(waiter)
             for message in waiter.inbox:
                 await self._pass_on(tq, message)
-            if not tq.waiters and tq.poller is None:
-                self._queues.pop(task_queue_id, None)
         self._record(task_queue_id, worker_group, worker_id,
                      [(c["status"]["taskId"], c["runId"]) for c in claims])
         return claims
+
+    def _task_queue(self, task_queue_id: str) -> _TaskQueue:
+        """A new entry; kept when its callers leave (it remembers when its queues were
+        found empty), but at most ``MAX_TASK_QUEUES`` idle ones."""
+        if len(self._queues) >= MAX_TASK_QUEUES:
+            for name in [n for n, q in self._queues.items() if not q.waiters and q.poller is None]:
+                del self._queues[name]
+        tq = self._queues[task_queue_id] = _TaskQueue()
+        return tq
 
     def offer(self, task: Task, message: Message) -> None:
         """A tip was just put for ``task``: hand it to a caller waiting here, if any."""
@@ -220,8 +228,6 @@ class WorkClaimer:
             tq.poller = None
             if tq.waiters:  # a caller came just as it ended
                 self._poll(task_queue_id, tq)
-            elif self._queues.get(task_queue_id) is tq:
-                del self._queues[task_queue_id]
 
     async def _receive(self, task_queue_id: str, tq: _TaskQueue, demand: int) -> int:
         """Receive up to ``demand`` tips, highest priority first, and share them out (all
