@@ -446,6 +446,8 @@ async def drain(b: Bench, mode: str, queue: str, root_urls: list[str]) -> Drain:
           f"{span.requests('workers', 'GET messages') / n:.2f})")
     print(f"  CPU cores: {cpu_line(span, *servers, 'azurite', 'workers', 'bench')}")
     print_kinds(span, n)
+    print(f"    resolvers (background polls, per second, not per task): "
+          f"{span.requests('resolvers') / span.seconds:.2f}/s")
     return Drain(rate, span, n)
 
 
@@ -587,7 +589,8 @@ async def phase_idle(b: Bench) -> None:
         per = (span.requests("server") + span.requests("workers")) / span.seconds / w
         print(f"  {mode}: {per:.2f} storage requests/s per idle worker (server "
               f"{span.requests('server') / span.seconds / w:.2f}, workers "
-              f"{span.requests('workers') / span.seconds / w:.2f}); CPU cores: "
+              f"{span.requests('workers') / span.seconds / w:.2f}); the resolvers' background "
+              f"polls besides: {span.requests('resolvers') / span.seconds:.2f}/s; CPU cores: "
               f"{cpu_line(span, 'server', 'azurite', 'workers')}")
         b.summary[f"idle {mode}"] = per
 

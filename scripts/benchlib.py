@@ -13,6 +13,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -181,6 +182,12 @@ class Hit:
     kind: str
 
 
+# The background resolvers' periodic reads (deadline, dependency and event triggers, the
+# scan of the claim index): a cost per replica and second, not per task.
+BACKGROUND = re.compile(r"^/[^/]+/[a-z0-9]+-(deadline|dependencies|events)/messages\?"
+                        r"|^/[^/]+/[a-z0-9]+claims\(\)")
+
+
 def classify(label: str, head: bytes) -> tuple[str, str, str]:
     """(client, method, target) of one request head."""
     lines = head.decode("latin-1").split("\r\n")
@@ -190,6 +197,8 @@ def classify(label: str, head: bytes) -> tuple[str, str, str]:
     for line in lines[1:]:
         name, _, value = line.partition(":")
         if name.strip().lower() == "authorization" and value.strip().startswith("SharedKey"):
+            if method == "GET" and BACKGROUND.search(target):
+                return "resolvers", method, target
             return "server", method, target
     return ("workers" if "sig=" in target else "other"), method, target
 
