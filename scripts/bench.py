@@ -23,6 +23,7 @@ a child process (scripts/bench_workers.py); CPU times come from /proc.
 Usage: .venv/bin/python scripts/bench.py [--tasks 400] [--workers 16] [--skip-celery]
                                          [--phases steps,create,sas,...]
 The Celery peer needs the bench extra: .venv/bin/pip install -e ".[bench]"
+BENCH_SERVER_LOG_LEVEL=INFO (with --keep-logs) has the servers log more than warnings.
 """
 
 from __future__ import annotations

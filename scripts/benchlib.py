@@ -436,7 +436,7 @@ async def start_server(connection_string: str, log: Path, **settings: str) -> Se
     env.update({"AZQUEUE_STORAGE_CONNECTION_STRING": connection_string,
                 "AZQUEUE_TIP_SECRETS": TIP_SECRET, "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID,
                 "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN, "AZQUEUE_PORT": str(port),
-                "AZQUEUE_LOG_LEVEL": "WARNING", **settings})
+                "AZQUEUE_LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), **settings})
     with open(log, "ab") as out:
         process = subprocess.Popen([str(ROOT / ".venv" / "bin" / "azqueue"), "serve"], env=env,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out,

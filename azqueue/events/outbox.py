@@ -9,7 +9,6 @@ from datetime import timedelta
 from azqueue import errors
 from azqueue.events.publisher import Publisher
 from azqueue.model import events, timeutil
-from azqueue.storage.errors import MessageGone
 from azqueue.storage.groups import ORPHAN_AGE, GroupStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
 from azqueue.storage.tasks import TaskStore
@@ -63,10 +62,7 @@ class Outbox:
         await self.discard(trigger)
 
     async def discard(self, trigger: Message) -> None:
-        try:
-            await self.queues.delete(trigger.queue_name, trigger.message_id, trigger.pop_receipt)
-        except MessageGone:
-            pass
+        await self.queues.drop(trigger.queue_name, trigger.message_id, trigger.pop_receipt)
 
     async def deliver(self, task_id: str) -> int:
         """Publish the task's outbox rows in order and delete them; how many went out."""

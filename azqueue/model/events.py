@@ -19,7 +19,7 @@ Which messages a transition publishes, computed from the task before and after i
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from azqueue.model import timeutil

@@ -45,7 +45,6 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import Task
 from azqueue.storage.dependents import DependentStore
-from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
 from azqueue.storage.tasks import Stored, TaskStore
 
@@ -268,11 +267,8 @@ class Dependencies:
             await asyncio.gather(keeper, return_exceptions=True)
 
     async def _postpone(self, message: Message) -> None:
-        try:
-            await self.queues.update(self.queue_name, message.message_id, message.pop_receipt,
-                                     self.recovery_delay)
-        except MessageGone:
-            pass
+        await self.queues.postpone(self.queue_name, message.message_id, message.pop_receipt,
+                                   self.recovery_delay)
 
     def keep(self, job: asyncio.Task[None]) -> None:
         """Let ``job`` finish in the background; ``close`` waits for it briefly."""
@@ -284,10 +280,7 @@ class Dependencies:
             await asyncio.wait(self._background, timeout=10)
 
     async def drop(self, message: Message) -> None:
-        try:
-            await self.queues.delete(self.queue_name, message.message_id, message.pop_receipt)
-        except MessageGone:
-            pass
+        await self.queues.drop(self.queue_name, message.message_id, message.pop_receipt)
 
 
 class Watch:

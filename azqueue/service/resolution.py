@@ -19,8 +19,7 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.storage.claims import ClaimRecord
-from azqueue.storage.errors import MessageGone
-from azqueue.storage.queues import Message, decode_json
+from azqueue.storage.queues import decode_json
 
 if TYPE_CHECKING:
     from azqueue.service.queue import QueueService
@@ -110,17 +109,11 @@ class Resolution:
                 pass  # the task was never written, or has expired
             else:
                 if change.after.deadline > now:
-                    await self._postpone(message, change.after.deadline - now)
+                    await core.queues.postpone(message.queue_name, message.message_id,
+                                               message.pop_receipt, change.after.deadline - now)
                     continue
                 if change.changed:
                     log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
                 await core.settle(change, len(change.after.runs) - 1)
             await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)
         return len(messages)
-
-    async def _postpone(self, message: Message, delay: timedelta) -> None:
-        try:
-            await self.core.queues.update(message.queue_name, message.message_id,
-                                          message.pop_receipt, delay)
-        except MessageGone:
-            pass

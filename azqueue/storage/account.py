@@ -29,6 +29,9 @@ DELEGATION_KEY_START_SLACK = timedelta(minutes=5)
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy",
                    "all_proxy")
 MAX_CONNECTIONS = 200
+# Idle connections are closed before the 5 s after which Azurite (Node) closes them:
+# a request sent on a connection just as the other side closes it is lost.
+KEEPALIVE = 4.0
 
 
 class SharedSession:
@@ -47,7 +50,8 @@ class SharedSession:
             proxied = any(os.environ.get(v) for v in PROXY_VARIABLES)
             self._session = aiohttp.ClientSession(
                 trust_env=proxied, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS))
+                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS,
+                                               keepalive_timeout=KEEPALIVE))
         return self._session
 
     async def close(self) -> None:

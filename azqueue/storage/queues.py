@@ -120,8 +120,14 @@ class Queues:
                       text: str | None = None) -> bool:
         """Make a message visible again at once (with ``text``, rewritten); False if it was
         gone or not ours any more."""
+        return await self.postpone(name, message_id, pop_receipt, timedelta(0), text)
+
+    async def postpone(self, name: str, message_id: str, pop_receipt: str, delay: timedelta,
+                       text: str | None = None) -> bool:
+        """Make a message visible again in ``delay``; False if it was gone or not ours any
+        more."""
         try:
-            await self.update(name, message_id, pop_receipt, timedelta(0), text=text)
+            await self.update(name, message_id, pop_receipt, delay, text=text)
         except MessageGone:
             return False
         return True

@@ -14,8 +14,8 @@ created) stays with the SDK. What is done here is what the SDK does on the wire:
 * Queues: the XML bodies of Put, Update, Get and Delete Message;
 * errors raised as the SDK raises them (``azure.core.exceptions`` with ``status_code`` and
   ``error_code``), so that ``storage.errors.translate`` maps both the same way;
-* retries: a request that fails to connect, times out or answers 500, 502, 503 or 504 is
-  sent again twice, after about 0.1 and 0.4 s. A write retried after a lost answer may find
+* retries: a request that fails to connect, has no answer within 10 s or answers 500,
+  502, 503 or 504 is sent again twice, after about 0.1 and 0.4 s. A write retried after a lost answer may find
   its own effect (an insert "exists", a replace 412): the callers decide on the stored task
   again, which makes that harmless.
 """
@@ -58,7 +58,9 @@ TOKEN_SCOPE = "https://storage.azure.com/.default"
 TOKEN_MARGIN = 300
 ATTEMPTS = 3
 BACKOFF = 0.1
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=30)
+# Each of these requests takes milliseconds; one that has no answer after this long was
+# lost (a connection the other side closed just then), and is sent again.
+REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10)
 RETRIED_STATUS = frozenset({500, 502, 503, 504})
 JSON = "application/json"
 JSON_ACCEPT = "application/json;odata=minimalmetadata"

@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from tests import sas
-from tests.servers import Server, ServerFactory
+from tests.servers import Server
 from tests.tasks import definition, iso, slugid
 
 

@@ -17,7 +17,7 @@ import aiohttp
 
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from azqueue.worker import shell
-from tests.conftest import ROOT, Server
+from tests.servers import ROOT, Server
 from tests.tasks import status
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")

@@ -20,7 +20,7 @@ import pytest
 from azqueue.model.priority import Priority
 from azqueue.worker import TaskRun, Worker
 from azqueue.worker.sas import EMPTY_POLL, POLL, SasSource, idle_delay
-from tests.conftest import ServerFactory
+from tests.servers import ServerFactory
 from tests.tasks import create, definition, slugid, status
 from tests.worker.helpers import CREDENTIALS, config, eventually, running
 

@@ -9,7 +9,6 @@ import logging
 import os
 import signal
 import subprocess
-from collections import Counter
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from azqueue.model.priority import Priority
 from azqueue.worker import Credentials, Worker, WorkerState
 from azqueue.worker.sas import POLL, SasSource
 from tests import sas
-from tests.conftest import ROOT, Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
 from tests.worker.helpers import (
     AZQUEUE,
