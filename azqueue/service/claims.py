@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from azqueue import errors
@@ -102,7 +102,7 @@ class Claims:
                     if guess:
                         raise _Stale from None
                     if tip:
-                        await self._repair_orphaned_tip(current, run_id)
+                        await self._repair_orphaned_tip(stored, run_id)
                     raise
                 break
             except _Stale:
@@ -128,9 +128,9 @@ class Claims:
             if hold:
                 await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
             raise
-        except BaseException:
-            if hold:  # nothing is claimed: give run run_id its tip back, visible now
-                await self._restore_tip(hold, task_id)
+        except BaseException as e:
+            if hold:
+                await self._after_failed_write(hold, task_id, worker_group, worker_id, e, now)
             raise
         after = change.after
         if not change.changed:
@@ -177,7 +177,7 @@ class Claims:
         last = stored.task.last_run
         if last is not None and last.state is RunState.PENDING:
             # In case the presented message is this task's tip whose record was lost.
-            await self.core.queue_tip(stored.task, last.run_id)
+            await self.core.queue_tip(stored, last.run_id)
         raise errors.InputError(
             f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
             "MessageId and PopReceipt of the message this tip came from, as received")
@@ -197,6 +197,28 @@ class Claims:
         self.core.index.claimed(stored.task.task_id, run_id, run.taken_until)
         return self.answer(stored.task, run_id, with_task=True)
 
+    async def _after_failed_write(self, hold: HeldMessage, task_id: str, worker_group: str,
+                                  worker_id: str, error: BaseException, now: datetime) -> None:
+        """The claim's write failed after its message was rewritten. A failure of storage
+        (or a cancellation) may have come after the write was stored: the run gets its tip
+        back only once a fresh read shows it unclaimed. Otherwise the message stays as
+        rewritten (it reappears at takenUntil) and the claim is noted for the index, so that
+        a claim its worker never heard of still expires."""
+        core = self.core
+        if isinstance(error, errors.StorageError):
+            try:
+                fresh: Stored | None = await core.tasks.load(task_id)
+            except errors.QueueError:
+                fresh = None
+            if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
+                                                             worker_group, worker_id):
+                await self._restore_tip(hold, task_id)
+                return
+        elif not isinstance(error, asyncio.CancelledError):
+            await self._restore_tip(hold, task_id)  # refused before anything was written
+            return
+        core.index.claimed(task_id, hold.run_id, now + core.claim_timeout)
+
     async def _restore_tip(self, hold: HeldMessage, task_id: str) -> None:
         try:
             await self.core.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
@@ -206,14 +228,15 @@ class Claims:
         except Exception:
             log.exception("could not give task %s run %d its tip back", task_id, hold.run_id)
 
-    async def _repair_orphaned_tip(self, task: Task, run_id: int) -> None:
+    async def _repair_orphaned_tip(self, stored: Stored, run_id: int) -> None:
         """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
         died before it was recorded; the worker will delete it, so queue a fresh tip for ``r``."""
+        task = stored.task
         last = task.last_run
         if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
             log.warning("task %s: re-queuing run %d, whose claim was never completed",
                         task.task_id, last.run_id)
-            await self.core.queue_tip(task, last.run_id)
+            await self.core.queue_tip(stored, last.run_id)
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
         core = self.core

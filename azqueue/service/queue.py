@@ -61,7 +61,7 @@ from azqueue.model.tip import TipSigner
 from azqueue.service import paging
 from azqueue.service.cache import TaskCache
 from azqueue.service.claimindex import ClaimIndex
-from azqueue.service.claims import Claims, TipClaim
+from azqueue.service.claims import TIP_WAIT, Claims, TipClaim
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.resolution import Resolution
 from azqueue.service.workclaimer import WorkClaimer
@@ -151,8 +151,11 @@ class QueueService:
         authorize(definition)
         new = None
         if definition["dependencies"]:
-            existing = await self.tasks.find(task_id)
-            if existing is not None:  # nothing of a repeated or refused definition is written
+            try:
+                existing = await self.tasks.load(task_id)
+            except errors.NotFound:
+                pass
+            else:  # nothing of a repeated or refused definition is written
                 return await self._defined_before(existing, definition, None)
             new = await self.dependencies.check_new(task_id, definition)
         waiting = new is not None and bool(new.waiting)
@@ -171,9 +174,18 @@ class QueueService:
                             visible_in=task.deadline - now, forever=True),
             self._add_to_group(task),
             self._no_tip() if waiting else self._put_tip(task, 0))
+        loop = asyncio.get_running_loop()
+        tip_visible = loop.time()
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         stored = await self.tasks.insert(task, events.for_change if trigger else None,
                                          tips=(tip.message_id,) if tip else ())
+        if stored is not None and tip is not None and \
+                loop.time() - tip_visible > TIP_WAIT.total_seconds() / 2:
+            # A claim of the tip waits only so long for the task: one that gave up had its
+            # worker delete the tip, so the run gets another.
+            log.warning("task %s was stored %.1fs after its tip: queuing another",
+                        task_id, loop.time() - tip_visible)
+            await self.queue_tip(stored, 0)
         if stored is not None:
             self.cache.put(stored)
             self._fault_point()
@@ -182,8 +194,8 @@ class QueueService:
             # to be stored), so task-defined and task-pending precede its task-running.
             await self.outbox.finish(task_id, trigger)
         if stored is None:
-            existing = await self.tasks.get(task_id)
-            if existing.definition["taskGroupId"] != definition["taskGroupId"]:
+            existing = await self.tasks.load(task_id)
+            if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)
             return await self._defined_before(existing, definition, tip)
@@ -195,11 +207,12 @@ class QueueService:
             self.work.offer(task, tip)
         return task.status()
 
-    async def _defined_before(self, existing: Task, definition: dict[str, Any],
+    async def _defined_before(self, stored: Stored, definition: dict[str, Any],
                               tip: Message | None) -> dict[str, Any]:
         """The answer to a createTask for a task that exists: its status if the definition
         is the same (finishing what a failed first attempt may have left undone), else 409.
         ``tip`` is the run-0 tip this attempt put already."""
+        existing = stored.task
         last = existing.last_run
         if dict(existing.definition) != definition:
             if tip is not None:
@@ -208,16 +221,15 @@ class QueueService:
                 f"task {existing.task_id} already exists with a different definition; "
                 "createTask is idempotent only for an identical definition: use a new taskId")
         pending = last is not None and last.state is RunState.PENDING
-        if pending and len((await self.tasks.load(existing.task_id)).tips) >= MAX_TIPS:
-            pending = False  # plenty of tips were put already
-        if tip is not None and pending and last is not None and last.run_id == 0:
+        if tip is not None and pending and last is not None and last.run_id == 0 and \
+                len(stored.tips) < MAX_TIPS:
             await self.tasks.record_tip(existing.task_id, tip.message_id)
             self.work.offer(existing, tip)
             return existing.status()
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
         if pending and last is not None:
-            await self.queue_tip(existing, last.run_id)
+            await self.queue_tip(stored, last.run_id)
         elif last is None and existing.dependencies:
             await self.dependencies.recheck(existing)
             existing = await self.tasks.get(existing.task_id)
@@ -240,7 +252,7 @@ class QueueService:
         change = await self.change(task_id, lambda t: model.schedule(t, now), loaded)
         last = change.after.last_run
         if last is not None and last.state is RunState.PENDING and (change.changed or requeue):
-            await self.queue_tip(change.after, last.run_id)
+            await self.queue_tip(change.stored, last.run_id)
         return change.after
 
     async def list_task_group(self, task_group_id: str, continuation: str | None,
@@ -303,9 +315,15 @@ class QueueService:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
         return await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
 
-    async def queue_tip(self, task: Task, run_id: int) -> None:
+    async def queue_tip(self, stored: Stored, run_id: int) -> None:
         """Put a tip for run ``run_id`` of a stored task and record its messageId, so that
-        a claim can tell the task's own messages from others."""
+        a claim can tell the task's own messages from others. A task with ``MAX_TIPS``
+        records gets no more (its entity would outgrow Azure's 252 properties)."""
+        task = stored.task
+        if len(stored.tips) >= MAX_TIPS:
+            log.warning("task %s has %d tips recorded: not queuing another for run %d",
+                        task.task_id, len(stored.tips), run_id)
+            return
         message = await self._put_tip(task, run_id)
         await self.tasks.record_tip(task.task_id, message.message_id)
         self.work.offer(task, message)
@@ -370,7 +388,7 @@ class QueueService:
             else:
                 await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
         if retry_pending and not tip_ready:
-            await self.queue_tip(task, run_id + 1)
+            await self.queue_tip(change.stored, run_id + 1)
         if run_id < len(change.before.runs) and \
                 change.before.runs[run_id].state is RunState.RUNNING:
             await self.index.ended(task.task_id, run_id, task.runs[run_id].started)

@@ -235,24 +235,26 @@ class WorkClaimer:
         now = asyncio.get_running_loop().time()
         start = tq.start_rank if now < tq.recheck_at else 0
         found: list[Message] = []
-        for priority in ORDER[start:]:
-            name = self.core.pending.name(task_queue_id, priority)
-            messages = await self.core.queues.receive(name, CLAIM_WORK_HOLD,
-                                                      limit=min(demand - len(found), 32))
-            if messages and not found:
-                # The queues above were empty just now (or at the last recheck).
+        try:
+            for priority in ORDER[start:]:
+                name = self.core.pending.name(task_queue_id, priority)
+                messages = await self.core.queues.receive(name, CLAIM_WORK_HOLD,
+                                                          limit=min(demand - len(found), 32))
+                if messages and not found:
+                    # The queues above were empty just now (or at the last recheck).
+                    if start == 0:
+                        tq.recheck_at = now + RECHECK
+                    tq.start_rank = priority.rank
+                found += messages
+                if len(found) >= demand:
+                    break
+            if not found:
                 if start == 0:
-                    tq.recheck_at = now + RECHECK
-                tq.start_rank = priority.rank
-            found += messages
-            if len(found) >= demand:
-                break
-        if not found:
-            if start == 0:
-                tq.found_nothing_at = now
-            tq.start_rank = 0
-        for message in found:
-            await self._pass_on(tq, message)
+                    tq.found_nothing_at = now
+                tq.start_rank = 0
+        finally:  # what was received is claimed or given back, whatever failed after it
+            for message in found:
+                await self._pass_on(tq, message)
         return len(found)
 
     async def _claim(self, worker_group: str, worker_id: str,

@@ -15,7 +15,9 @@ created) stays with the SDK. What is done here is what the SDK does on the wire:
 * errors raised as the SDK raises them (``azure.core.exceptions`` with ``status_code`` and
   ``error_code``), so that ``storage.errors.translate`` maps both the same way;
 * retries: a request that fails to connect, has no answer within 10 s or answers 500,
-  502, 503 or 504 is sent again twice, after about 0.1 and 0.4 s. A write retried after a lost answer may find
+  502, 503 or 504 is sent again twice, after about 0.1 and 0.4 s; receiving and updating
+  queue messages (which hand out new pop receipts) only when they cannot have been
+  applied (no connection, or 503 ServerBusy). A write retried after a lost answer may find
   its own effect (an insert "exists", a replace 412): the callers decide on the stored task
   again, which makes that harmless.
 """
@@ -162,7 +164,10 @@ class RestClient:
 
     async def _send(self, service: str, method: str, origin: str, path: str,
                     query: dict[str, str], headers: dict[str, str], body: bytes | None,
-                    what: str) -> tuple[int, Mapping[str, str], bytes]:
+                    what: str, replayable: bool = True) -> tuple[int, Mapping[str, str], bytes]:
+        """Send, retrying as the module docstring says; a request that is not
+        ``replayable`` (it hands out or changes a pop receipt) is sent again only when it
+        cannot have been applied: its connection failed, or the answer was 503."""
         # Sent exactly as signed: the path is encoded here, the query values too.
         parts = [f"{k}={quote(v, safe='')}" for k, v in query.items()]
         if self._signer.sas:
@@ -192,10 +197,12 @@ class RestClient:
                         method, url, headers=request_headers, data=body,
                         ssl=self._ssl, timeout=REQUEST_TIMEOUT) as r:
                     content = await r.read()
-                    if r.status not in RETRIED_STATUS or attempt == ATTEMPTS - 1:
+                    retried = RETRIED_STATUS if replayable else frozenset({503})
+                    if r.status not in retried or attempt == ATTEMPTS - 1:
                         return r.status, CIMultiDict(r.headers), content
             except (aiohttp.ClientError, TimeoutError) as e:
-                if attempt == ATTEMPTS - 1:
+                unsent = isinstance(e, aiohttp.ClientConnectorError)
+                if attempt == ATTEMPTS - 1 or not (replayable or unsent):
                     raise ServiceRequestError(f"{what}: {type(e).__name__}: {e}") from e
             await asyncio.sleep(BACKOFF * 4 ** attempt * random.uniform(0.5, 1.5))
         raise AssertionError("unreachable")
@@ -263,8 +270,11 @@ class RestClient:
                      ) -> tuple[Mapping[str, str], bytes]:
         path = f"{self._queue_path}/{name}/messages{suffix}"
         headers = {"Content-Type": "application/xml"} if body is not None else {}
+        # Receiving and updating hand out new pop receipts: a replay after a lost answer
+        # would leave messages invisible with receipts nobody holds.
         status, answer, content = await self._send("queue", method, self._queue_origin, path,
-                                                   query, headers, body, what)
+                                                   query, headers, body, what,
+                                                   replayable=method not in ("GET", "PUT"))
         self._check(status, answer, content, ok, what)
         return answer, content
 

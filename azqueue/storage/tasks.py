@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import secrets
 import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -110,6 +111,7 @@ class Stored:
     etag: str
     held: HeldMessage | None = None
     tips: frozenset[str] = field(default=frozenset())
+    write_id: str = ""  # names the write that stored it (see ``modify``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +142,7 @@ def tip_property(message_id: str) -> str:
 
 
 def to_entity(task: Task, held: HeldMessage | None = None,
-              tips: frozenset[str] = frozenset()) -> dict[str, Any]:
+              tips: frozenset[str] = frozenset(), write_id: str = "") -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": task.task_id,
         "RowKey": ROW,
@@ -151,6 +153,7 @@ def to_entity(task: Task, held: HeldMessage | None = None,
         "retriesLeft": EntityProperty(task.retries_left, EdmType.INT32),
         "hasDependents": task.has_dependents,
         "held": held.to_json() if held is not None else "",
+        "writeId": write_id,
         **{tip_property(t): t for t in tips},
     }
     _put_chunks(entity, "definition", json.dumps(task.definition, separators=(",", ":")))
@@ -162,7 +165,8 @@ def stored_from_entity(entity: Mapping[str, Any], tips: frozenset[str] = frozens
     held = entity.get("held")
     recorded = frozenset(str(v) for k, v in entity.items() if k.startswith(TIP_PROPERTY))
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
-                  HeldMessage.from_json(held) if held else None, recorded | tips)
+                  HeldMessage.from_json(held) if held else None, recorded | tips,
+                  str(entity.get("writeId", "")))
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
@@ -343,6 +347,9 @@ class TaskStore(TableStore):
         by default the held message stays while its run is running and is cleared when it
         is not.
         """
+        # An attempt refused with 412 may have been our own write, stored by an earlier
+        # attempt of the same request whose answer was lost: each write names itself.
+        lost: tuple[Task, HeldMessage | None, str] | None = None
         for _ in range(MAX_MODIFY_ATTEMPTS):
             stored = loaded or await self.load(task_id)
             guess, loaded = speculative and loaded is not None, None
@@ -356,28 +363,35 @@ class TaskStore(TableStore):
             if after is before:
                 if guess:
                     continue
+                if lost is not None and stored.write_id == lost[2]:
+                    # It was: report it as the change it was.
+                    return Change(lost[0], before, lost[1], stored)
                 return Change(before, after, stored.held, stored)
             held = stored.held if isinstance(hold, _Keep) else hold
             if held is not None and (held.run_id >= len(after.runs) or
                                      after.runs[held.run_id].state is not RunState.RUNNING):
                 held = None  # a message is held only by a running run
             outbox = [outbox_row(task_id, e) for e in events(before, after)] if events else []
+            write_id = secrets.token_hex(8)
+            entity = to_entity(after, held, stored.tips, write_id)
             if before_write is not None:
                 await before_write(before, after)
             try:
                 with translate(f"updating task {task_id}"):
                     if outbox:
                         written = await self._table.submit_transaction([
-                            ("update", to_entity(after, held, stored.tips),
+                            ("update", entity,
                              {"mode": UpdateMode.REPLACE, "etag": stored.etag,
                               "match_condition": MatchConditions.IfNotModified}),
                             *(("create", row) for row in outbox)])
                         etag = written[0]["etag"]
                     else:
                         etag = (await self._rest.update_entity(
-                            self.name, to_entity(after, held, stored.tips), stored.etag))["etag"]
+                            self.name, entity, stored.etag))["etag"]
             except (ETagMismatch, TransactionConflict):
+                lost = (before, stored.held, write_id)
                 continue
-            return Change(before, after, stored.held, Stored(after, str(etag), held, stored.tips))
+            return Change(before, after, stored.held,
+                          Stored(after, str(etag), held, stored.tips, write_id))
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "
                            "updated; try again")

@@ -177,3 +177,37 @@ async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
     assert sorted(claimed + rest) == sorted(created)
     for task_id in created:
         assert (await status(http, server.api, task_id))["state"] == "running"
+
+
+async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_change_it_was(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """A storage request whose answer is lost is sent again (``storage.rest``); a
+    conditional write that was stored the first time then finds its own ETag moved (412).
+    ``modify`` must recognise its own write and report the change it made (so the claim
+    is answered and its message settled), not a no-op; a concurrent write of someone else
+    that happens to decide the same is not taken for its own."""
+    task_id = await create(http, server.api, definition("prov/replay"))
+    tasks = server.service.tasks
+    rest = tasks._rest
+    send = rest.update_entity
+
+    async def answer_lost_once(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        await send(*args, **kwargs)   # stored, but its answer never arrives:
+        return await send(*args, **kwargs)   # so it is sent again, and refused (412)
+
+    now = timeutil.utcnow()
+
+    def claim(task: model.Task) -> model.Task:
+        return model.claim(task, 0, "wg", "w", now, server.service.claim_timeout)
+
+    first = await tasks.load(task_id)
+    rest.update_entity = answer_lost_once  # type: ignore[method-assign]
+    try:
+        replayed = await tasks.modify(task_id, claim, first)
+    finally:
+        rest.update_entity = send  # type: ignore[method-assign]
+    assert replayed.changed and replayed.before == first.task
+    assert replayed.after.runs[0].state is model.RunState.RUNNING
+    # The same decision again, from the same old read, is another request: no change.
+    again = await tasks.modify(task_id, claim, first)
+    assert not again.changed
