@@ -12,8 +12,9 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   visible now or within a bounded time (a poll's visibility timeout). createTask puts
   run 0's tip *before* inserting the task, and records its messageId in the same
   transaction as the task: a createTask that dies in between leaves a tip of no task
-  (a claim answers 404 and the worker deletes it), never a task without a tip. A
-  repeated createTask of a pending run 0 adds a tip again.
+  (a claim answers 404 and the worker deletes it), never a task without a tip. A claim
+  waits up to ``claims.TIP_WAIT`` for the task; a task stored later than half that after
+  its tip gets another tip. A repeated createTask of a pending run 0 adds a tip again.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
   ``{taskId, r + 1}`` and invisible until ``takenUntil``; the task entity itself holds
   the messageId and the current pop receipt (``held``), written with the claim.
