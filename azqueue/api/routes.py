@@ -6,8 +6,8 @@ Each route declares its contract where it is registered, as Taskcluster's
 the scope expression it needs, a template (``azqueue.model.scopes.Template``) filled from
 the path parameters. A template that needs more than the path (the task's queue, the
 worker named in the body) is filled when the handler calls ``call.authorize(...)`` with
-the rest; a handler that forgets to is a 500, never a request let through. Handlers hold
-only their own logic.
+the rest, before it changes anything; a handler that never does answers 500 (a bug
+for the tests to catch), never a success. Handlers hold only their own logic.
 
 Taskcluster clients percent-encode every path parameter (``/`` in a taskQueueId becomes
 ``%2F``), so routes match the raw, still-encoded path and parameters are decoded after.
