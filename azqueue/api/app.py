@@ -6,10 +6,12 @@ account first, then the queue service on it, then the background resolvers.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import AsyncIterator
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
@@ -36,7 +38,30 @@ async def _resolvers_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a full traceback at ERROR for every malformed HTTP request it refuses
+    (a line too long, a bad header): one line at WARNING says as much, and a client
+    cannot flood the log with tracebacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, HttpProcessingError):
+            peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.msg, record.args = "refused a malformed HTTP request from %s: %s", (
+                peer, getattr(error, "message", "") or type(error).__name__)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_malformed_requests() -> None:
+    server_log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, MalformedRequests) for f in server_log.filters):
+        server_log.addFilter(MalformedRequests())
+
+
 def create_app(settings: Settings) -> web.Application:
+    _quiet_malformed_requests()
     app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()

@@ -40,6 +40,10 @@ def _decode_ext(ext: str) -> dict[str, Any]:
     return data
 
 
+# A Hawk `ts` (or bewit expiry) longer than this is no time a clock can show.
+MAX_TS_DIGITS = 15
+
+
 def _host_port(host_header: str, default_port: int) -> tuple[str, int]:
     host, sep, port = host_header.rpartition(":")
     if sep and port.isascii() and port.isdigit() and not host_header.endswith("]"):
@@ -67,15 +71,18 @@ class Authenticator:
             if method != "GET":
                 raise AuthenticationFailed("a bewit (signed URL) is only valid for GET requests")
             header = hawk.parse_bewit(bewit)
+            if len(header.ts) > MAX_TS_DIGITS:
+                raise AuthenticationFailed("this signed URL's expiry is no time a clock can show")
             if int(header.ts) < now.timestamp():
                 raise AuthenticationFailed("this signed URL has expired; make a new one")
             kind = "bewit"
         else:
             header = hawk.parse(authorization)
-            try:
-                ts = int(header.ts)
-            except ValueError:
-                raise AuthenticationFailed("the Hawk `ts` must be an integer (seconds)") from None
+            digits = header.ts.removeprefix("-")
+            if not (digits.isascii() and digits.isdigit() and len(digits) <= MAX_TS_DIGITS):
+                raise AuthenticationFailed("the Hawk `ts` must be an integer (seconds since "
+                                           "1970) of at most 15 digits")
+            ts = int(header.ts)
             if abs(now.timestamp() - ts) > hawk.SKEW_SECONDS:
                 raise AuthenticationFailed(
                     f"the request's timestamp is more than 15 minutes from the server's time "

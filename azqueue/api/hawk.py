@@ -89,7 +89,7 @@ def _normalized(kind: str, h: HawkHeader, method: str, resource: str, host: str,
             f"{port}\n{payload_hash}\n{ext}\n")
     if h.app:
         text += f"{h.app}\n{h.dlg}\n"
-    return text.encode()
+    return _wire(text)
 
 
 def mac(key: str, kind: str, h: HawkHeader, method: str, resource: str, host: str,
@@ -101,12 +101,18 @@ def mac(key: str, kind: str, h: HawkHeader, method: str, resource: str, host: st
 
 def payload_hash(content_type: str, body: bytes) -> str:
     mime = content_type.split(";")[0].strip().lower()
-    digest = hashlib.sha256(b"hawk.1.payload\n" + mime.encode() + b"\n" + body + b"\n").digest()
+    digest = hashlib.sha256(b"hawk.1.payload\n" + _wire(mime) + b"\n" + body + b"\n").digest()
     return base64.b64encode(digest).decode()
 
 
 def equal(a: str, b: str) -> bool:
-    return hmac.compare_digest(a.encode(), b.encode())
+    return hmac.compare_digest(_wire(a), _wire(b))
+
+
+def _wire(text: str) -> bytes:
+    """Header text as the bytes that came over the wire: aiohttp decodes bytes that are
+    not UTF-8 as surrogates, which a plain ``encode()`` refuses."""
+    return text.encode("utf-8", "surrogateescape")
 
 
 class ReplayCache:

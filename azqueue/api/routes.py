@@ -33,6 +33,7 @@ from azqueue.model.priority import ORDER, Priority
 from azqueue.model.scopes import Template, Unresolved, render
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.artifacts import ArtifactService
+from azqueue.service.artifacts import name_fits as artifact_name_fits
 from azqueue.service.queue import QueueService, TipClaim
 
 API = "/api/queue/v1"
@@ -84,6 +85,16 @@ def _artifact_name(name: str, value: str) -> str:
     if len(value) > MAX_ARTIFACT_NAME or not value.strip("/"):
         raise errors.InputError(f"artifact name {value[:50]!r} must be 1-{MAX_ARTIFACT_NAME} "
                                 "characters")
+    if "\\" in value:
+        raise errors.InputError(f"artifact name {value[:50]!r} contains a backslash, which blob "
+                                "storage reads as `/`: use `/` to separate its parts")
+    if any(part in (".", "..") for part in value.split("/")):
+        raise errors.InputError(f"artifact name {value[:50]!r} has a `.` or `..` part: a blob "
+                                "path would resolve it; name the artifact without them")
+    if not artifact_name_fits(value):
+        raise errors.InputError(
+            f"artifact name {value[:50]!r}... is too long once stored: at most about 490 "
+            "characters (fewer when some are not ASCII, which take up to 12 each)")
     return value
 
 

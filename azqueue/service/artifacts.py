@@ -15,7 +15,7 @@ from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
 from azqueue.service import paging
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.artifacts import ArtifactStore
+from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore
 from azqueue.storage.tasks import TaskStore, outbox_row
 
@@ -31,6 +31,9 @@ class Target:
 
     artifact: Artifact
     url: str = ""
+
+
+__all__ = ["ArtifactService", "name_fits"]
 
 
 class ArtifactService:

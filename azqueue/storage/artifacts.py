@@ -24,8 +24,20 @@ from azqueue.storage.errors import EntityExists, EntityNotFound, TransactionConf
 PREFIX = "artifact:"
 
 
+# Azure Table keys hold at most 512 characters (1 KiB of UTF-16).
+MAX_KEY = 512
+# Room for run numbers up to 99999 in a key.
+RUN_DIGITS = 5
+
+
 def _row(run_id: int, name: str) -> str:
     return PREFIX + keys.encode(f"{run_id:04d}/{name}")
+
+
+def name_fits(name: str) -> bool:
+    """Whether an artifact of this name can be stored: its key, percent-encoded, within
+    Azure's limit."""
+    return len(PREFIX + keys.encode(f"{'9' * RUN_DIGITS}/{name}")) <= MAX_KEY
 
 
 def _to_entity(a: Artifact) -> dict[str, Any]:
