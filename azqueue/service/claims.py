@@ -23,7 +23,7 @@ from azqueue.model import task as model
 from azqueue.model import taskcreds, timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.storage.errors import MessageGone
-from azqueue.storage.tasks import KEEP, HeldMessage, Stored, _Keep
+from azqueue.storage.tasks import KEEP, HeldMessage, Stored, Keep
 
 if TYPE_CHECKING:
     from azqueue.service.queue import QueueService
@@ -277,7 +277,7 @@ class Claims:
             else:
                 raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
                                        "concurrently; try again")
-        hold: HeldMessage | None | _Keep = (replace(held, pop_receipt=receipt) if held is not None
+        hold: HeldMessage | None | Keep = (replace(held, pop_receipt=receipt) if held is not None
                                             else KEEP)
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)

@@ -77,9 +77,9 @@ from azqueue.storage.tasks import (
     MAX_TIPS,
     Change,
     HeldMessage,
+    Keep,
     Stored,
     TaskStore,
-    _Keep,
     definition_size,
 )
 from azqueue.storage.workers import WorkerStore
@@ -332,7 +332,7 @@ class QueueService:
     # -- changes ---------------------------------------------------------------------
 
     async def change(self, task_id: str, fn: Callable[[Task], Task],
-                     loaded: Stored | None = None, hold: HeldMessage | None | _Keep = KEEP,
+                     loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,
                      speculative: bool = False) -> Change:
         """``tasks.modify`` with the change's events written to the outbox and published,
         a resolution passed on to the tasks that depend on this one, and this process's

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import secrets
 import json
+import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -130,11 +130,11 @@ class Change:
         return self.after is not self.before
 
 
-class _Keep:
+class Keep:
     """``modify(hold=KEEP)``: the held message stays while its run is running."""
 
 
-KEEP = _Keep()
+KEEP = Keep()
 
 
 def tip_property(message_id: str) -> str:
@@ -161,11 +161,11 @@ def to_entity(task: Task, held: HeldMessage | None = None,
     return entity
 
 
-def stored_from_entity(entity: Mapping[str, Any], tips: frozenset[str] = frozenset()) -> Stored:
+def stored_from_entity(entity: Mapping[str, Any]) -> Stored:
     held = entity.get("held")
     recorded = frozenset(str(v) for k, v in entity.items() if k.startswith(TIP_PROPERTY))
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
-                  HeldMessage.from_json(held) if held else None, recorded | tips,
+                  HeldMessage.from_json(held) if held else None, recorded,
                   str(entity.get("writeId", "")))
 
 
@@ -332,7 +332,7 @@ class TaskStore(TableStore):
                      loaded: Stored | None = None,
                      events: EventsFor | None = None,
                      before_write: BeforeWrite | None = None,
-                     hold: HeldMessage | None | _Keep = KEEP,
+                     hold: HeldMessage | None | Keep = KEEP,
                      speculative: bool = False) -> Change:
         """Apply the pure ``fn`` to the stored task and write its result conditionally.
 
@@ -367,7 +367,7 @@ class TaskStore(TableStore):
                     # It was: report it as the change it was.
                     return Change(lost[0], before, lost[1], stored)
                 return Change(before, after, stored.held, stored)
-            held = stored.held if isinstance(hold, _Keep) else hold
+            held = stored.held if isinstance(hold, Keep) else hold
             if held is not None and (held.run_id >= len(after.runs) or
                                      after.runs[held.run_id].state is not RunState.RUNNING):
                 held = None  # a message is held only by a running run
