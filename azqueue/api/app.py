@@ -15,13 +15,13 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
-from azqueue.api.routes import ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, STARTED_KEY, dispatch
+from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
+                                dispatch)
 from azqueue.background import resolvers
 from azqueue.config import Settings
-from azqueue.service.wiring import Services, open_services
+from azqueue.service.wiring import open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
-SERVICES_KEY = web.AppKey("services", Services)
 MAX_BODY = 2 * 1024 * 1024
 
 

@@ -35,6 +35,7 @@ from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.artifacts import name_fits as artifact_name_fits
 from azqueue.service.queue import QueueService, TipClaim
+from azqueue.service.wiring import Services
 
 API = "/api/queue/v1"
 SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$")
@@ -45,6 +46,7 @@ MAX_ARTIFACT_NAME = 1024
 # listTaskGroup and listDependentTasks load each task: a smaller page unless `limit` asks.
 LIST_PAGE = 100
 
+SERVICES_KEY = web.AppKey("services", Services)
 SERVICE_KEY = web.AppKey("service", QueueService)
 ARTIFACTS_KEY = web.AppKey("artifacts", ArtifactService)
 AUTH_KEY = web.AppKey("authenticator", Authenticator)
@@ -170,6 +172,10 @@ class Call:
     values: dict[str, Any]  # the converted path parameters, by their names in the path
     body: dict[str, Any]
     authorized: bool = False
+
+    @property
+    def services(self) -> Services:
+        return self.request.app[SERVICES_KEY]
 
     @property
     def queue(self) -> QueueService:
