@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
-from azqueue import __version__
+from azqueue import __version__, logs
 from azqueue.api.app import create_app
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings, new_secret
@@ -91,6 +91,9 @@ async def _resolve(which: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="azqueue", description=__doc__)
     parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO")
+    parser.add_argument("--log-format", choices=logs.FORMATS,
+                        default=os.environ.get("AZQUEUE_LOG_FORMAT") or "text",
+                        help="text, or json: one JSON object per line (AZQUEUE_LOG_FORMAT)")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="serve the API and run the resolvers (configured by AZQUEUE_*)")
     dev = sub.add_parser("dev", help="serve on a private Azurite started and stopped with it")
@@ -101,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     commands.add_parsers(sub)
     args = parser.parse_args(argv)
 
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("azure").setLevel(logging.WARNING)
+    logs.configure(args.log_level, args.log_format)
     if args.command in ("worker", "task"):
         return commands.run(args)
     try:
