@@ -14,6 +14,7 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from azqueue.api.middleware import error_middleware
+from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
@@ -72,5 +73,6 @@ def create_app(settings: Settings) -> web.Application:
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
     app.router.add_get(METRICS_PATH, serve_metrics)
+    dashboard.add_routes(app.router)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app

@@ -47,7 +47,7 @@ function el(tag, attrs, ...children) {
     if (key === "class") node.className = value;
     else node.setAttribute(key, String(value));
   }
-  for (const child of children.flat()) {
+  for (const child of children.flat(Infinity)) {
     if (child === undefined || child === null) continue;
     node.append(child instanceof Node ? child : document.createTextNode(String(child)));
   }
