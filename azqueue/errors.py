@@ -19,6 +19,7 @@ or an outage, answered 500 with an incident id and logged with its traceback.
         ├── InvalidJson              400 MalformedPayload      the request body is not JSON
         ├── AuthenticationFailed     401 AuthenticationFailed
         ├── InsufficientScopes       403 InsufficientScopes
+        ├── Quarantined              403 WorkerQuarantined     the worker may not claim work now
         ├── NotFound                 404 ResourceNotFound
         ├── MethodNotAllowed         405 MethodNotAllowed
         ├── Conflict                 409 RequestConflict       the state forbids the request
@@ -26,6 +27,7 @@ or an outage, answered 500 with an incident id and logged with its traceback.
         ├── Gone                     410 ResourceExpired
         ├── TooLarge                 413 InputTooLarge
         ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
+        ├── Unsupported              501 NotImplemented        a Queue API method this service lacks
         ├── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
         └── StorageError             500 InternalServerError   Azure failed in a way we did not expect
 
@@ -114,6 +116,14 @@ class InsufficientScopes(QueueError):
     status = 403
 
 
+class Quarantined(QueueError):
+    """A quarantined worker asked for a task. 403, not 4xx-and-delete: the tip it holds
+    stays for other workers (a worker deletes a tip only after 400, 404 or 409)."""
+
+    code = "WorkerQuarantined"
+    status = 403
+
+
 class NotFound(QueueError):
     code = "ResourceNotFound"
     status = 404
@@ -146,6 +156,11 @@ class TooLarge(QueueError):
 class ArtifactFailed(QueueError):
     code = "ArtifactError"
     status = 424
+
+
+class Unsupported(QueueError):
+    code = "NotImplemented"
+    status = 501
 
 
 class NotConfigured(QueueError):

@@ -13,12 +13,14 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from azqueue.api import worker_routes  # noqa: F401  (declares its routes)
 from azqueue.api.middleware import error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
                                 dispatch)
+from azqueue.api.unsupported import declare_unimplemented
 from azqueue.background import resolvers
 from azqueue.config import Settings
 from azqueue.service.wiring import open_services
@@ -64,6 +66,7 @@ def _quiet_malformed_requests() -> None:
 
 def create_app(settings: Settings) -> web.Application:
     _quiet_malformed_requests()
+    declare_unimplemented()  # after every route module was imported
     app = web.Application(middlewares=[observe_middleware, error_middleware],
                           client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings

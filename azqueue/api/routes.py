@@ -113,6 +113,8 @@ PARAMETERS: dict[str, Parameter] = {
         TASK_QUEUE_ID, f"<provisionerId>/<workerType>, each {_IDENTIFIER_RULE}")),
     "provisionerId": Parameter("provisioner_id", _matching(IDENTIFIER, _IDENTIFIER_RULE)),
     "workerType": Parameter("worker_type", _matching(IDENTIFIER, _IDENTIFIER_RULE)),
+    "workerGroup": Parameter("worker_group", _matching(IDENTIFIER, _IDENTIFIER_RULE)),
+    "workerId": Parameter("worker_id", _matching(IDENTIFIER, _IDENTIFIER_RULE)),
     "schema": Parameter("schema", lambda name, value: value),
 }
 

@@ -62,13 +62,13 @@ class ClaimIndex:
         self._notes[(task_id, run_id)] = (timeutil.utcnow(), taken_until)
 
     async def extended(self, task_id: str, run_id: int, started: datetime | None,
-                       taken_until: datetime) -> None:
+                       taken_until: datetime, task_queue_id: str = "") -> None:
         """The run was reclaimed until ``taken_until``."""
         note = self._notes.get((task_id, run_id))
         if note is not None:
             self._notes[(task_id, run_id)] = (note[0], taken_until)
         elif self._may_be_indexed(started):
-            await self.store.put(ClaimRecord(task_id, run_id, taken_until))
+            await self.store.put(ClaimRecord(task_id, run_id, taken_until, task_queue_id))
 
     async def ended(self, task_id: str, run_id: int, started: datetime | None) -> None:
         """The run was resolved: forget its note, or delete its row if it may have one."""
@@ -97,7 +97,8 @@ class ClaimIndex:
                 return True
             run = task.runs[run_id]
             if run.state is RunState.RUNNING and run.taken_until is not None:
-                await self.store.put(ClaimRecord(task_id, run_id, run.taken_until))
+                await self.store.put(ClaimRecord(task_id, run_id, run.taken_until,
+                                                 task.task_queue_id))
         except errors.StorageError as e:
             log.warning("could not index the claim of %s/%d: %s", task_id, run_id, e)
             return False

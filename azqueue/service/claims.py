@@ -91,6 +91,9 @@ class Claims:
                                 else core.tasks.load(task_id))
             current = stored.task
             authorize(current)
+            if not tip_read_here:  # claimWork checked when it was called
+                await core.workerinfo.refuse_quarantined(current.task_queue_id, worker_group,
+                                                         worker_id)
             try:
                 if model.is_claimed_by(current, run_id, worker_group, worker_id):
                     if guess:
@@ -287,7 +290,8 @@ class Claims:
             raise
         run = change.after.runs[run_id]
         assert run.taken_until is not None
-        await core.index.extended(task_id, run_id, run.started, run.taken_until)
+        await core.index.extended(task_id, run_id, run.started, run.taken_until,
+                                  change.after.task_queue_id)
         return self.answer(change.after, run_id)
 
     def answer(self, task: Task, run_id: int, with_task: bool = False) -> dict[str, Any]:

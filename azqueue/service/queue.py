@@ -67,6 +67,7 @@ from azqueue.service.claims import TIP_WAIT, Claims, TipClaim
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.resolution import Resolution
 from azqueue.service.workclaimer import WorkClaimer
+from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.claims import ClaimRecord, ClaimStore
 from azqueue.storage.dependents import DependentStore
@@ -83,7 +84,7 @@ from azqueue.storage.tasks import (
     TaskStore,
     definition_size,
 )
-from azqueue.storage.workers import WorkerStore
+from azqueue.storage.workers import TaskQueueStore, WorkerStore
 
 __all__ = ["QueueService", "TipClaim"]
 
@@ -120,14 +121,15 @@ class QueueService:
             timedelta(seconds=settings.dependencies_recovery_delay), self._schedule)
         self.index = ClaimIndex(ClaimStore(account), self.tasks, self.claim_timeout)
         self.claims = Claims(self)
-        self.work = WorkClaimer(self, WorkerStore(account))
+        self.workerinfo = WorkerInfo(WorkerStore(account), TaskQueueStore(account))
+        self.work = WorkClaimer(self)
         self.resolution = Resolution(self)
 
     async def setup(self) -> None:
         """Create the tables and internal queues (idempotent), start the claim index."""
         await self.tasks.ensure()
         await self.index.store.ensure()
-        await self.work.workers.ensure()
+        await self.workerinfo.setup()
         await self.groups.ensure()
         await self.queues.ensure(self.deadline_queue)
         await self.dependencies.setup()
@@ -136,7 +138,7 @@ class QueueService:
     async def close(self) -> None:
         """Index the claims still running, let in-flight bookkeeping finish (briefly)."""
         await self.index.close()
-        await self.work.close()
+        await self.workerinfo.close()
         await self.dependencies.close()
 
     # -- tasks -----------------------------------------------------------------------
@@ -192,6 +194,7 @@ class QueueService:
             self.cache.put(stored)
             metrics.count_change(None, task)
             self._fault_point()
+            self.workerinfo.task_queue_active(task.task_queue_id)
         if self.outbox is not None and trigger is not None:
             # Published before a worker can claim the task (a claim waits for the task
             # to be stored), so task-defined and task-pending precede its task-running.
@@ -417,11 +420,17 @@ class QueueService:
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
                          tip: TipClaim | None = None,
                          authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
-        return await self.claims.claim_task(task_id, run_id, worker_group, worker_id, tip,
-                                            authorize)
+        claim = await self.claims.claim_task(task_id, run_id, worker_group, worker_id, tip,
+                                             authorize)
+        self.workerinfo.worker_active(claim["status"]["taskQueueId"], worker_group, worker_id,
+                                      [(task_id, run_id)])
+        return claim
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
-        return await self.claims.reclaim_task(task_id, run_id)
+        claim = await self.claims.reclaim_task(task_id, run_id)
+        self.workerinfo.worker_active(claim["status"]["taskQueueId"], claim["workerGroup"],
+                                      claim["workerId"])
+        return claim
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:

@@ -81,7 +81,8 @@ class Resolution:
         run = after.runs[record.run_id] if record.run_id < len(after.runs) else None
         if run is not None and run.state is RunState.RUNNING and run.taken_until is not None:
             if run.taken_until != record.taken_until:  # a reclaim whose row write was lost
-                await store.put(ClaimRecord(record.task_id, record.run_id, run.taken_until))
+                await store.put(ClaimRecord(record.task_id, record.run_id, run.taken_until,
+                                            after.task_queue_id))
             return False
         if not change.changed:  # resolved by other means: the row is left over
             await store.delete(record.task_id, record.run_id)

@@ -17,7 +17,9 @@ from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
 from azqueue.service.artifacts import ArtifactService
+from azqueue.service.counts import TaskQueueCounts
 from azqueue.service.queue import QueueService
+from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Queues
@@ -31,6 +33,8 @@ class Services:
     queue: QueueService
     artifacts: ArtifactService
     outbox: Outbox | None
+    workers: WorkerInfo
+    counts: TaskQueueCounts
 
 
 @asynccontextmanager
@@ -61,7 +65,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
             log.warning("storage: no account key: pollTaskUrls and artifact URLs cannot be "
                         "signed and answer 503; workers must use claimWork")
         try:
-            yield Services(queue, artifacts, outbox)
+            yield Services(queue, artifacts, outbox, workers=queue.workerinfo,
+                           counts=TaskQueueCounts(queue))
         finally:
             await queue.close()
     finally:

@@ -19,7 +19,9 @@ expire, reclaim and retry like any other. Tips reach waiters two ways:
 
 Tips a caller cannot claim are deleted (document 000's worker rule); tips it was handed
 but no longer needs (it answered, or went away) are handed to another caller or released.
-Which workers called is recorded at most every ``WORKER_RECORD_INTERVAL`` seconds each.
+Which workers called, and what they claimed, is recorded by ``workers.WorkerInfo``; a
+quarantined worker waits as long as a call finding no work and gets no tasks, as in
+Taskcluster.
 """
 
 from __future__ import annotations
@@ -32,13 +34,11 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from azqueue import errors
-from azqueue.model import timeutil
 from azqueue.model.priority import ORDER
 from azqueue.model.task import Task
 from azqueue.model.tip import Tip
 from azqueue.service.claims import TipClaim
 from azqueue.storage.queues import Message
-from azqueue.storage.workers import WorkerStore
 
 if TYPE_CHECKING:
     from azqueue.service.queue import QueueService
@@ -52,7 +52,6 @@ CLAIM_WORK_HOLD = timedelta(seconds=30)
 RECHECK = 1.0
 # How often a waiting caller checks that its client is still connected.
 CONNECTED_CHECK = 1.0
-WORKER_RECORD_INTERVAL = 30.0
 MAX_TASK_QUEUES = 10_000
 
 
@@ -112,19 +111,21 @@ class _TaskQueue:
 class WorkClaimer:
     """claimWork for this process: waiting callers, one poller per task queue, hand-over."""
 
-    def __init__(self, core: QueueService, workers: WorkerStore) -> None:
+    def __init__(self, core: QueueService) -> None:
         self.core = core
-        self.workers = workers
         self._queues: dict[str, _TaskQueue] = {}
-        self._background: set[asyncio.Task[None]] = set()
-        # (taskQueueId, workerGroup, workerId) -> when last recorded, claims not yet recorded
-        self._seen: dict[tuple[str, str, str], tuple[float, list[tuple[str, int]]]] = {}
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
         """Claim up to ``count`` tasks, waiting up to ``claim_work_wait`` seconds for some."""
         loop = asyncio.get_running_loop()
         end = loop.time() + self.core.settings.claim_work_wait
+        info = self.core.workerinfo
+        if await info.quarantined_until(task_queue_id, worker_group, worker_id) is not None:
+            info.worker_active(task_queue_id, worker_group, worker_id)
+            while connected() and loop.time() < end:
+                await asyncio.sleep(min(CONNECTED_CHECK, end - loop.time()))
+            return []
         for priority in ORDER:
             await self.core.pending.ensure(task_queue_id, priority)
         tq = self._queues.get(task_queue_id) or self._task_queue(task_queue_id)
@@ -152,8 +153,8 @@ class WorkClaimer:
             tq.waiters.remove(waiter)
             for message in waiter.inbox:
                 await self._pass_on(tq, message)
-        self._record(task_queue_id, worker_group, worker_id,
-                     [(c["status"]["taskId"], c["runId"]) for c in claims])
+        info.worker_active(task_queue_id, worker_group, worker_id,
+                           [(c["status"]["taskId"], c["runId"]) for c in claims])
         return claims
 
     def _task_queue(self, task_queue_id: str) -> _TaskQueue:
@@ -284,40 +285,3 @@ class WorkClaimer:
             log.exception("claimWork could not claim %s/%d", tip.task_id, tip.run_id)
             await self._release(message)
         return None
-
-    # -- bookkeeping -----------------------------------------------------------------
-
-    def _record(self, task_queue_id: str, worker_group: str, worker_id: str,
-                claimed: list[tuple[str, int]]) -> None:
-        """Note that the worker called (and what it claimed); written to the workers table
-        at most every ``WORKER_RECORD_INTERVAL`` seconds, off the request's path."""
-        key = (task_queue_id, worker_group, worker_id)
-        now = asyncio.get_running_loop().time()
-        last, pending = self._seen.get(key, (float("-inf"), []))
-        pending = pending + claimed
-        if now - last < WORKER_RECORD_INTERVAL:
-            self._seen[key] = (last, pending)
-            return
-        self._seen[key] = (now, [])
-        job = asyncio.create_task(self._write(key, pending))
-        self._background.add(job)
-        job.add_done_callback(self._background.discard)
-
-    async def _write(self, key: tuple[str, str, str], claimed: list[tuple[str, int]]) -> None:
-        try:
-            await self.workers.seen(*key, timeutil.utcnow(), claimed)
-        except errors.StorageError as e:
-            log.warning("could not record worker %s/%s: %s", key[1], key[2], e)
-        except Exception:
-            log.exception("could not record worker %s/%s", key[1], key[2])
-
-    async def close(self) -> None:
-        """Write what is left of the bookkeeping (briefly)."""
-        for key, (_, pending) in list(self._seen.items()):
-            if pending:
-                job = asyncio.create_task(self._write(key, pending))
-                self._background.add(job)
-                job.add_done_callback(self._background.discard)
-        self._seen.clear()
-        if self._background:
-            await asyncio.wait(self._background, timeout=5)

@@ -1,6 +1,8 @@
 """The claim index in Azure Tables: which running runs are claimed until when.
 
-PartitionKey = taskId, RowKey = runId, ``takenUntil``. The claim resolver lists the rows
+PartitionKey = taskId, RowKey = runId, ``takenUntil`` and ``taskQueueId`` (for the
+claimed-task listings and counts of a task queue; absent from rows of earlier versions).
+The claim resolver lists the rows
 whose ``takenUntil`` has passed and expires those runs. A row is written only for a claim
 that is still running some seconds after it was made (see ``service.claimindex``), so
 the table holds about the long-running runs and a short task costs it nothing. What the
@@ -27,15 +29,19 @@ class ClaimRecord:
     task_id: str
     run_id: int
     taken_until: datetime
+    task_queue_id: str = ""
 
     def to_entity(self) -> dict[str, Any]:
-        return {"PartitionKey": self.task_id, "RowKey": str(self.run_id),
-                "takenUntil": self.taken_until}
+        entity = {"PartitionKey": self.task_id, "RowKey": str(self.run_id),
+                  "takenUntil": self.taken_until}
+        if self.task_queue_id:
+            entity["taskQueueId"] = self.task_queue_id
+        return entity
 
     @classmethod
     def from_entity(cls, e: Any) -> ClaimRecord:
         return cls(task_id=e["PartitionKey"], run_id=int(e["RowKey"]),
-                   taken_until=e["takenUntil"])
+                   taken_until=e["takenUntil"], task_queue_id=e.get("taskQueueId", ""))
 
 
 class ClaimStore(TableStore):
@@ -70,6 +76,16 @@ class ClaimStore(TableStore):
             runs = [str(e["RowKey"]) async for e in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
         await delete_rows(self._table, task_id, runs, f"deleting the claims of task {task_id}")
+
+    async def running_in(self, task_queue_id: str, now: datetime) -> AsyncIterator[ClaimRecord]:
+        """The rows of the task queue's runs claimed beyond ``now``, in key order: a scan
+        of the table (as ``expired`` is), a request per 1000 rows."""
+        with translate(f"listing the claims of {task_queue_id}"):
+            pages = self._table.query_entities(
+                "taskQueueId eq @tq and takenUntil ge @now",
+                parameters={"tq": task_queue_id, "now": now}, results_per_page=1000)
+            async for entity in pages:
+                yield ClaimRecord.from_entity(entity)
 
     async def expired(self, now: datetime) -> AsyncIterator[ClaimRecord]:
         with translate("listing expired claims"):

@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from azure.storage.queue import QueueSasPermissions, generate_queue_sas
@@ -32,6 +32,7 @@ from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone, t
                                     translate_message)
 
 MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +44,15 @@ class Message:
     pop_receipt: str
     text: str
     dequeue_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Peeked:
+    """A message as peeked: visible now, left as it is."""
+
+    message_id: str
+    text: str
+    inserted: datetime
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +147,16 @@ class Queues:
         with translate(f"receiving messages from {name}"):
             got = await self._rest.receive_messages(name, min(limit, 32), _seconds(invisible_for))
         return [Message(name, m.message_id, m.pop_receipt, m.text, m.dequeue_count) for m in got]
+
+    async def peek(self, name: str, limit: int = 32) -> list[Peeked]:
+        """Up to ``limit`` (at most 32, Azure's limit) of the messages visible now, oldest
+        first, without changing them; none if the queue does not exist."""
+        try:
+            with translate(f"peeking at {name}"):
+                got = await self.client(name).peek_messages(max_messages=min(limit, 32))
+        except EntityNotFound:
+            return []
+        return [Peeked(m.id, str(m.content), m.inserted_on or _EPOCH) for m in got]
 
     async def approximate_count(self, name: str) -> int:
         """Azure's approximate number of messages in queue ``name``, invisible ones

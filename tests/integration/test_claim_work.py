@@ -8,6 +8,8 @@ from typing import Any
 
 import aiohttp
 
+from azqueue import errors
+
 from tests import sas
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, status
@@ -16,10 +18,15 @@ from tests.waiting import eventually
 
 async def recorded_worker(server: Server, task_queue_id: str,
                           worker_id: str) -> dict[str, Any]:
-    """The worker's record, written just after claimWork answers."""
-    worker = await eventually(lambda: server.service.work.workers.get(task_queue_id, "wg", worker_id),
-                              lambda found: found is not None, what=f"worker {worker_id} recorded",
-                              interval=0.1)
+    """The worker as getWorker answers it, once recorded (just after claimWork answers)."""
+    async def get() -> dict[str, Any] | None:
+        try:
+            return await server.service.workerinfo.worker(task_queue_id, "wg", worker_id)
+        except errors.NotFound:
+            return None
+
+    worker = await eventually(get, lambda found: found is not None,
+                              what=f"worker {worker_id} recorded", interval=0.1)
     assert worker is not None
     return worker
 
@@ -64,7 +71,7 @@ async def test_an_empty_queue_answers_no_tasks_after_the_long_poll(
     server = await make_server(claim_work_wait=1.0, claim_work_poll_interval=0.3)
     assert await claim_work(http, server, "prov/empty", tasks=4) == []
     worker = await recorded_worker(server, "prov/empty", "cw")
-    assert worker["lastDateActive"] and "firstClaim" not in worker
+    assert worker["lastDateActive"] and worker["recentTasks"] == []
 
 
 async def test_workers_are_recorded_with_their_recent_tasks(
@@ -74,7 +81,7 @@ async def test_workers_are_recorded_with_their_recent_tasks(
     await claim_work(http, server, "prov/record", worker_id="rec")
     worker = await recorded_worker(server, "prov/record", "rec")
     assert worker["firstClaim"]
-    assert f'"taskId": "{task_id}"' in worker["recentTasks"]
+    assert {"taskId": task_id, "runId": 0} in worker["recentTasks"]
 
 
 async def test_a_claim_work_claim_left_alone_expires_and_is_retried(

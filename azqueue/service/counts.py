@@ -1,0 +1,211 @@
+"""Pending and claimed tasks of a task queue: counts and listings, each at a bounded cost.
+
+Azure queues say little about what they hold: a peek shows at most the first 32 messages
+visible now, and the approximate message count includes invisible messages, which here
+are mostly the tips held by running claims (a claim keeps its rewritten tip invisible
+until ``takenUntil``). So:
+
+* **Pending count**, per priority queue: a peek (1 request). Fewer than 32 visible: the
+  count is those visible tips, each run counted once, less the ones this process's copy
+  of the task shows to be no longer pending. 32 or more: Azure's approximate count of
+  that queue (1 request more), which also counts the invisible tips of that priority's
+  running claims and stale tips. So 7 to 14 requests per task queue.
+* **Claimed count** and **listClaimedTasks**: the claim index (``claimindex``), which has
+  a row only for runs still running ``min(30 s, claimTimeout / 2)`` after their claim:
+  shorter runs are not counted. A scan of the claims table (a request per 1000 rows of
+  all task queues), as the claim resolver's.
+* **listPendingTasks**: the first 32 visible tips of each priority, highest first, with
+  each task read (a request per task, fewer with this process's copies) to drop stale ones.
+
+Counts are kept ``COUNTS_TTL`` seconds per task queue and process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from azqueue import errors
+from azqueue.model import timeutil
+from azqueue.model.priority import ORDER, Priority
+from azqueue.model.task import RunState, Task
+from azqueue.model.tip import Tip
+from azqueue.service import paging
+from azqueue.service.dependencies import gather_limited
+from azqueue.storage.queues import Peeked
+
+if TYPE_CHECKING:
+    from azqueue.service.queue import QueueService
+
+PEEK_LIMIT = 32  # Azure's
+COUNTS_TTL = 5.0
+MAX_REMEMBERED = 10_000
+_Cache = dict[str, tuple[float, int]]
+
+
+class TaskQueueCounts:
+    """pendingTasks, taskQueueCounts and the pending and claimed listings."""
+
+    def __init__(self, core: QueueService) -> None:
+        self.core = core
+        self._pending: _Cache = {}
+        self._claimed: _Cache = {}
+
+    async def pending(self, task_queue_id: str) -> int:
+        return await _cached(self._pending, task_queue_id, self._count_pending)
+
+    async def claimed(self, task_queue_id: str) -> int:
+        return await _cached(self._claimed, task_queue_id, self._count_claimed)
+
+    async def pending_tasks(self, task_queue_id: str) -> dict[str, Any]:
+        """The pendingTasks answer."""
+        return {**_split(task_queue_id), "pendingTasks": await self.pending(task_queue_id)}
+
+    async def counts(self, task_queue_id: str) -> dict[str, Any]:
+        pending, claimed = await asyncio.gather(self.pending(task_queue_id),
+                                                self.claimed(task_queue_id))
+        return {**_split(task_queue_id), "pendingTasks": pending, "claimedTasks": claimed}
+
+    async def counts_batch(self, task_queue_ids: list[str]) -> list[dict[str, Any]]:
+        return await gather_limited(self.counts(t) for t in task_queue_ids)
+
+    async def _count_pending(self, task_queue_id: str) -> int:
+        counts = await asyncio.gather(*(self._count_priority(task_queue_id, p) for p in ORDER))
+        return sum(counts)
+
+    async def _count_priority(self, task_queue_id: str, priority: Priority) -> int:
+        name = self.core.pending.name(task_queue_id, priority)
+        peeked = await self.core.queues.peek(name, PEEK_LIMIT)
+        if len(peeked) >= PEEK_LIMIT:
+            return max(len(peeked), await self.core.queues.approximate_count(name))
+        return len({tip for tip in self._tips(peeked) if not self._surely_stale(*tip)})
+
+    def _tips(self, peeked: list[Peeked]) -> list[tuple[str, int]]:
+        """(taskId, runId) of each message that is a tip this queue signed."""
+        tips = []
+        for message in peeked:
+            try:
+                tip = Tip.decode(message.text)
+            except ValueError:
+                continue
+            if self.core.signer.verify(tip.task_id, tip.run_id, tip.signature):
+                tips.append((tip.task_id, tip.run_id))
+        return tips
+
+    def _surely_stale(self, task_id: str, run_id: int) -> bool:
+        """This process's copy of the task shows the run past pending (runs never return
+        to pending, so an old copy is right about that)."""
+        stored = self.core.cache.get(task_id)
+        if stored is None or run_id >= len(stored.task.runs):
+            return False
+        return stored.task.runs[run_id].state is not RunState.PENDING
+
+    async def _count_claimed(self, task_queue_id: str) -> int:
+        store = self.core.index.store
+        return len({(r.task_id, r.run_id)
+                    async for r in store.running_in(task_queue_id, timeutil.utcnow())})
+
+    # -- listings --------------------------------------------------------------------
+
+    async def list_pending(self, task_queue_id: str, continuation: str | None,
+                           limit: int) -> dict[str, Any]:
+        """listPendingTasks: ``{taskId, runId, task, inserted}`` of pending runs, in the order
+        their tips would be received (priority, then age). A page reads at most ``limit``
+        tasks; one may hold fewer tasks than that (stale tips) and still a token."""
+        start_rank, after = _pending_position(paging.after(continuation))
+        listed: list[dict[str, Any]] = []
+        seen: set[tuple[str, int]] = set()
+        for priority in ORDER[start_rank:]:
+            peeked = sorted(await self.core.queues.peek(
+                self.core.pending.name(task_queue_id, priority), PEEK_LIMIT),
+                key=lambda m: (m.inserted, m.message_id))
+            if priority.rank == start_rank and after is not None:
+                peeked = [m for m in peeked if _message_key(m) > after]
+            candidates = []
+            for message in peeked:
+                for tip in self._tips([message]):
+                    if tip not in seen and not self._surely_stale(*tip):
+                        seen.add(tip)
+                        candidates.append((message, tip))
+            more = len(candidates) > limit - len(listed)
+            candidates = candidates[:limit - len(listed)]
+            tasks = await gather_limited(self.core.tasks.find(tip[0]) for _, tip in candidates)
+            for (message, (task_id, run_id)), task in zip(candidates, tasks):
+                if task is not None and _in_state(task, run_id, RunState.PENDING) and \
+                        task.task_queue_id == task_queue_id:
+                    listed.append({"taskId": task_id, "runId": run_id,
+                                   "task": dict(task.definition),
+                                   "inserted": timeutil.fmt(message.inserted)})
+            if more or len(listed) >= limit:
+                last = f"{priority.rank}|{_message_key(candidates[-1][0])}" if candidates \
+                    else f"{priority.rank}|{after or ''}"
+                return {"tasks": listed, "continuationToken": paging.token(last)}
+        return {"tasks": listed}
+
+    async def list_claimed(self, task_queue_id: str, continuation: str | None,
+                           limit: int) -> dict[str, Any]:
+        """listClaimedTasks: ``{taskId, runId, workerGroup, workerId, claimed, task}`` of the
+        runs in the claim index (running longer than the index's delay), by taskId. A page
+        reads at most ``limit`` tasks."""
+        after = paging.after(continuation)
+        rows = sorted({(r.task_id, r.run_id) async for r in self.core.index.store.running_in(
+            task_queue_id, timeutil.utcnow())})
+        if after is not None:
+            rows = [r for r in rows if _claim_key(*r) > after]
+        page = rows[:limit]
+        tasks = await gather_limited(self.core.tasks.find(task_id) for task_id, _ in page)
+        listed: list[dict[str, Any]] = []
+        for (task_id, run_id), task in zip(page, tasks):
+            if task is None or not _in_state(task, run_id, RunState.RUNNING):
+                continue
+            run = task.runs[run_id]
+            listed.append({"taskId": task_id, "runId": run_id,
+                           "workerGroup": run.worker_group or "", "workerId": run.worker_id or "",
+                           "claimed": timeutil.fmt(run.started or run.scheduled),
+                           "task": dict(task.definition)})
+        if len(rows) > limit:
+            return {"tasks": listed, "continuationToken": paging.token(_claim_key(*page[-1]))}
+        return {"tasks": listed}
+
+
+async def _cached(cache: _Cache, task_queue_id: str,
+                  compute: Callable[[str], Awaitable[int]]) -> int:
+    now = asyncio.get_running_loop().time()
+    hit = cache.get(task_queue_id)
+    if hit is not None and now - hit[0] < COUNTS_TTL:
+        return hit[1]
+    value = await compute(task_queue_id)
+    if len(cache) >= MAX_REMEMBERED:
+        for name in [n for n, (when, _) in cache.items() if now - when >= COUNTS_TTL]:
+            del cache[name]
+    cache[task_queue_id] = (now, value)
+    return value
+
+
+def _split(task_queue_id: str) -> dict[str, str]:
+    provisioner_id, worker_type = task_queue_id.split("/", 1)
+    return {"provisionerId": provisioner_id, "workerType": worker_type,
+            "taskQueueId": task_queue_id}
+
+
+def _in_state(task: Task | None, run_id: int, state: RunState) -> bool:
+    return task is not None and run_id < len(task.runs) and task.runs[run_id].state is state
+
+
+def _message_key(message: Peeked) -> str:
+    return f"{timeutil.fmt(message.inserted)}|{message.message_id}"
+
+
+def _pending_position(after: str | None) -> tuple[int, str | None]:
+    """The priority rank and message key a listPendingTasks token continues after."""
+    if after is None:
+        return 0, None
+    rank, _, key = after.partition("|")
+    if not (rank.isdigit() and int(rank) < len(ORDER) and key):
+        raise errors.InputError("`continuationToken` is not one this API returned")
+    return int(rank), key
+
+
+def _claim_key(task_id: str, run_id: int) -> str:
+    return f"{task_id}/{run_id:04d}"
