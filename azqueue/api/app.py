@@ -20,7 +20,7 @@ from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
                                 dispatch)
-from azqueue.api.unsupported import declare_unimplemented
+from azqueue.api.unsupported import refusing_unimplemented
 from azqueue.background import resolvers
 from azqueue.config import Settings
 from azqueue.service.wiring import open_services
@@ -66,7 +66,6 @@ def _quiet_malformed_requests() -> None:
 
 def create_app(settings: Settings) -> web.Application:
     _quiet_malformed_requests()
-    declare_unimplemented()  # after every route module was imported
     app = web.Application(middlewares=[observe_middleware, error_middleware],
                           client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
@@ -77,5 +76,5 @@ def create_app(settings: Settings) -> web.Application:
         app.cleanup_ctx.append(_resolvers_ctx)
     app.router.add_get(METRICS_PATH, serve_metrics)
     dashboard.add_routes(app.router)
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    app.router.add_route("*", "/{tail:.*}", refusing_unimplemented(dispatch))
     return app

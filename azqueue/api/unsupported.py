@@ -1,19 +1,22 @@
 """Methods of the Taskcluster Queue API this service does not implement: 501.
 
 ``QUEUE_API`` lists every method of the Queue reference (as the official client's
-``Queue.funcinfo`` has them: name, HTTP method, route). ``declare_unimplemented`` gives
-each one that no module declared a route for a route of its own, after all the others,
-that answers 501 ``NotImplemented`` naming the method. Once a module implements a
-method, its route matches first and the 501 simply stops applying.
+``Queue.funcinfo`` has them: name, HTTP method, route). A request that no declared route
+takes (404 or 405 from the dispatcher) but that one of these methods would answers 501
+``NotImplemented`` naming the method, unless a route of that name is declared: once a
+module implements a method, its route takes the request and the 501 no longer applies.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from collections.abc import Awaitable, Callable
+from functools import cache
+
+from aiohttp import web
 
 from azqueue import errors
-from azqueue.api.routes import API, ROUTES, Call, Route
+from azqueue.api.routes import API, ROUTES
 
 QUEUE_API: tuple[tuple[str, str, str], ...] = (
     ("heartbeat", "GET", "/__heartbeat__"),
@@ -69,25 +72,43 @@ QUEUE_API: tuple[tuple[str, str, str], ...] = (
 )
 
 
-def unimplemented() -> list[tuple[str, str, str]]:
-    """The methods of ``QUEUE_API`` that no module implements."""
-    implemented = {r.name for r in ROUTES if r.handler is not _refuse}
-    return [m for m in QUEUE_API if m[0] not in implemented]
+def unimplemented() -> list[str]:
+    """The methods of ``QUEUE_API`` that no route implements."""
+    implemented = {r.name for r in ROUTES}
+    return [name for name, _, _ in QUEUE_API if name not in implemented]
 
 
-def declare_unimplemented() -> None:
-    """Append a 501 route for each method no module implements (idempotent)."""
-    refused = {r.name for r in ROUTES if r.handler is _refuse}
-    for name, method, path in unimplemented():
-        if name in refused:
-            continue
+@cache
+def _patterns() -> list[tuple[str, str, re.Pattern[str]]]:
+    def pattern(path: str) -> re.Pattern[str]:
         regex = re.sub(r"<(\w+)>", lambda m: ".+" if m[1] == "name" else "[^/]+",
                        re.escape(API + path).replace(r"\<", "<").replace(r"\>", ">"))
-        ROUTES.append(Route(method, API + path, name, _refuse, re.compile(f"^{regex}$"),
-                            scopes=None, body=None, what=name, fixed={"method": name}))
+        return re.compile(f"^{regex}$")
+    return [(name, method, pattern(path)) for name, method, path in QUEUE_API]
 
 
-async def _refuse(call: Call, method: str) -> Any:
-    raise errors.Unsupported(
-        f"{method} is a method of the Taskcluster Queue API that this service does not "
-        "implement (yet); the README lists what is not supported")
+def method_of(method: str, path: str) -> str | None:
+    """The Queue API method a request to ``path`` is, if any."""
+    for name, http_method, pattern in _patterns():
+        if http_method == method and pattern.match(path):
+            return name
+    return None
+
+
+Dispatcher = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def refusing_unimplemented(dispatch: Dispatcher) -> Dispatcher:
+    """``dispatch``, with 501 for the requests no route takes that are a Queue API method
+    no route implements."""
+    async def dispatch_or_refuse(request: web.Request) -> web.StreamResponse:
+        try:
+            return await dispatch(request)
+        except (errors.NotFound, errors.MethodNotAllowed):
+            name = method_of(request.method, request.raw_path.split("?", 1)[0])
+            if name is None or name not in unimplemented():
+                raise
+            raise errors.Unsupported(
+                f"{name} is a method of the Taskcluster Queue API that this service does not "
+                "implement (yet); the README lists what is not supported") from None
+    return dispatch_or_refuse

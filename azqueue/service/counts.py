@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from azqueue import errors
@@ -117,11 +118,10 @@ class TaskQueueCounts:
         listed: list[dict[str, Any]] = []
         seen: set[tuple[str, int]] = set()
         for priority in ORDER[start_rank:]:
-            peeked = sorted(await self.core.queues.peek(
-                self.core.pending.name(task_queue_id, priority), PEEK_LIMIT),
-                key=lambda m: (m.inserted, m.message_id))
+            peeked = await self.core.queues.peek(
+                self.core.pending.name(task_queue_id, priority), PEEK_LIMIT)
             if priority.rank == start_rank and after is not None:
-                peeked = [m for m in peeked if _message_key(m) > after]
+                peeked = _after(peeked, *after)
             candidates = []
             for message in peeked:
                 for tip in self._tips([message]):
@@ -138,9 +138,9 @@ class TaskQueueCounts:
                                    "task": dict(task.definition),
                                    "inserted": timeutil.fmt(message.inserted)})
             if more or len(listed) >= limit:
-                last = f"{priority.rank}|{_message_key(candidates[-1][0])}" if candidates \
-                    else f"{priority.rank}|{after or ''}"
-                return {"tasks": listed, "continuationToken": paging.token(last)}
+                last = candidates[-1][0]
+                return {"tasks": listed, "continuationToken": paging.token(
+                    f"{priority.rank}|{timeutil.fmt(last.inserted)}|{last.message_id}")}
         return {"tasks": listed}
 
     async def list_claimed(self, task_queue_id: str, continuation: str | None,
@@ -193,18 +193,27 @@ def _in_state(task: Task | None, run_id: int, state: RunState) -> bool:
     return task is not None and run_id < len(task.runs) and task.runs[run_id].state is state
 
 
-def _message_key(message: Peeked) -> str:
-    return f"{timeutil.fmt(message.inserted)}|{message.message_id}"
+def _after(peeked: list[Peeked], inserted: datetime, message_id: str) -> list[Peeked]:
+    """The messages after ``message_id`` in the queue's order; if it is gone, those not
+    inserted before it."""
+    for i, message in enumerate(peeked):
+        if message.message_id == message_id:
+            return peeked[i + 1:]
+    return [m for m in peeked if m.inserted >= inserted]
 
 
-def _pending_position(after: str | None) -> tuple[int, str | None]:
-    """The priority rank and message key a listPendingTasks token continues after."""
+def _pending_position(after: str | None) -> tuple[int, tuple[datetime, str] | None]:
+    """The priority rank and message (inserted, messageId) a listPendingTasks token
+    continues after."""
     if after is None:
         return 0, None
-    rank, _, key = after.partition("|")
-    if not (rank.isdigit() and int(rank) < len(ORDER) and key):
-        raise errors.InputError("`continuationToken` is not one this API returned")
-    return int(rank), key
+    try:
+        rank, inserted, message_id = after.split("|")
+        if int(rank) < len(ORDER) and message_id:
+            return int(rank), (timeutil.parse(inserted), message_id)
+    except ValueError:
+        pass
+    raise errors.InputError("`continuationToken` is not one this API returned")
 
 
 def _claim_key(task_id: str, run_id: int) -> str:
