@@ -1,0 +1,151 @@
+"""Workers as the queue sees them: quarantine (claimWork and SAS claims), the pending
+counts a provisioner reads, and the record of a worker's recent tasks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import aiohttp
+
+from azqueue.model.priority import ORDER
+from tests import sas
+from tests.integration.test_claim_work import claim_work
+from tests.servers import Server, ServerFactory
+from tests.tasks import create, definition, iso, status
+from tests.waiting import eventually
+
+
+def _worker_url(server: Server, task_queue_id: str, worker_id: str, *, group: str = "wg",
+                declare: bool = False) -> str:
+    provisioner_id, worker_type = task_queue_id.split("/")
+    workers = "" if declare else "/workers"
+    return (f"{server.api}/provisioners/{provisioner_id}/worker-types/{worker_type}"
+            f"{workers}/{group}/{worker_id}")
+
+
+async def _put(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    async with http.put(url, json=body) as r:
+        answer: dict[str, Any] = await r.json()
+        assert r.status == 200, answer
+        return answer
+
+
+async def _quarantine(http: aiohttp.ClientSession, server: Server, task_queue_id: str,
+                      worker_id: str, until: datetime) -> None:
+    await _put(http, _worker_url(server, task_queue_id, worker_id),
+               {"quarantineUntil": iso(until), "quarantineInfo": "tests"})
+
+
+async def _declare(http: aiohttp.ClientSession, server: Server, task_queue_id: str,
+                   worker_id: str) -> None:
+    await _put(http, _worker_url(server, task_queue_id, worker_id, declare=True),
+               {"expires": iso(datetime.now(UTC) + timedelta(days=1))})
+
+
+async def _get(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    async with http.get(url) as r:
+        answer: dict[str, Any] = await r.json()
+        assert r.status == 200, answer
+        return answer
+
+
+async def test_a_quarantined_worker_gets_no_work_from_claim_work_until_quarantine_until(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'Quarantining a worker allows the machine to remain alive but not accept jobs. Once
+    the quarantineUntil time has elapsed, the worker resumes accepting jobs' (Taskcluster's
+    worker-response schema): claimWork answers no tasks, as Taskcluster's does."""
+    server = await make_server(claim_work_wait=1.0)
+    tq = "prov/quarantine-cw"
+    await _declare(http, server, tq, "w1")
+    await _quarantine(http, server, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
+    task_id = await create(http, server.api, definition(tq))
+
+    assert await claim_work(http, server, tq, worker_id="w1") == []
+    assert (await status(http, server.api, task_id))["state"] == "pending"
+    got = await claim_work(http, server, tq, worker_id="w2")  # others still get the task
+    assert [c["status"]["taskId"] for c in got] == [task_id]
+
+    # A quarantine that ends on its own: no further call lifts it.
+    await _quarantine(http, server, tq, "w1", datetime.now(UTC) + timedelta(seconds=2))
+    second = await create(http, server.api, definition(tq))
+    claimed = await eventually(lambda: claim_work(http, server, tq, worker_id="w1"),
+                               what="w1 claims once its quarantine has passed")
+    assert [c["status"]["taskId"] for c in claimed] == [second]
+
+
+async def test_a_quarantined_workers_sas_claim_is_403_and_leaves_its_tip(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A quarantined worker's claimTask is refused 403 WorkerQuarantined: 'after a 401 or
+    403 ... leave the message' (README), so the tip stays for other workers; lifting the
+    quarantine (a quarantineUntil in the past) takes effect at once on this replica."""
+    server = await make_server()
+    tq = "prov/quarantine-sas"
+    task_id = await create(http, server.api, definition(tq))
+    await _declare(http, server, tq, "w1")
+    await _quarantine(http, server, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "quarantine-sas")
+    [message] = await sas.poll_once(http, urls)
+
+    code, body = await sas.claim(http, server.api, message, worker_id="w1")
+    assert (code, body["code"]) == (403, "WorkerQuarantined"), body
+    assert "quarantined until" in body["message"]
+    assert (await status(http, server.api, task_id))["state"] == "pending"
+
+    await _quarantine(http, server, tq, "w1", datetime.now(UTC) - timedelta(seconds=1))
+    code, body = await sas.claim(http, server.api, message, worker_id="w1")  # the same message
+    assert code == 200, body
+    assert body["status"]["runs"][0]["workerId"] == "w1"
+
+
+async def test_pending_counts_across_priorities_count_each_pending_run_once(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """'the provisioner would over-provision aggressively as it would be unable to tell the
+    number of pending tasks' (000): the count leaves out the tips held by running claims
+    and the stale tip of a task cancelled while pending, which Azure's approximate message
+    count includes."""
+    tq = "prov/counts"
+    for priority, n in (("high", 2), ("very-low", 1), ("lowest", 3)):
+        for _ in range(n):
+            await create(http, server.api, definition(tq, priority=priority))
+    await create(http, server.api, definition("prov/counts-other"))
+    counts_url = f"{server.api}/task-queues/{tq.replace('/', '%2F')}/counts"
+    pending_url = f"{server.api}/pending/{tq.replace('/', '%2F')}"
+
+    assert (await _get(http, pending_url))["pendingTasks"] == 6
+    [claimed] = await claim_work(http, server, tq)
+    assert claimed["status"]["runs"][0]["state"] == "running"
+    last = await create(http, server.api, definition(tq))
+    async with http.post(f"{server.api}/task/{last}/cancel", json={}) as r:
+        assert r.status == 200, await r.text()
+
+    counts = await eventually(lambda: _get(http, counts_url),
+                              lambda c: c["pendingTasks"] == 5,
+                              what="5 pending: 6, less the claimed, the cancelled not counted")
+    assert counts["taskQueueId"] == tq
+    approximate = 0
+    for priority in ORDER:
+        approximate += await server.service.queues.approximate_count(
+            server.service.pending.name(tq, priority))
+    assert approximate == 7  # 5 pending tips, the claimed run's, the cancelled task's
+
+
+async def test_a_worker_is_listed_after_claiming_with_its_recent_tasks(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """'recentTasks: List of 20 most recent tasks claimed by the worker' (Taskcluster's
+    worker-response schema), for a SAS worker as for claimWork."""
+    tq = "prov/listed"
+    task_id = await create(http, server.api, definition(tq))
+    urls = await sas.poll_task_urls(http, server.api, "prov", "listed")
+    [message] = await sas.poll_once(http, urls)
+    code, body = await sas.claim(http, server.api, message, worker_id="sas-1")
+    assert code == 200, body
+
+    listing = await eventually(
+        lambda: _get(http, f"{server.api}/provisioners/prov/worker-types/listed/workers"),
+        lambda r: r["workers"], what="sas-1 listed")
+    assert [(w["workerId"], w["latestTask"]) for w in listing["workers"]] == [
+        ("sas-1", {"taskId": task_id, "runId": 0})]
+    worker = await _get(http, _worker_url(server, tq, "sas-1"))
+    assert worker["recentTasks"] == [{"taskId": task_id, "runId": 0}]
+    assert worker["lastDateActive"] >= worker["firstClaim"]
