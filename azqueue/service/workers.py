@@ -115,7 +115,7 @@ class WorkerInfo:
             self._seen = {k: v for k, v in self._seen.items()
                           if v[1] or now - v[0] < WORKER_RECORD_INTERVAL}
         self._seen[key] = (now, [])
-        self._spawn(self._write_worker(key, pending))
+        self._spawn(self._write_worker(key, pending, first=last == float("-inf")))
 
     def _spawn(self, job: Awaitable[None]) -> None:
         task = asyncio.ensure_future(job)
@@ -138,10 +138,11 @@ class WorkerInfo:
             self._queues_written.pop(task_queue_id, None)
             log.exception("could not record task queue %s", task_queue_id)
 
-    async def _write_worker(self, key: WorkerKey, claimed: list[tuple[str, int]]) -> None:
+    async def _write_worker(self, key: WorkerKey, claimed: list[tuple[str, int]],
+                            first: bool = False) -> None:
         now = timeutil.utcnow()
         try:
-            await self.workers.seen(*key, now, claimed, now + WORKER_EXPIRY)
+            await self.workers.seen(*key, now, claimed, now + WORKER_EXPIRY, first)
         except errors.StorageError as e:
             log.warning("could not record worker %s/%s: %s", key[1], key[2], e)
         except Exception:
@@ -223,8 +224,8 @@ class WorkerInfo:
     async def declare_worker(self, task_queue_id: str, worker_group: str, worker_id: str,
                              expires: str) -> dict[str, Any]:
         now = timeutil.utcnow()
-        await self.task_queues.seen(task_queue_id, now, max(timeutil.parse(expires),
-                                                            now + TASK_QUEUE_EXPIRY))
+        await self.task_queues.seen(task_queue_id, now, now + TASK_QUEUE_EXPIRY)
+        self._queues_written[task_queue_id] = asyncio.get_running_loop().time()
         record = await self.workers.declare(task_queue_id, worker_group, worker_id, now,
                                             timeutil.parse(expires))
         return _worker(record)

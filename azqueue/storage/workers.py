@@ -3,7 +3,8 @@
 Table ``<prefix>workers``: PartitionKey = taskQueueId, RowKey = ``<workerGroup>/<workerId>``
 (both key-encoded: Azure refuses ``/ \\ # ?`` in keys). ``firstClaim`` is when the worker
 was first seen, ``lastDateActive`` when it was last recorded, ``expires`` when it stops
-being listed, ``recentTasks`` its last 20 claims (JSON), ``quarantineUntil`` and
+being listed (a day after its last recorded activity, or ``declaredExpires`` if that is
+later), ``recentTasks`` its last 20 claims (JSON), ``quarantineUntil`` and
 ``quarantineDetails`` (JSON) what quarantineWorker set.
 
 Table ``<prefix>taskqueues``, one partition ``meta``: RowKey ``q:<taskQueueId>`` for a task
@@ -56,12 +57,20 @@ class WorkerRecord:
         # after a claim).
         last = e.get("lastDateActive")
         first: datetime = e.get("firstClaim") or last or e["expires"]
+        expires = max(e.get("expires") or first + timedelta(days=1),
+                      e.get("declaredExpires") or first)
         return cls(task_queue_id=str(e["taskQueueId"]), worker_group=str(e["workerGroup"]),
                    worker_id=str(e["workerId"]), first_claim=first, last_date_active=last,
-                   expires=e.get("expires") or first + timedelta(days=1),
+                   expires=expires,
                    recent_tasks=json.loads(e.get("recentTasks") or "[]"),
                    quarantine_until=e.get("quarantineUntil"),
                    quarantine_details=json.loads(e.get("quarantineDetails") or "[]"))
+
+
+def _identity(pk: str, rk: str, task_queue_id: str, worker_group: str,
+              worker_id: str) -> dict[str, Any]:
+    return {"PartitionKey": pk, "RowKey": rk, "taskQueueId": task_queue_id,
+            "workerGroup": worker_group, "workerId": worker_id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,23 +90,24 @@ class WorkerStore(TableStore):
         super().__init__(account, "workers")
 
     async def seen(self, task_queue_id: str, worker_group: str, worker_id: str, now: datetime,
-                   claimed: list[tuple[str, int]], expires: datetime) -> None:
-        """Record that the worker was active at ``now`` (and claimed ``claimed``): one
-        write, and a read before it when there are claims to add to ``recentTasks``."""
+                   claimed: list[tuple[str, int]], expires: datetime, first: bool) -> None:
+        """Record that the worker was active at ``now`` (and claimed ``claimed``) and expires
+        at ``expires``: one write, plus a read before it when there are claims to add to
+        ``recentTasks``. ``first``: the caller has not recorded the worker before, so it may
+        be new (an insert is tried first, to set ``firstClaim`` once)."""
         pk, rk = key(task_queue_id), key(f"{worker_group}/{worker_id}")
-        entity: dict[str, Any] = {"PartitionKey": pk, "RowKey": rk, "lastDateActive": now,
-                                  "taskQueueId": task_queue_id, "workerGroup": worker_group,
-                                  "workerId": worker_id, "expires": expires}
+        entity = _identity(pk, rk, task_queue_id, worker_group, worker_id)
+        entity.update(lastDateActive=now, expires=expires)
         old: Mapping[str, Any] | None = None
         if claimed:
             old = await self._entity(pk, rk, worker_group, worker_id)
-            recent = json.loads((old or {}).get("recentTasks", "[]"))
+            recent = json.loads((old or {}).get("recentTasks") or "[]")
             recent += [{"taskId": t, "runId": r} for t, r in claimed]
             entity["recentTasks"] = json.dumps(recent[-RECENT_TASKS:])
-            if old is not None and old.get("expires") and old["expires"] > expires:
-                entity["expires"] = old["expires"]  # a later one declared
-        if old is None or "firstClaim" not in old:
-            # Written once: an insert carries it; a merge into an existing row keeps its own.
+            first = old is None
+            if old is not None and "firstClaim" not in old:  # a row of an earlier version
+                entity["firstClaim"] = now
+        if first:
             try:
                 with translate(f"recording worker {worker_group}/{worker_id}"):
                     await self._table.create_entity({**entity, "firstClaim": now})
@@ -109,39 +119,43 @@ class WorkerStore(TableStore):
 
     async def declare(self, task_queue_id: str, worker_group: str, worker_id: str,
                       now: datetime, expires: datetime) -> WorkerRecord:
-        """declareWorker: the worker exists, active now, until ``expires``."""
-        await self.seen(task_queue_id, worker_group, worker_id, now, [], expires)
-        record = await self.get(task_queue_id, worker_group, worker_id)
-        assert record is not None
-        if record.expires != expires:  # seen() keeps the stored one on a merge: set it
-            pk, rk = key(task_queue_id), key(f"{worker_group}/{worker_id}")
-            with translate(f"declaring worker {worker_group}/{worker_id}"):
-                await self._table.upsert_entity({"PartitionKey": pk, "RowKey": rk,
-                                                 "expires": expires}, mode=UpdateMode.MERGE)
-            record = await self.get(task_queue_id, worker_group, worker_id)
-            assert record is not None
-        return record
+        """declareWorker: the worker exists, active now, listed at least until ``expires``
+        (kept apart from the ``expires`` its activity moves, so neither shortens the
+        other): a read and a write."""
+        pk, rk = key(task_queue_id), key(f"{worker_group}/{worker_id}")
+        old = await self._entity(pk, rk, worker_group, worker_id) or {}
+        entity = _identity(pk, rk, task_queue_id, worker_group, worker_id)
+        entity.update(lastDateActive=now, declaredExpires=max(expires, old.get(
+            "declaredExpires") or expires))
+        if "expires" not in old:
+            entity["expires"] = now
+        if "firstClaim" not in old:
+            entity["firstClaim"] = now
+        with translate(f"declaring worker {worker_group}/{worker_id}"):
+            await self._table.upsert_entity(entity, mode=UpdateMode.MERGE)
+        return WorkerRecord.from_entity({**old, **entity})
 
     async def quarantine(self, task_queue_id: str, worker_group: str, worker_id: str,
                          until: datetime, detail: dict[str, Any]) -> WorkerRecord | None:
         """Set ``quarantineUntil`` and append ``detail`` to the worker's quarantine history;
-        None if the worker is not known. Conditional on the row's ETag (retried)."""
+        None if the worker is not known. A read and a write conditional on it (again if
+        another write came between)."""
         pk, rk = key(task_queue_id), key(f"{worker_group}/{worker_id}")
         while True:
             old = await self._entity(pk, rk, worker_group, worker_id)
             if old is None:
                 return None
             details = json.loads(old.get("quarantineDetails") or "[]") + [detail]
+            change = {"PartitionKey": pk, "RowKey": rk, "quarantineUntil": until,
+                      "quarantineDetails": json.dumps(details[-QUARANTINE_DETAILS:])}
             try:
                 with translate(f"quarantining worker {worker_group}/{worker_id}"):
                     await self._table.update_entity(
-                        {"PartitionKey": pk, "RowKey": rk, "quarantineUntil": until,
-                         "quarantineDetails": json.dumps(details[-QUARANTINE_DETAILS:])},
-                        mode=UpdateMode.MERGE, etag=old.metadata["etag"],
+                        change, mode=UpdateMode.MERGE, etag=old.metadata["etag"],
                         match_condition=MatchConditions.IfNotModified)
             except ETagMismatch:
                 continue
-            return await self.get(task_queue_id, worker_group, worker_id)
+            return WorkerRecord.from_entity({**old, **change})
 
     async def get(self, task_queue_id: str, worker_group: str,
                   worker_id: str) -> WorkerRecord | None:

@@ -149,3 +149,23 @@ async def test_a_worker_is_listed_after_claiming_with_its_recent_tasks(
     worker = await _get(http, _worker_url(server, tq, "sas-1"))
     assert worker["recentTasks"] == [{"taskId": task_id, "runId": 0}]
     assert worker["lastDateActive"] >= worker["firstClaim"]
+
+
+async def test_a_declared_expiry_is_not_moved_back_by_activity_or_an_earlier_declaration(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'The expiration time is not allowed to move backward' (Taskcluster's
+    queue_worker_seen): a worker declared until a later date keeps it while it works."""
+    server = await make_server(claim_work_wait=1.0)
+    tq = "prov/declared"
+    later = iso(datetime.now(UTC) + timedelta(days=3))
+    url = _worker_url(server, tq, "w1", declare=True)
+    assert (await _put(http, url, {"expires": later}))["expires"] == later
+    earlier = iso(datetime.now(UTC) + timedelta(days=2))
+    assert (await _put(http, url, {"expires": earlier}))["expires"] == later
+
+    task_id = await create(http, server.api, definition(tq))
+    assert [c["status"]["taskId"] for c in await claim_work(http, server, tq, worker_id="w1")] \
+        == [task_id]
+    worker = await eventually(lambda: _get(http, _worker_url(server, tq, "w1")),
+                              lambda w: w["recentTasks"], what="the claim recorded")
+    assert worker["expires"] == later
