@@ -30,7 +30,8 @@ from azqueue.storage.keys import encode as key
 from azqueue.storage.tables import TableStore
 
 RECENT_TASKS = 20
-QUARANTINE_DETAILS = 20  # the latest changes kept
+QUARANTINE_DETAILS = 20  # the latest changes kept, as far as they fit in:
+MAX_PROPERTY_CHARS = 30_000  # Azure's limit for a string property is 32K characters
 _META = "meta"
 _QUEUE, _PROVISIONER = "q:", "p:"
 # Above every character a key-encoded identifier or taskQueueId holds.
@@ -145,9 +146,12 @@ class WorkerStore(TableStore):
             old = await self._entity(pk, rk, worker_group, worker_id)
             if old is None:
                 return None
-            details = json.loads(old.get("quarantineDetails") or "[]") + [detail]
+            details = (json.loads(old.get("quarantineDetails") or "[]") + [detail])[
+                -QUARANTINE_DETAILS:]
+            while len(json.dumps(details)) > MAX_PROPERTY_CHARS and len(details) > 1:
+                details.pop(0)  # the oldest first
             change = {"PartitionKey": pk, "RowKey": rk, "quarantineUntil": until,
-                      "quarantineDetails": json.dumps(details[-QUARANTINE_DETAILS:])}
+                      "quarantineDetails": json.dumps(details)}
             try:
                 with translate(f"quarantining worker {worker_group}/{worker_id}"):
                     await self._table.update_entity(

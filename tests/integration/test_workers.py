@@ -169,3 +169,18 @@ async def test_a_declared_expiry_is_not_moved_back_by_activity_or_an_earlier_dec
     worker = await eventually(lambda: _get(http, _worker_url(server, tq, "w1")),
                               lambda w: w["recentTasks"], what="the claim recorded")
     assert worker["expires"] == later
+
+
+async def test_quarantine_details_keep_the_latest_changes_that_fit_a_table_property(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """quarantineInfo may hold 4000 characters (Taskcluster's quarantine-worker-request
+    schema); a table string property holds 32K: older details make way for newer ones."""
+    tq = "prov/details"
+    await _declare(http, server, tq, "w1")
+    until = iso(datetime.now(UTC) + timedelta(hours=1))
+    for n in range(10):
+        answer = await _put(http, _worker_url(server, tq, "w1"),
+                            {"quarantineUntil": until, "quarantineInfo": f"{n}" * 4000})
+    details = answer["quarantineDetails"]
+    assert 1 < len(details) < 10 and details[-1]["quarantineInfo"] == "9" * 4000
+    assert (await _get(http, _worker_url(server, tq, "w1")))["quarantineDetails"] == details
