@@ -9,15 +9,16 @@ What is recorded, and how often (never on a request's path, never a write per cl
   ``lastDateActive`` and ``expires`` (``TASK_QUEUE_EXPIRY`` ahead).
 * A **worker** is recorded when it calls claimWork, claims a task or reclaims one: at once
   the first time this process sees it, then at most every ``WORKER_RECORD_INTERVAL``
-  seconds; the tasks it claimed meanwhile (``recentTasks``, the latest 20) are written by
-  the next write, due or not, within that interval. Each write sets ``lastDateActive`` and
+  seconds; the tasks it claimed meanwhile (``recentTasks``, the latest 20) are written
+  once that interval has passed (``FLUSH_INTERVAL`` later at most), whether it calls again
+  or not. Each write sets ``lastDateActive`` and
   ``expires`` (``WORKER_EXPIRY`` ahead, or later if declareWorker said so).
 * **Quarantine**: whether a worker is quarantined is read from a copy of the task queue's
   quarantined workers that is at most ``QUARANTINE_TTL`` seconds old (one query per task
   queue and process per TTL, shared by every claim). quarantineWorker drops this process's
   copy, so it takes effect here at once and on other replicas within ``QUARANTINE_TTL``.
   ``quarantineUntil`` is compared with the clock at each check: a quarantine ends on time
-  everywhere.
+  everywhere. If the query fails, claims go on with the last copy.
 """
 
 from __future__ import annotations
@@ -187,8 +188,15 @@ class WorkerInfo:
         return await asyncio.shield(reading)
 
     async def _fetch_quarantined(self, task_queue_id: str) -> dict[tuple[str, str], datetime]:
+        """A storage failure does not stop claims: the last copy (or none) is kept for
+        another ``QUARANTINE_TTL``."""
         started = asyncio.get_running_loop().time()
-        found = await self.workers.quarantined(task_queue_id, timeutil.utcnow())
+        try:
+            found = await self.workers.quarantined(task_queue_id, timeutil.utcnow())
+        except errors.StorageError as e:
+            log.warning("could not read the quarantined workers of %s (claims go on with "
+                        "the last copy): %s", task_queue_id, e)
+            found = self._quarantined.get(task_queue_id, (started, {}))[1]
         if len(self._quarantined) >= MAX_REMEMBERED:
             self._quarantined = {k: v for k, v in self._quarantined.items()
                                  if started - v[0] < QUARANTINE_TTL}
