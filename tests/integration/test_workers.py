@@ -184,3 +184,21 @@ async def test_quarantine_details_keep_the_latest_changes_that_fit_a_table_prope
     details = answer["quarantineDetails"]
     assert 1 < len(details) < 10 and details[-1]["quarantineInfo"] == "9" * 4000
     assert (await _get(http, _worker_url(server, tq, "w1")))["quarantineDetails"] == details
+
+
+async def test_a_quarantine_reaches_another_replica_within_its_copys_lifetime(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Replicas share nothing but storage: one that read the quarantined workers before the
+    quarantine sees it once its copy is older than 10 s, then refuses the worker's claims."""
+    first, second = await make_server(), await make_server()
+    tq = "prov/replicas"
+    await _declare(http, first, tq, "w1")
+    info = second.service.workerinfo
+    assert await info.quarantined_until(tq, "wg", "w1") is None  # the second reads its copy
+    await _quarantine(http, first, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
+    await eventually(lambda: info.quarantined_until(tq, "wg", "w1"),
+                     lambda until: until is not None, what="the second replica sees it")
+    task_id = await create(http, second.api, definition(tq))
+    code, body = await sas.post(http, f"{second.api}/task/{task_id}/runs/0/claim",
+                                {"workerGroup": "wg", "workerId": "w1"})
+    assert (code, body["code"]) == (403, "WorkerQuarantined"), body
