@@ -29,10 +29,16 @@ QUEUE_API: tuple[tuple[str, str, str], ...] = (
     ("getProvisioner", "GET", "/provisioners/<provisionerId>"),
     ("listWorkerTypes", "GET", "/provisioners/<provisionerId>/worker-types"),
     ("getWorkerType", "GET", "/provisioners/<provisionerId>/worker-types/<workerType>"),
-    ("declareWorker", "PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/<workerGroup>/<workerId>"),
+    ("declareWorker", "PUT",
+     "/provisioners/<provisionerId>/worker-types/<workerType>"
+     "/<workerGroup>/<workerId>"),
     ("listWorkers", "GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers"),
-    ("getWorker", "GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/<workerGroup>/<workerId>"),
-    ("quarantineWorker", "PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/<workerGroup>/<workerId>"),
+    ("getWorker", "GET",
+     "/provisioners/<provisionerId>/worker-types/<workerType>"
+     "/workers/<workerGroup>/<workerId>"),
+    ("quarantineWorker", "PUT",
+     "/provisioners/<provisionerId>/worker-types/<workerType>"
+     "/workers/<workerGroup>/<workerId>"),
     ("getTaskGroup", "GET", "/task-group/<taskGroupId>"),
     ("cancelTaskGroup", "POST", "/task-group/<taskGroupId>/cancel"),
     ("listTaskGroup", "GET", "/task-group/<taskGroupId>/list"),

@@ -183,7 +183,8 @@ class WorkerStore(TableStore):
                                  f"listing the workers of {task_queue_id}")
         return [WorkerRecord.from_entity(r) for r in rows], last
 
-    async def quarantined(self, task_queue_id: str, now: datetime) -> dict[tuple[str, str], datetime]:
+    async def quarantined(self, task_queue_id: str,
+                          now: datetime) -> dict[tuple[str, str], datetime]:
         """The workers of the task queue quarantined beyond ``now``: one query of the
         task queue's partition."""
         found: dict[tuple[str, str], datetime] = {}
