@@ -3,7 +3,8 @@
 An artifact goes (its row and its blob, snapshots included) once its own ``expires`` has
 passed; a task once the task's has, with everything kept under its taskId: the rows of
 its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
-depended on it and its task group membership. Both wait ``GRACE`` longer, so that no
+depended on it and its task group membership. Workers, task queues and provisioners go
+once their ``expires`` has passed (``workers``). Both wait ``GRACE`` longer, so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
 Both are scans of the whole tasks table, so they run seldom: every
@@ -32,6 +33,7 @@ GRACE = timedelta(hours=1)
 class Expired:
     tasks: int
     artifacts: int
+    workers: int = 0  # workers, task queues and provisioners
 
 
 async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime) -> Expired:
@@ -60,6 +62,12 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
                 gone_tasks += 1
         except QueueError as e:
             log.warning("could not expire task %s: %s", task.task_id, e)
-    if gone_tasks or gone_artifacts:
-        log.info("expired %d task(s) and %d artifact(s)", gone_tasks, gone_artifacts)
-    return Expired(gone_tasks, gone_artifacts)
+    try:
+        gone_workers = await queue.workerinfo.expire(now)
+    except QueueError as e:
+        gone_workers = 0
+        log.warning("could not expire workers and task queues: %s", e)
+    if gone_tasks or gone_artifacts or gone_workers:
+        log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
+                 "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
+    return Expired(gone_tasks, gone_artifacts, gone_workers)

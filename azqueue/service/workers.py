@@ -213,6 +213,15 @@ class WorkerInfo:
                 f"{timeutil.fmt(until)} and may not claim tasks; leave the message you polled "
                 "(another worker will get it), or lift the quarantine with quarantineWorker")
 
+    async def expire(self, now: datetime) -> int:
+        """Delete the workers, task queues and provisioners that expired before ``now``
+        (quarantined workers stay until their quarantine ends); the number deleted."""
+        deleted = await self.workers.delete_expired(now)
+        deleted += await self.task_queues.delete_expired(now)
+        # A task queue this process recorded may be gone: record it again when next seen.
+        self._queues_written.clear()
+        return deleted
+
     # -- the worker metadata API -----------------------------------------------------
 
     async def quarantine_worker(self, task_queue_id: str, worker_group: str, worker_id: str,

@@ -27,6 +27,7 @@ from azure.data.tables import UpdateMode
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
 from azqueue.storage.keys import encode as key
+from azqueue.storage.rows import delete_rows
 from azqueue.storage.tables import TableStore
 
 RECENT_TASKS = 20
@@ -198,6 +199,29 @@ class WorkerStore(TableStore):
         return found
 
 
+    async def delete_expired(self, now: datetime) -> int:
+        """Delete the workers that expired before ``now`` and are not quarantined beyond
+        it (a scan of the table); each delete is conditional on the row read, so a worker
+        recorded meanwhile stays. The number deleted."""
+        deleted = 0
+        with translate("listing expired workers"):
+            rows = [e async for e in self._table.query_entities(
+                "expires lt @now", parameters={"now": now}, results_per_page=1000)]
+        for e in rows:
+            record = WorkerRecord.from_entity(e)
+            if record.expires >= now or (record.quarantine_until or now) > now:
+                continue
+            try:
+                with translate(f"deleting worker {record.worker_group}/{record.worker_id}"):
+                    await self._table.delete_entity(
+                        e["PartitionKey"], e["RowKey"], etag=e.metadata["etag"],
+                        match_condition=MatchConditions.IfNotModified)
+                deleted += 1
+            except (ETagMismatch, EntityNotFound):
+                pass
+        return deleted
+
+
 class TaskQueueStore(TableStore):
     """The task queues and provisioners ever seen, with when they expire."""
 
@@ -250,6 +274,17 @@ class TaskQueueStore(TableStore):
             {"pk": _META, "after": max(after or "", start), "below": start + _END, "now": now},
             limit, "listing task queues")
         return [_queue_record(r) for r in rows], last
+
+
+    async def delete_expired(self, now: datetime) -> int:
+        """Delete the task queues and provisioners that expired before ``now``; the number
+        deleted. (One seen again meanwhile is written again by its next record.)"""
+        with translate("listing expired task queues"):
+            keys = [str(e["RowKey"]) async for e in self._table.query_entities(
+                "PartitionKey eq @pk and expires lt @now", parameters={"pk": _META, "now": now},
+                select=["RowKey"])]
+        await delete_rows(self._table, _META, keys, "deleting expired task queues")
+        return len(keys)
 
 
 def _queue_record(e: Mapping[str, Any]) -> QueueRecord:

@@ -202,3 +202,22 @@ async def test_a_quarantine_reaches_another_replica_within_its_copys_lifetime(
     code, body = await sas.post(http, f"{second.api}/task/{task_id}/runs/0/claim",
                                 {"workerGroup": "wg", "workerId": "w1"})
     assert (code, body["code"]) == (403, "WorkerQuarantined"), body
+
+
+async def test_expired_workers_and_task_queues_are_deleted_unless_quarantined(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """'Date and time after which the worker will be automatically deleted by the queue'
+    (Taskcluster's worker-response schema); quarantined workers stay until their
+    quarantine ends."""
+    tq = "prov/expiring"
+    await _declare(http, server, tq, "gone")
+    await _declare(http, server, tq, "held")
+    await _quarantine(http, server, tq, "held", datetime.now(UTC) + timedelta(days=7))
+    info = server.service.workerinfo
+    # Workers expire a day after they were last seen, task queues five days after.
+    assert await info.expire(datetime.now(UTC) + timedelta(days=2)) == 1  # "gone"
+    deleted = await info.expire(datetime.now(UTC) + timedelta(days=6))
+    assert deleted == 2  # the task queue, its provisioner
+    assert await info.workers.get(tq, "wg", "gone") is None
+    assert await info.workers.get(tq, "wg", "held") is not None
+    assert await info.task_queues.get_task_queue(tq) is None
