@@ -92,8 +92,7 @@ class Claims:
             current = stored.task
             authorize(current)
             if not tip_read_here:  # claimWork checked when it was called
-                await core.workerinfo.refuse_quarantined(current.task_queue_id, worker_group,
-                                                         worker_id)
+                await self._refuse_quarantined(current, worker_group, worker_id, tip)
             try:
                 if model.is_claimed_by(current, run_id, worker_group, worker_id):
                     if guess:
@@ -157,6 +156,24 @@ class Claims:
             # This claim expired the previous run, whose message it now holds.
             await core.index.ended(task_id, run_id - 1, change.before.runs[run_id - 1].started)
         return self.answer(after, run_id, with_task=True)
+
+    async def _refuse_quarantined(self, task: Task, worker_group: str, worker_id: str,
+                                  tip: TipClaim | None) -> None:
+        """Quarantined (403) if the worker may not claim now; the task's tip it presented
+        is made visible again at once, for other workers (a worker keeps a message after a
+        403, and it would stay hidden for the rest of its poll's visibility timeout)."""
+        core = self.core
+        try:
+            await core.workerinfo.refuse_quarantined(task.task_queue_id, worker_group, worker_id)
+        except errors.Quarantined:
+            if tip is not None:
+                try:
+                    await core.queues.release(core.pending.name(task.task_queue_id, task.priority),
+                                              tip.message_id, tip.receipt)
+                except errors.StorageError as e:  # it reappears when its poll's hold ends
+                    log.warning("could not give back the tip of %s that a quarantined worker "
+                                "presented: %s", task.task_id, e)
+            raise
 
     async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool) -> Stored:
         """The task, once it is stored and (with ``need_record``) ``tip.message_id`` is

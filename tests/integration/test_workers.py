@@ -74,11 +74,12 @@ async def test_a_quarantined_worker_gets_no_work_from_claim_work_until_quarantin
     assert [c["status"]["taskId"] for c in claimed] == [second]
 
 
-async def test_a_quarantined_workers_sas_claim_is_403_and_leaves_its_tip(
+async def test_a_quarantined_workers_sas_claim_is_403_and_its_tip_goes_to_others_at_once(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """A quarantined worker's claimTask is refused 403 WorkerQuarantined: 'after a 401 or
-    403 ... leave the message' (README), so the tip stays for other workers; lifting the
-    quarantine (a quarantineUntil in the past) takes effect at once on this replica."""
+    """A quarantined worker's claimTask is refused 403 WorkerQuarantined ('after a 401 or
+    403 ... leave the message', README), and the tip it presented is visible again at once:
+    another worker polls it and claims the task. Lifting the quarantine (a quarantineUntil
+    in the past) takes effect at once on this replica."""
     server = await make_server()
     tq = "prov/quarantine-sas"
     task_id = await create(http, server.api, definition(tq))
@@ -91,11 +92,16 @@ async def test_a_quarantined_workers_sas_claim_is_403_and_leaves_its_tip(
     assert (code, body["code"]) == (403, "WorkerQuarantined"), body
     assert "quarantined until" in body["message"]
     assert (await status(http, server.api, task_id))["state"] == "pending"
+    [again] = await sas.poll_once(http, urls)  # not hidden for the poll's 30 s
+    assert again.message_id == message.message_id
+    code, body = await sas.claim(http, server.api, again, worker_id="w2")
+    assert code == 200 and body["status"]["runs"][0]["workerId"] == "w2", body
 
     await _quarantine(http, server, tq, "w1", datetime.now(UTC) - timedelta(seconds=1))
-    code, body = await sas.claim(http, server.api, message, worker_id="w1")  # the same message
-    assert code == 200, body
-    assert body["status"]["runs"][0]["workerId"] == "w1"
+    second = await create(http, server.api, definition(tq))
+    [message] = await sas.poll_once(http, urls)
+    code, body = await sas.claim(http, server.api, message, worker_id="w1")
+    assert code == 200 and body["status"]["taskId"] == second, body
 
 
 async def test_pending_counts_across_priorities_count_each_pending_run_once(
