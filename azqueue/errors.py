@@ -117,8 +117,8 @@ class InsufficientScopes(QueueError):
 
 
 class Quarantined(QueueError):
-    """A quarantined worker asked for a task. 403, not 4xx-and-delete: the tip it holds
-    stays for other workers (a worker deletes a tip only after 400, 404 or 409)."""
+    """A quarantined worker asked for a task. 403, not 400, 404 or 409 (after which a
+    worker deletes the tip it polled): the tip is the task's, for other workers."""
 
     code = "WorkerQuarantined"
     status = 403

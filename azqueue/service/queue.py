@@ -3,7 +3,8 @@
 The operations live in one module per component, all over this core, as Taskcluster's
 queue splits them: ``claims`` (claimTask, reclaimTask), ``workclaimer`` (claimWork),
 ``resolution`` (reports, cancel, claim expiry, deadlines), ``claimindex`` (which claims
-the claim resolver must watch), ``dependencies``; the claim credentials are in
+the claim resolver must watch), ``dependencies``, ``workers`` (worker records and
+quarantine); the claim credentials are in
 ``model.taskcreds``. ``QueueService`` is what the API and the resolvers hold.
 
 Azure queue invariants (what must exist for which state, and why extra is harmless):
