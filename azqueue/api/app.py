@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from azqueue.api import task_routes  # noqa: F401  (declares its routes)
 from azqueue.api.middleware import error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator

@@ -317,8 +317,8 @@ async def cancel_task(call: Call, task_id: str) -> Any:
 @route("GET", "/task-group/<taskGroupId>/list", "listTaskGroup",
        scopes="queue:list-task-group:<taskGroupId>")
 async def list_task_group(call: Call, task_group_id: str) -> Any:
-    return await call.queue.list_task_group(task_group_id, call.continuation,
-                                            call.limit() or LIST_PAGE)
+    return await call.services.groups.list_tasks(task_group_id, call.continuation,
+                                                 call.limit() or LIST_PAGE)
 
 
 @route("GET", "/task/<taskId>/dependents", "listDependentTasks",

@@ -17,6 +17,7 @@ from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
 from azqueue.service.artifacts import ArtifactService
+from azqueue.service.groups import TaskGroups
 from azqueue.service.queue import QueueService
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.groups import GroupStore
@@ -31,6 +32,7 @@ class Services:
     queue: QueueService
     artifacts: ArtifactService
     outbox: Outbox | None
+    groups: TaskGroups
 
 
 @asynccontextmanager
@@ -52,6 +54,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
         await queue.setup()
         artifacts = ArtifactService(account, queue.tasks, outbox)
         await artifacts.setup()
+        groups = TaskGroups(queue)
+        await groups.setup()
         if account.uses_identity:
             log.warning("storage: signed in with azure-identity, no account key: pollTaskUrls "
                         "cannot sign queue SAS URLs and answers 503 (Azure has no "
@@ -61,7 +65,7 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
             log.warning("storage: no account key: pollTaskUrls and artifact URLs cannot be "
                         "signed and answer 503; workers must use claimWork")
         try:
-            yield Services(queue, artifacts, outbox)
+            yield Services(queue, artifacts, outbox, groups)
         finally:
             await queue.close()
     finally:
