@@ -27,7 +27,6 @@ repeating a batch is harmless. changeTaskGroupPriority publishes its summary eve
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -43,7 +42,7 @@ from azqueue.model.task import Task
 from azqueue.service.dependencies import gather_limited
 from azqueue.service.priority import change_priority
 from azqueue.storage.groups import GroupMeta
-from azqueue.storage.queues import Message
+from azqueue.storage.queues import Message, decode_json, encode_json
 
 if TYPE_CHECKING:
     from azqueue.service.queue import QueueService
@@ -187,7 +186,9 @@ class TaskGroups:
         """Apply ``job`` to the members after ``after`` (the group's own task first, in
         the first batch): the taskIds it changed, and where the next batch starts."""
         group = job["taskGroupId"]
-        keys, last = await self.core.groups.page(group, after, GROUP_BATCH)
+        # The group's own task takes a place of the first batch.
+        limit = GROUP_BATCH if after is not None else max(1, GROUP_BATCH - 1)
+        keys, last = await self.core.groups.page(group, after, limit)
         ids = [k for k in keys if k != group]
         if after is None:
             ids.insert(0, group)
@@ -231,7 +232,7 @@ class TaskGroups:
         return change.changed
 
     async def _continue(self, job: dict[str, Any], after: str) -> None:
-        await self.core.queues.put(self.passes, json.dumps({**job, "after": after}),
+        await self.core.queues.put(self.passes, encode_json({**job, "after": after}),
                                    forever=True)
 
     async def resume(self) -> int:
@@ -251,7 +252,7 @@ class TaskGroups:
     async def _step(self, message: Message) -> None:
         queues = self.core.queues
         try:
-            job = json.loads(message.text)
+            job = decode_json(message.text)
             after = str(job["after"])
             op = job["op"]
             if op not in (CANCEL, PRIORITY):
@@ -270,5 +271,5 @@ class TaskGroups:
             log.info("group pass %s of task group %s finished", op, job["taskGroupId"])
         else:
             await queues.release(self.passes, message.message_id, message.pop_receipt,
-                                 text=json.dumps({**job, "after": last}))
+                                 text=encode_json({**job, "after": last}))
 
