@@ -3,7 +3,8 @@
 An artifact goes (its row and its blob, snapshots included) once its own ``expires`` has
 passed; a task once the task's has, with everything kept under its taskId: the rows of
 its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
-depended on it and its task group membership. Both wait ``GRACE`` longer, so that no
+depended on it and its task group membership; a sealed task group's record once the
+``expires`` it recorded has passed. All wait ``GRACE`` longer, so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
 Both are scans of the whole tasks table, so they run seldom: every
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from azqueue.errors import QueueError
+from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
 
@@ -60,6 +62,11 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
                 gone_tasks += 1
         except QueueError as e:
             log.warning("could not expire task %s: %s", task.task_id, e)
+    for group in await queue.groups.expired_records(timeutil.fmt(before)):
+        try:  # a sealed group's record, once every task it had then has expired
+            await queue.groups.drop_record(group)
+        except QueueError as e:
+            log.warning("could not expire the record of task group %s: %s", group, e)
     if gone_tasks or gone_artifacts:
         log.info("expired %d task(s) and %d artifact(s)", gone_tasks, gone_artifacts)
     return Expired(gone_tasks, gone_artifacts)

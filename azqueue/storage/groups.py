@@ -106,6 +106,18 @@ class GroupStore(TableStore):
         return GroupMeta(str(row["schedulerId"]), str(row["expires"]), str(row["sealed"]),
                          int(row["size"]))
 
+    async def expired_records(self, before: str) -> list[str]:
+        """The sealed groups whose recorded ``expires`` is before ``before`` (an ISO time
+        in the API's form, which sorts as it compares): a scan of the whole table."""
+        with translate("looking for expired group records"):
+            return [str(r["PartitionKey"]) async for r in self._table.query_entities(
+                "RowKey eq @meta and expires lt @before",
+                parameters={"meta": META, "before": before}, select=["PartitionKey"])]
+
+    async def drop_record(self, task_group_id: str) -> None:
+        with translate(f"deleting the record of group {task_group_id}"):
+            await self._table.delete_entity(task_group_id, META)
+
     async def seal(self, task_group_id: str, meta: GroupMeta) -> GroupMeta:
         """Write the record of the sealed group; if it was sealed already, the record as
         it was (a group is sealed once)."""

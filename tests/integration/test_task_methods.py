@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
 import pytest
 
+from azqueue.api.routes import ARTIFACTS_KEY
+from azqueue.model import timeutil
 from azqueue.service import groups as group_service
+from azqueue.service.expiry import expire
 from tests import sas
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, slugid, status
@@ -173,3 +177,25 @@ async def test_change_task_group_priority_past_one_calls_bound_reaches_every_mem
     medium = urls["queues"][3]
     tips = await sas.get_messages(http, medium["signedPollUrl"], 32)
     assert sorted(m.tip["taskId"] for m in tips) == sorted(members)
+
+
+async def test_a_sealed_groups_record_expires_with_its_tasks(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """getTaskGroup's `expires`: 'Date and time after the last expiration of any task in
+    the task group' - the expiry resolver deletes the sealed group's record then, with
+    the tasks."""
+    now = datetime.now(UTC)
+    group = slugid()
+    task_id = await create(http, server.api, definition("prov/expiring-group", taskGroupId=group))
+    await sas.post(http, f"{server.api}/task/{task_id}/cancel")
+    code, sealed = await sas.post(http, f"{server.api}/task-group/{group}/seal")
+    assert code == 200
+    artifacts = server.app[ARTIFACTS_KEY]
+
+    await expire(server.service, artifacts, now + timedelta(days=2))
+    assert await server.service.groups.meta(group) is not None
+    await expire(server.service, artifacts,
+                 timeutil.parse(sealed["expires"]) + timedelta(days=1))
+    assert await server.service.groups.meta(group) is None
+    async with http.get(f"{server.api}/task-group/{group}") as r:
+        assert r.status == 404
