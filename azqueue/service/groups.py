@@ -27,6 +27,7 @@ repeating a batch is harmless. changeTaskGroupPriority publishes its summary eve
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable
 from datetime import timedelta
@@ -39,6 +40,7 @@ from azqueue.model import timeutil
 from azqueue.model.events import Event
 from azqueue.model.priority import Priority
 from azqueue.model.task import Task
+from azqueue.service import paging
 from azqueue.service.dependencies import gather_limited
 from azqueue.service.priority import change_priority
 from azqueue.storage.groups import GroupMeta
@@ -108,14 +110,20 @@ class TaskGroups:
         return self._answer(task_group_id, await self._meta(task_group_id))
 
     async def list_tasks(self, task_group_id: str, continuation: str | None,
-                   limit: int) -> dict[str, Any]:
-        """listTaskGroup: a page of the group's tasks, with the group's metadata."""
-        page = await self.core.list_task_group(task_group_id, continuation, limit)
-        try:
-            meta = await self._meta(task_group_id)
-        except errors.NotFound:
-            # The group's last tasks expired between the page and now; nothing to list.
-            meta = GroupMeta("-", timeutil.fmt(timeutil.utcnow()), "", 0)
+                         limit: int) -> dict[str, Any]:
+        """listTaskGroup: a page of the group's tasks, with the group's metadata. The
+        metadata is read for the first page and carried in the continuation token, so a
+        listing reads the group's rows once, not once a page."""
+        inner, meta = _unwrap(continuation)
+        page = await self.core.list_task_group(task_group_id, inner, limit)
+        if meta is None:
+            try:
+                meta = await self._meta(task_group_id)
+            except errors.NotFound:
+                # Its last tasks expired since the page was read: an empty page then.
+                meta = GroupMeta("-", timeutil.fmt(timeutil.utcnow()), "", 0)
+        if "continuationToken" in page:
+            page["continuationToken"] = _wrap(page["continuationToken"], meta)
         return {**self._answer(task_group_id, meta), **page}
 
     async def seal(self, task_group_id: str,
@@ -273,3 +281,20 @@ class TaskGroups:
             await queues.release(self.passes, message.message_id, message.pop_receipt,
                                  text=encode_json({**job, "after": last}))
 
+
+def _wrap(token: str, meta: GroupMeta) -> str:
+    return paging.token(json.dumps({"page": token, "schedulerId": meta.scheduler_id,
+                                    "expires": meta.expires, "sealed": meta.sealed}))
+
+
+def _unwrap(continuation: str | None) -> tuple[str | None, GroupMeta | None]:
+    """The token of ``QueueService.list_task_group`` and the metadata carried with it."""
+    text = paging.after(continuation)
+    if text is None:
+        return None, None
+    try:
+        data = json.loads(text)
+        return str(data["page"]), GroupMeta(str(data["schedulerId"]), str(data["expires"]),
+                                            str(data["sealed"]), 0)
+    except (ValueError, KeyError, TypeError):
+        raise errors.InputError("`continuationToken` is not one this API returned") from None

@@ -189,6 +189,13 @@ def _groups(root_url: str) -> None:
     assert (listed["schedulerId"], listed["expires"]) == ("-", expires)
     assert sorted(t["status"]["taskId"] for t in listed["tasks"]) == sorted([group, *members])
     assert _status_code(lambda: queue.getTaskGroup(slugid())) == 404
+    pages: list[dict[str, Any]] = []
+    queue.listTaskGroup(group, query={"limit": 1}, paginationHandler=pages.append)
+    assert sorted(t["status"]["taskId"] for p in pages for t in p["tasks"]) == sorted(
+        [group, *members])
+    for page in pages:
+        assert_matches("list-task-group-response", page)
+        assert (page["schedulerId"], page["expires"]) == ("-", expires)
 
     # "It is only possible to cancel a task group if it has been sealed"
     assert _status_code(lambda: queue.cancelTaskGroup(group)) == 409
