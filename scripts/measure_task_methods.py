@@ -6,6 +6,7 @@ drives each method with the official client and prints how many Azure Storage re
 the server made for it (the server's own count, as ``__metrics__`` reports it).
 
 Usage: .venv/bin/python scripts/measure_task_methods.py [--members 250]
+(needs the test dependencies, for the official client: scripts/bootstrap --test)
 """
 
 from __future__ import annotations

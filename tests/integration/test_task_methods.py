@@ -50,6 +50,25 @@ async def test_a_rerun_task_gets_a_new_run_a_sas_worker_claims(
     assert code == 200 and [r["state"] for r in done["status"]["runs"]] == ["completed"] * 2
 
 
+async def test_a_rerun_past_the_deadline_is_a_conflict(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Taskcluster's rerunTask: "Task `{{taskId}}` can't be rescheduled past its deadline"
+    is a 409 RequestConflict."""
+    server = await make_server()
+    task_id = await create(http, server.api, definition("prov/rerun-late",
+                                                        deadline=timedelta(seconds=2)))
+    await sas.post(http, f"{server.api}/task/{task_id}/cancel")
+    deadline = timeutil.parse((await status(http, server.api, task_id))["deadline"])
+
+    async def now() -> datetime:
+        return datetime.now(UTC)
+
+    await eventually(now, lambda t: t > deadline, what="the task's deadline to pass")
+    code, refused = await sas.post(http, f"{server.api}/task/{task_id}/rerun")
+    assert code == 409 and "deadline" in refused["message"], refused
+    assert len((await status(http, server.api, task_id))["runs"]) == 1
+
+
 async def test_reruns_racing_on_two_replicas_add_exactly_one_run(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """Twelve reruns of one resolved task through two replicas at once: every call
