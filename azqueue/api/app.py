@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from azqueue.api import artifact_routes  # declares its routes; receives uploads
 from azqueue.api.middleware import error_middleware
 from azqueue.api.auth import Authenticator
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
@@ -69,5 +70,6 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_service_ctx)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
+    app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app

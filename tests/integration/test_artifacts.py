@@ -69,7 +69,8 @@ async def test_blob_upload_through_put_url_and_download_two_ways(
         taskId=task_id, runId=0, name="public/logs/live.log", queueService=queue)
     assert bytes(data) == content and content_type == "text/plain"
     info = await queue.artifactInfo(task_id, 0, "public/logs/live.log")
-    assert info["contentType"] == "text/plain; charset=utf-8" and info["storageType"] == "blob"
+    # What clients read is Taskcluster's vocabulary: a direct-to-Blob artifact is `s3`.
+    assert info["contentType"] == "text/plain; charset=utf-8" and info["storageType"] == "s3"
 
 
 async def test_private_artifacts_need_get_artifact_scope_or_a_signed_url(
@@ -150,7 +151,7 @@ async def test_creation_rules_completed_exception_expiry_and_idempotency(
     assert code == 400 and "artifact" in err["message"]
     code, err = await _create(http, server, done, "public/bad", {"storageType": "s3",
                                                                 "expires": _expires()})
-    assert code == 400 and "storageType" in err["message"]
+    assert code == 400 and "contentType" in err["message"]
     code, err = await _create(http, server, done, "public/bad", {
         "storageType": "blob", "expires": _expires(), "url": "https://example.com/"})
     assert code == 400 and "`url` cannot be given with storageType 'blob'" in err["message"]
