@@ -121,9 +121,10 @@ class UploadReceiver:
                     self.blobs.stage(artifact.blob_name, ids[-1], block)))
             await body.end()
             await asyncio.gather(*staging)
-        finally:
+        finally:  # after a failure: stop staging, and collect what the stages raised
             for task in staging:
                 task.cancel()
+            await asyncio.gather(*staging, return_exceptions=True)
         await self.blobs.commit(artifact.blob_name, ids, content_type)
 
 
