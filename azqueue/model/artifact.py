@@ -106,7 +106,8 @@ def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Ar
         message=body.get("message", ""), present=kind not in ("s3", "blob"))
 
 
-def check_can_create(task: Task, run_id: int, now: datetime) -> None:
+def check_can_create(task: Task, run_id: int, now: datetime, action: str = "created") -> None:
+    """Conflict unless run ``run_id`` may get artifacts (``action``: created or uploaded)."""
     run = task.run(run_id)
     if run.state is RunState.RUNNING:
         return
@@ -114,6 +115,6 @@ def check_can_create(task: Task, run_id: int, now: datetime) -> None:
         return
     if run.state is RunState.EXCEPTION:
         raise Conflict(f"run {run_id} of task {task.task_id} was resolved exception more than "
-                       "20 minutes ago; artifacts can no longer be created")
+                       f"20 minutes ago; artifacts can no longer be {action}")
     raise Conflict(f"run {run_id} of task {task.task_id} is {run.state}; artifacts can only be "
-                   "created while it runs (or within 20 minutes of an exception)")
+                   f"{action} while it runs (or within 20 minutes of an exception)")

@@ -53,7 +53,7 @@ class ArtifactService:
         self.outbox = outbox
         self.signer = signer
         self.root_url = root_url
-        self.uploads = UploadReceiver(self.records, self.blobs, signer)
+        self.uploads = UploadReceiver(tasks, self.records, self.blobs, signer)
 
     async def setup(self) -> None:
         await self.blobs.ensure()

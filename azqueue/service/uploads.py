@@ -3,8 +3,11 @@
 Promises:
 
 * Nothing is written unless the grant is genuine and unexpired, the declared
-  ``Content-Type`` and ``Content-Length`` are what it allows, and the artifact exists
-  (as ``s3``).
+  ``Content-Type`` and ``Content-Length`` are what it allows, the artifact exists (as
+  ``s3``) and its run may still get artifacts: "Artifacts can be uploaded until
+  reportCompleted or reportFailed is called" (document 003), or for 20 minutes after an
+  exception, the rule of createArtifact. An upload under way when the run is reported
+  is finished.
 * The body is never held whole: it is staged in blocks of ``BLOCK_SIZE`` with at most
   ``PARALLEL`` blocks in flight, so a request holds at most ``PARALLEL + 1`` blocks of
   memory. A body of one block or less is stored in a single request.
@@ -25,10 +28,12 @@ from collections.abc import Awaitable, Callable
 
 from azqueue import errors
 from azqueue.model import timeutil
+from azqueue.model import artifact as rules
 from azqueue.model.artifact import Artifact
 from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.storage.artifacts import ArtifactStore
 from azqueue.storage.blobs import BlobStore
+from azqueue.storage.tasks import TaskStore
 
 BLOCK_SIZE = 4 * 1024 * 1024
 PARALLEL = 4
@@ -50,7 +55,9 @@ def _media_type(value: str) -> str:
 class UploadReceiver:
     """Checks a PUT to a ``putUrl`` against its grant and streams its body into Blob storage."""
 
-    def __init__(self, records: ArtifactStore, blobs: BlobStore, signer: UploadSigner) -> None:
+    def __init__(self, tasks: TaskStore, records: ArtifactStore, blobs: BlobStore,
+                 signer: UploadSigner) -> None:
+        self.tasks = tasks
         self.records = records
         self.blobs = blobs
         self.signer = signer
@@ -86,7 +93,10 @@ class UploadReceiver:
         """Store the body (``read(n)`` gives up to n more bytes, b"" at its end;
         ``content_length`` in all) as the artifact's content and mark it present.
         InputError if the body is shorter or longer than that."""
-        found = await self.records.get(grant.task_id, grant.run_id, grant.name)
+        task, found = await asyncio.gather(
+            self.tasks.get(grant.task_id),
+            self.records.get(grant.task_id, grant.run_id, grant.name))
+        rules.check_can_create(task, grant.run_id, timeutil.utcnow(), "uploaded")
         if found is None:
             raise errors.NotFound(f"run {grant.run_id} of task {grant.task_id} has no artifact "
                                   f"{grant.name!r} (it expired, or was never created)")

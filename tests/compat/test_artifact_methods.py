@@ -188,6 +188,9 @@ def _every_method_sync(root_url: str) -> None:
         taskcluster.download.downloadArtifactToBuf(taskId=task_id, name="public/missing",
                                                    queueService=queue)
     assert failed.value.reason == "file-not-readable-on-worker"
+    # The sync helper leaves the event loop it made open when the download raises.
+    asyncio.get_event_loop_policy().get_event_loop().close()
+    asyncio.set_event_loop(None)
 
 
 async def test_every_artifact_method_answers_its_schema_with_the_sync_client(
@@ -407,3 +410,23 @@ async def test_a_large_upload_is_staged_in_blocks_and_reads_back_whole(
         blob = service.get_blob_client(container, f"{task_id}/0/public/big.bin")
         committed, _ = await blob.get_block_list("all")
         assert len(committed) == 5 and max(b.size for b in committed) <= 4 * 1024 * 1024
+
+
+async def test_no_upload_after_the_run_is_reported_completed(server: Server) -> None:
+    """'Artifacts can be uploaded until reportCompleted or reportFailed is called' (003):
+    a putUrl handed out before is refused after, and the content stays as it was."""
+    task_id, queue = await _running(server)
+    made = await queue.createArtifact(task_id, 0, "public/final.txt", {
+        "storageType": "s3", "expires": _expires(), "contentType": "text/plain"})
+    async with aiohttp.ClientSession() as plain:
+        async with plain.put(made["putUrl"], data=b"final",
+                             headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 200
+        await queue.reportCompleted(task_id, 0)
+        async with plain.put(made["putUrl"], data=b"changed",
+                             headers={"Content-Type": "text/plain"}) as r:
+            assert r.status == 409
+            assert "completed" in (await r.json())["message"]
+    data, _ = await taskcluster.aio.download.downloadArtifactToBuf(
+        taskId=task_id, runId=0, name="public/final.txt", queueService=queue)
+    assert bytes(data) == b"final"
