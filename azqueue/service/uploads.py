@@ -15,7 +15,9 @@ Promises:
   Put Blob) makes it the blob, and only once exactly ``Content-Length`` bytes arrived.
   A body that ends early stages blocks nobody commits (Azure discards them after a week).
   Block ids carry a random per-upload part, so two uploads of one artifact at once cannot
-  mix their blocks: the blob is one of them, whole.
+  mix their blocks: the blob is one of them, whole. Writing a blob discards its
+  uncommitted blocks, so of two overlapping uploads the first to finish wins and the
+  other answers 409 having stored nothing.
 * Once the content is committed the artifact is marked present; a PUT of the same
   artifact again (a retry) replaces the content with its own, like S3.
 """
@@ -135,7 +137,11 @@ class UploadReceiver:
             for task in staging:
                 task.cancel()
             await asyncio.gather(*staging, return_exceptions=True)
-        await self.blobs.commit(artifact.blob_name, ids, content_type)
+        if not await self.blobs.commit(artifact.blob_name, ids, content_type):
+            raise errors.Conflict(
+                f"another upload of artifact {artifact.name!r} finished while this one was "
+                "under way; the content is that upload's, whole, and nothing of this one was "
+                "stored: PUT again to replace it")
 
 
 class _Body:

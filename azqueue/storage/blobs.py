@@ -12,6 +12,7 @@ from io import BytesIO
 from typing import Any
 from urllib.parse import quote
 
+from azure.core.exceptions import HttpResponseError
 from azure.storage.blob import BlobBlock, BlobSasPermissions, ContentSettings, generate_blob_sas
 
 from azqueue.errors import NotConfigured
@@ -76,13 +77,21 @@ class BlobStore:
             await self._client.get_blob_client(blob).stage_block(block_id, BytesIO(data),
                                                                  length=len(data))
 
-    async def commit(self, blob: str, block_ids: list[str], content_type: str) -> None:
+    async def commit(self, blob: str, block_ids: list[str], content_type: str) -> bool:
         """Make the blob exactly the staged blocks ``block_ids``, in order (Put Block
-        List): the one moment the new content appears, whole."""
+        List): the one moment the new content appears, whole. False if some of them are
+        gone: writing a blob discards every uncommitted block, so when two uploads of one
+        blob overlap, the first to finish wins and the other's blocks are gone."""
         with translate(f"committing blob {blob}"):
-            await self._client.get_blob_client(blob).commit_block_list(
-                [BlobBlock(block_id=b) for b in block_ids],
-                content_settings=ContentSettings(content_type=content_type))
+            try:
+                await self._client.get_blob_client(blob).commit_block_list(
+                    [BlobBlock(block_id=b) for b in block_ids],
+                    content_settings=ContentSettings(content_type=content_type))
+            except HttpResponseError as e:
+                if e.error_code == "InvalidBlockList":
+                    return False
+                raise
+        return True
 
     async def delete(self, blob: str) -> None:
         try:

@@ -430,3 +430,27 @@ async def test_no_upload_after_the_run_is_reported_completed(server: Server) -> 
     data, _ = await taskcluster.aio.download.downloadArtifactToBuf(
         taskId=task_id, runId=0, name="public/final.txt", queueService=queue)
     assert bytes(data) == b"final"
+
+
+async def test_two_uploads_of_one_artifact_at_once_leave_one_of_them_whole(
+        server: Server) -> None:
+    task_id, queue = await _running(server)
+    made = await queue.createArtifact(task_id, 0, "public/twice.bin", {
+        "storageType": "s3", "expires": _expires(), "contentType": "application/octet-stream"})
+    size = 9 * 1024 * 1024  # three blocks each
+    bodies = [bytes([i]) * size for i in (1, 2)]
+
+    async def put(plain: aiohttp.ClientSession, body: bytes) -> tuple[int, str]:
+        async with plain.put(made["putUrl"], data=io.BytesIO(body),
+                             headers={"Content-Type": "application/octet-stream"}) as r:
+            return r.status, (await r.json()).get("message", "")
+
+    async with aiohttp.ClientSession() as plain:
+        answers = await asyncio.gather(*(put(plain, body) for body in bodies))
+    # Both stored in turn, or the one that finished second refused (409) storing nothing.
+    assert [status for status, _ in answers].count(200) >= 1, answers
+    for status, message in answers:
+        assert status == 200 or (status == 409 and "another upload" in message), answers
+    data, _ = await taskcluster.aio.download.downloadArtifactToBuf(
+        taskId=task_id, runId=0, name="public/twice.bin", queueService=queue)
+    assert bytes(data) in bodies

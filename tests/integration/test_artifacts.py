@@ -199,3 +199,24 @@ async def test_artifact_credentials_from_a_claim(make_server: ServerFactory,
         await as_task.createArtifact(other, 0, "public/x", {
             "storageType": "reference", "expires": _expires(), "url": "https://example.com/"})
     assert info.value.status_code == 403
+
+
+async def test_a_public_link_to_a_private_artifact_needs_the_private_ones_scope(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
+    """A link is read 'as if the client fetched the linked artifact (including
+    corresponding scope validation)' (Taskcluster's post-artifact-request, link)."""
+    task_id = await _running_task(http, server)
+    code, _ = await _create(http, server, task_id, "private/secret", {
+        "storageType": "reference", "expires": _expires(), "url": "https://example.com/s"})
+    assert code == 200
+    code, _ = await _create(http, server, task_id, "public/door", {
+        "storageType": "link", "expires": _expires(), "artifact": "private/secret"})
+    assert code == 200
+    for path in ("artifacts", "artifact-content"):
+        async with anonymous.get(f"{server.api}/task/{task_id}/runs/0/{path}/public/door",
+                                 allow_redirects=False) as r:
+            assert r.status == 403
+            assert "queue:get-artifact:private/secret" in (await r.json())["message"]
+        async with http.get(f"{server.api}/task/{task_id}/runs/0/{path}/public/door",
+                            allow_redirects=False) as r:
+            assert r.status in (200, 303)
