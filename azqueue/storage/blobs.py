@@ -88,7 +88,7 @@ class BlobStore:
                     [BlobBlock(block_id=b) for b in block_ids],
                     content_settings=ContentSettings(content_type=content_type))
             except HttpResponseError as e:
-                if e.error_code == "InvalidBlockList":
+                if getattr(e, "error_code", None) == "InvalidBlockList":
                     return False
                 raise
         return True
