@@ -366,6 +366,23 @@ async def test_a_body_cut_short_of_its_content_length_stores_nothing(server: Ser
     await _nothing_stored(queue, task_id, "public/cut.bin")
 
 
+async def test_a_put_longer_than_a_blob_can_hold_is_refused_before_its_body(
+        server: Server) -> None:
+    task_id, queue = await _running(server)
+    made = await queue.createArtifact(task_id, 0, "public/huge.bin", {
+        "storageType": "s3", "expires": _expires(), "contentType": "application/octet-stream"})
+    url = urlsplit(made["putUrl"])
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    writer.write((f"PUT {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                  "Content-Type: application/octet-stream\r\n"
+                  f"Content-Length: {300 * 10**9}\r\nConnection: close\r\n\r\n").encode())
+    await writer.drain()
+    head = await reader.readuntil(b"\r\n")
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413")
+    await _nothing_stored(queue, task_id, "public/huge.bin")
+
+
 async def test_a_tampered_or_expired_upload_url_is_refused_and_stores_nothing(
         server: Server) -> None:
     task_id, queue = await _running(server)
@@ -419,9 +436,10 @@ async def test_no_upload_after_the_run_is_reported_completed(server: Server) -> 
     made = await queue.createArtifact(task_id, 0, "public/final.txt", {
         "storageType": "s3", "expires": _expires(), "contentType": "text/plain"})
     async with aiohttp.ClientSession() as plain:
-        async with plain.put(made["putUrl"], data=b"final",
-                             headers={"Content-Type": "text/plain"}) as r:
-            assert r.status == 200
+        for content in (b"draft", b"final"):  # while the run takes artifacts: replaced
+            async with plain.put(made["putUrl"], data=content,
+                                 headers={"Content-Type": "text/plain"}) as r:
+                assert r.status == 200
         await queue.reportCompleted(task_id, 0)
         async with plain.put(made["putUrl"], data=b"changed",
                              headers={"Content-Type": "text/plain"}) as r:
