@@ -9,8 +9,8 @@ Promises:
   exception, the rule of createArtifact. An upload under way when the run is reported
   is finished.
 * The body is never held whole: it is staged in blocks of ``BLOCK_SIZE`` with at most
-  ``PARALLEL`` blocks in flight, so a request holds at most ``PARALLEL + 1`` blocks of
-  memory. A body of one block or less is stored in a single request.
+  ``PARALLEL`` blocks in flight, so a request holds those and the block being read. A
+  body of one block or less is stored in a single request.
 * The content appears whole or not at all: only the final Put Block List (or the single
   Put Blob) makes it the blob, and only once exactly ``Content-Length`` bytes arrived.
   A body that ends early stages blocks nobody commits (Azure discards them after a week).
@@ -45,11 +45,6 @@ MAX_LENGTH = 50_000 * BLOCK_SIZE
 Read = Callable[[int], Awaitable[bytes]]
 
 
-class LengthRequired(errors.QueueError):
-    code = "LengthRequired"
-    status = 411
-
-
 def _media_type(value: str) -> str:
     return ";".join(part.strip() for part in value.split(";")).lower()
 
@@ -76,12 +71,13 @@ class UploadReceiver:
                 f"this upload URL expired at {timeutil.fmt(grant.expires)}: call "
                 "createArtifact again (with the same definition) for a fresh putUrl")
         if content_type is None or _media_type(content_type) != _media_type(grant.content_type):
+            sent = "there is no Content-Type header" if content_type is None else (
+                f"the Content-Type header is {content_type!r}")
             raise errors.InputError(
-                f"the Content-Type header is {content_type!r}, but the artifact was created "
-                f"with contentType {grant.content_type!r}: send `Content-Type: "
-                f"{grant.content_type}`")
+                f"{sent}, but the artifact was created with contentType "
+                f"{grant.content_type!r}: send `Content-Type: {grant.content_type}`")
         if content_length is None:
-            raise LengthRequired("the upload has no Content-Length header: send the body's "
+            raise errors.LengthRequired("the upload has no Content-Length header: send the body's "
                                  "length in bytes as Content-Length (not chunked)")
         if grant.length is not None and content_length != grant.length:
             raise errors.InputError(
@@ -153,16 +149,18 @@ class _Body:
         self.remaining = length
 
     async def take(self, size: int) -> bytes:
-        buffer = bytearray()
-        while len(buffer) < size:
-            chunk = await self._read(size - len(buffer))
+        chunks: list[bytes] = []
+        got = 0
+        while got < size:
+            chunk = await self._read(size - got)
             if not chunk:
                 raise errors.InputError(
-                    f"the body ended after {self.length - self.remaining + len(buffer)} of the "
+                    f"the body ended after {self.length - self.remaining + got} of the "
                     f"{self.length} bytes its Content-Length announced; nothing was stored")
-            buffer += chunk
+            chunks.append(chunk)
+            got += len(chunk)
         self.remaining -= size
-        return bytes(buffer)
+        return b"".join(chunks)
 
     async def end(self) -> None:
         if await self._read(1):
