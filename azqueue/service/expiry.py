@@ -42,7 +42,7 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
     gone_artifacts = 0
     for artifact in await artifacts.records.expired(before):
         try:
-            if artifact.storage_type == "blob":
+            if artifact.has_content:
                 await artifacts.blobs.delete(artifact.blob_name)
             await artifacts.records.delete(artifact)
             gone_artifacts += 1

@@ -16,6 +16,7 @@ from azqueue import metrics
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
+from azqueue.model.upload import UploadSigner
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.groups import TaskGroups
 from azqueue.service.queue import QueueService
@@ -52,7 +53,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
             log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
         queue = QueueService(settings, account, outbox)
         await queue.setup()
-        artifacts = ArtifactService(account, queue.tasks, outbox)
+        artifacts = ArtifactService(account, queue.tasks, UploadSigner(settings.tip_secrets),
+                                    settings.public_root_url, outbox)
         await artifacts.setup()
         groups = TaskGroups(queue)
         await groups.setup()
