@@ -25,6 +25,7 @@ or an outage, answered 500 with an incident id and logged with its traceback.
         ├── Conflict                 409 RequestConflict       the state forbids the request
         │   └── ClaimLost            409                       the run is no longer yours
         ├── Gone                     410 ResourceExpired
+        ├── LengthRequired           411 LengthRequired        an upload without Content-Length
         ├── TooLarge                 413 InputTooLarge
         ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
         ├── Unsupported              501 NotImplemented        a Queue API method this service lacks
@@ -146,6 +147,11 @@ class ClaimLost(Conflict):
 class Gone(QueueError):
     code = "ResourceExpired"
     status = 410
+
+
+class LengthRequired(QueueError):
+    code = "LengthRequired"
+    status = 411
 
 
 class TooLarge(QueueError):

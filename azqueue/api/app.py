@@ -13,6 +13,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
+from azqueue.api import artifact_routes  # declares its routes; receives uploads
+from azqueue.api import task_routes  # noqa: F401  (declares its routes)
 from azqueue.api import worker_routes  # noqa: F401  (declares its routes)
 from azqueue.api.middleware import error_middleware
 from azqueue.api import dashboard
@@ -76,5 +78,6 @@ def create_app(settings: Settings) -> web.Application:
         app.cleanup_ctx.append(_resolvers_ctx)
     app.router.add_get(METRICS_PATH, serve_metrics)
     dashboard.add_routes(app.router)
+    app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
     app.router.add_route("*", "/{tail:.*}", refusing_unimplemented(dispatch))
     return app

@@ -319,8 +319,8 @@ async def cancel_task(call: Call, task_id: str) -> Any:
 @route("GET", "/task-group/<taskGroupId>/list", "listTaskGroup",
        scopes="queue:list-task-group:<taskGroupId>")
 async def list_task_group(call: Call, task_group_id: str) -> Any:
-    return await call.queue.list_task_group(task_group_id, call.continuation,
-                                            call.limit() or LIST_PAGE)
+    return await call.services.groups.list_tasks(task_group_id, call.continuation,
+                                                 call.limit() or LIST_PAGE)
 
 
 @route("GET", "/task/<taskId>/dependents", "listDependentTasks",
@@ -386,83 +386,6 @@ _RESOLVE = "queue:resolve-task:<taskId>/<runId>"
 async def report(call: Call, task_id: str, run_id: int, state: RunState) -> Any:
     reason = ReasonResolved(call.body["reason"] if state is RunState.EXCEPTION else state.value)
     return {"status": await call.queue.report(task_id, run_id, state, reason)}
-
-
-# -- artifacts ----------------------------------------------------------------------------
-
-_CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
-# Names under public/ are readable by anyone; others need queue:get-artifact:<name>.
-_READ_ARTIFACT = {"if": "private", "then": "queue:get-artifact:<name>"}
-
-
-@route("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
-       body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
-async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
-    return await call.artifacts.create(task_id, run_id, name, call.body)
-
-
-@route("PUT", "/task/<taskId>/runs/<runId>/artifacts/<name>", "finishArtifact",
-       body="finish-artifact-request.json", scopes=_CREATE_ARTIFACT)
-async def finish_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
-    await call.artifacts.finish(task_id, run_id, name)
-    return {}
-
-
-async def _readable(call: Call, task_id: str, run_id: int | None, name: str) -> int:
-    """Check that the caller may read artifact ``name``; the run to read it from (the
-    latest if ``run_id`` is None)."""
-    call.authorize(private=not name.startswith("public/"))
-    return await call.artifacts.latest_run(task_id) if run_id is None else run_id
-
-
-@route("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
-       scopes=_READ_ARTIFACT)
-@route("GET", "/task/<taskId>/artifacts/<name>", "getLatestArtifact", scopes=_READ_ARTIFACT)
-async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None = None
-                       ) -> web.StreamResponse:
-    run_id = await _readable(call, task_id, run_id, name)
-    target = await call.artifacts.target(task_id, run_id, name)
-    if not target.url:
-        a = target.artifact
-        raise errors.ArtifactFailed(f"artifact {a.name!r} is an error artifact: {a.reason}: "
-                                    f"{a.message}")
-    return web.json_response({"storageType": target.artifact.storage_type, "url": target.url},
-                             status=303, headers={"Location": target.url})
-
-
-@route("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
-       scopes=_READ_ARTIFACT)
-@route("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo", scopes=_READ_ARTIFACT)
-async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
-    run_id = await _readable(call, task_id, run_id, name)
-    return (await call.artifacts.find(task_id, run_id, name)).info()
-
-
-@route("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
-       scopes=_READ_ARTIFACT)
-@route("GET", "/task/<taskId>/artifact-content/<name>", "latestArtifact", scopes=_READ_ARTIFACT)
-async def artifact_content(call: Call, task_id: str, name: str, run_id: int | None = None
-                           ) -> Any:
-    """The artifact-content shapes the official client's download helpers understand: a
-    blob is served as storageType `s3` (a plain URL to GET), which is what a SAS URL is."""
-    run_id = await _readable(call, task_id, run_id, name)
-    target = await call.artifacts.target(task_id, run_id, name)
-    a = target.artifact
-    if a.storage_type == "error":
-        return {"storageType": "error", "reason": a.reason, "message": a.message}
-    return {"storageType": "s3" if a.storage_type == "blob" else "reference", "url": target.url}
-
-
-_LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
-
-
-@route("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts", scopes=_LIST_ARTIFACTS)
-@route("GET", "/task/<taskId>/artifacts", "listLatestArtifacts", scopes=_LIST_ARTIFACTS)
-async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:
-    if run_id is None:
-        run_id = await call.artifacts.latest_run(task_id)
-        call.authorize(runId=run_id)
-    return await call.artifacts.list(task_id, run_id, call.continuation, call.limit())
 
 
 # -- dispatch -----------------------------------------------------------------------------

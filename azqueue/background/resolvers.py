@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from azqueue.background import claims, deadlines, dependencies, events, expiry
+from azqueue.background import groups as group_passes
 from azqueue.config import Settings
 from azqueue.service.wiring import Services
 
@@ -36,6 +37,7 @@ _LOOPS: dict[str, Callable[[Services, Settings, asyncio.Event], Loop | None]] = 
         services.queue, services.artifacts, settings.expiry_interval, stop),
     "events": lambda services, settings, stop: None if services.outbox is None else events.run(
         services.outbox, settings.events_resolver_interval, stop),
+    "groups": lambda services, settings, stop: group_passes.run(services.groups, stop),
 }
 NAMES: tuple[str, ...] = tuple(_LOOPS)
 

@@ -1,8 +1,14 @@
 """Artifacts and the rules for creating them (source document 003).
 
-* ``blob``: content uploaded to Azure Blob storage through a SAS ``putUrl``, then
-  finished; ``reference``: a URL; ``link``: another artifact of the same run;
-  ``error``: a reason and a message, answered with 424.
+* ``s3``: content a worker PUTs to ``putUrl`` with only ``Content-Type`` and
+  ``Content-Length`` (document 003); the queue receives it (``azqueue.model.upload``)
+  and the artifact is present once that PUT succeeded: there is nothing to finish.
+  ``reference``: a URL; ``link``: another artifact of the same run; ``error``: a reason
+  and a message, answered with 424.
+* ``blob`` (ours, for workers that can send Azure's headers): content uploaded straight
+  to Azure Blob storage through a SAS ``putUrl``, then finished with finishArtifact.
+  Readers see it as ``s3``: what clients read is Taskcluster's vocabulary only.
+* ``object`` needs Taskcluster's object service, which this queue does not have: 400.
 * Artifacts can be created while the run is running, and for 20 minutes after it was
   resolved exception; never after completed or failed ("Artifacts can be uploaded until
   reportCompleted or reportFailed is called").
@@ -39,6 +45,16 @@ class Artifact:
     present: bool = True
 
     @property
+    def public_type(self) -> str:
+        """The storage type as clients read it: Taskcluster's (a ``blob`` is ``s3``)."""
+        return "s3" if self.storage_type == "blob" else self.storage_type
+
+    @property
+    def has_content(self) -> bool:
+        """Whether the content lives in Blob storage (``s3`` and ``blob``)."""
+        return self.storage_type in ("s3", "blob")
+
+    @property
     def blob_name(self) -> str:
         return f"{self.task_id}/{self.run_id}/{self.name}"
 
@@ -49,22 +65,29 @@ class Artifact:
                 "reason": self.reason, "message": self.message}
 
     def info(self) -> dict[str, Any]:
-        return {"storageType": self.storage_type, "name": self.name,
+        return {"storageType": self.public_type, "name": self.name,
                 "expires": timeutil.fmt(self.expires),
                 "contentType": self.content_type or _DEFAULT_TYPES[self.storage_type]}
 
 
-_DEFAULT_TYPES = {"blob": "application/octet-stream", "reference": "application/octet-stream",
-                  "link": "application/octet-stream", "error": "application/json"}
+_DEFAULT_TYPES = {"s3": "application/octet-stream", "blob": "application/octet-stream",
+                  "reference": "application/octet-stream", "link": "application/octet-stream",
+                  "error": "application/json"}
 
 
-_FIELDS = {"blob": {"contentType"}, "reference": {"url", "contentType"}, "link": {"artifact"},
+_FIELDS = {"s3": {"contentType", "contentLength"}, "blob": {"contentType"},
+           "reference": {"url", "contentType"}, "link": {"artifact", "contentType"},
            "error": {"reason", "message"}}
 
 
 def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Artifact:
     """The artifact a (schema-valid) createArtifact body describes, or InputError."""
     kind = body["storageType"]
+    if kind == "object":
+        raise InputError(
+            "storageType 'object' needs Taskcluster's object service, which this queue does "
+            "not run: create the artifact with storageType 's3' and PUT its content to the "
+            "putUrl in the answer (with Content-Type and Content-Length)")
     extra = sorted(set(body) - _FIELDS[kind] - {"storageType", "expires"})
     if extra:
         raise InputError(f"{', '.join(f'`{f}`' for f in extra)} cannot be given with storageType "
@@ -78,12 +101,13 @@ def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Ar
                          f"({task.definition['expires']}); artifacts may not outlive their task")
     return Artifact(
         task_id=task.task_id, run_id=run_id, name=name, storage_type=kind, expires=expires,
-        content_type=body.get("contentType", "") if kind in ("blob", "reference") else "",
-        url=body.get("url", ""), link=body.get("artifact", ""), reason=body.get("reason", ""),
-        message=body.get("message", ""), present=kind != "blob")
+        content_type=body.get("contentType", ""), url=body.get("url", ""),
+        link=body.get("artifact", ""), reason=body.get("reason", ""),
+        message=body.get("message", ""), present=kind not in ("s3", "blob"))
 
 
-def check_can_create(task: Task, run_id: int, now: datetime) -> None:
+def check_can_create(task: Task, run_id: int, now: datetime, action: str = "created") -> None:
+    """Conflict unless run ``run_id`` may get artifacts (``action``: created or uploaded)."""
     run = task.run(run_id)
     if run.state is RunState.RUNNING:
         return
@@ -91,6 +115,6 @@ def check_can_create(task: Task, run_id: int, now: datetime) -> None:
         return
     if run.state is RunState.EXCEPTION:
         raise Conflict(f"run {run_id} of task {task.task_id} was resolved exception more than "
-                       "20 minutes ago; artifacts can no longer be created")
+                       f"20 minutes ago; artifacts can no longer be {action}")
     raise Conflict(f"run {run_id} of task {task.task_id} is {run.state}; artifacts can only be "
-                   "created while it runs (or within 20 minutes of an exception)")
+                   f"{action} while it runs (or within 20 minutes of an exception)")

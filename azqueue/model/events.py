@@ -14,7 +14,12 @@ Which messages a transition publishes, computed from the task before and after i
   with retries left): task-pending for the new run, not task-exception;
 * a run resolved for good: task-completed, task-failed or task-exception; these carry
   the task group's check (``group``): the group is resolved once none of its tasks is
-  unresolved, and then task-group-resolved goes out.
+  unresolved, and then task-group-resolved goes out;
+* a priority changed (changeTaskPriority, changeTaskGroupPriority): task-priority-changed,
+  routed without a run, as Taskcluster routes it.
+
+Task group messages (task-group-resolved, task-group-sealed, task-group-priority-changed)
+are routed ``primary.<taskGroupId>.<schedulerId>._``.
 """
 
 from __future__ import annotations
@@ -26,7 +31,8 @@ from azqueue.model import timeutil
 from azqueue.model.task import Run, RunState, Task
 
 EXCHANGES = ("task-defined", "task-pending", "task-running", "artifact-created",
-             "task-completed", "task-failed", "task-exception", "task-group-resolved")
+             "task-completed", "task-failed", "task-exception", "task-group-resolved",
+             "task-group-sealed", "task-priority-changed", "task-group-priority-changed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +88,9 @@ def for_change(before: Task | None, after: Task) -> list[Event]:
     events: list[Event] = []
     if before is None:
         events.append(_event("task-defined", after, None))
+    elif before.definition.get("priority") != after.definition.get("priority"):
+        events.append(_event("task-priority-changed", after, None,
+                             oldPriority=str(before.priority), newPriority=str(after.priority)))
     old = {r.run_id: r for r in (before.runs if before else ())}
     for run in after.runs:
         prev = old.get(run.run_id)
@@ -115,3 +124,23 @@ def task_group_resolved(task_group_id: str, scheduler_id: str) -> Event:
                  routing_key=f"primary.{task_group_id}.{scheduler_id}._",
                  payload={"version": 1, "taskGroupId": task_group_id,
                           "schedulerId": scheduler_id})
+
+
+def _group_key(task_group_id: str, scheduler_id: str) -> str:
+    return f"primary.{task_group_id}.{scheduler_id}._"
+
+
+def task_group_sealed(group: dict[str, Any]) -> Event:
+    """``group``: the getTaskGroup answer of the group just sealed."""
+    return Event(exchange="task-group-sealed",
+                 routing_key=_group_key(group["taskGroupId"], group["schedulerId"]),
+                 payload={"version": 1, **group})
+
+
+def task_group_priority_changed(task_group_id: str, scheduler_id: str, priority: str,
+                                affected: int) -> Event:
+    return Event(exchange="task-group-priority-changed",
+                 routing_key=_group_key(task_group_id, scheduler_id),
+                 payload={"version": 1, "taskGroupId": task_group_id,
+                          "schedulerId": scheduler_id, "newPriority": priority,
+                          "tasksAffected": affected})

@@ -20,6 +20,10 @@ Run rules (Taskcluster's, see the task status structure of source document 004):
   scheduleTask says so; never after its deadline.
 * cancelTask resolves the unresolved run exception ``canceled`` (a task with no run gets
   one, resolved at once); it never retries, and a resolved task is left as it is.
+* rerunTask gives a resolved (or unscheduled) task a new pending run (``rerun``) and
+  resets ``retriesLeft``, never past ``MAX_RUNS`` runs in all nor after the deadline.
+* changeTaskPriority changes an unresolved task's ``priority``; a running run keeps its
+  claim, and the change applies to its pending runs.
 """
 
 from __future__ import annotations
@@ -373,3 +377,42 @@ def resolve_deadline(task: Task, now: datetime) -> Task:
     done = replace(last, state=RunState.EXCEPTION,
                    reason_resolved=ReasonResolved.DEADLINE_EXCEEDED, resolved=now)
     return _replace_run(task, done)
+
+
+# Taskcluster's sanity limit on the runs of one task: rerunTask refuses past it, and the
+# retries it grants stop there.
+MAX_RUNS = 50
+
+
+def rerun(task: Task, now: datetime) -> Task:
+    """rerunTask: a resolved (or unscheduled) task gets a new pending run ``rerun`` and
+    its retries back, as many as still fit under ``MAX_RUNS``. A pending or running task
+    is unchanged; past the deadline, or with ``MAX_RUNS`` runs, Conflict."""
+    if now >= task.deadline:
+        raise Conflict(f"task {task.task_id} passed its deadline {task.definition['deadline']} "
+                       "and cannot be rerun; create a new task instead")
+    last = task.last_run
+    if last is not None and not last.state.resolved:
+        return task
+    run_id = len(task.runs)
+    if run_id >= MAX_RUNS:
+        raise Conflict(f"task {task.task_id} has {run_id} runs, the most a task may have "
+                       f"({MAX_RUNS}); create a new task instead")
+    run = Run(run_id=run_id, state=RunState.PENDING, reason_created=ReasonCreated.RERUN,
+              scheduled=now)
+    retries = min(int(task.definition["retries"]), MAX_RUNS - run_id - 1)
+    return replace(task, runs=(*task.runs, run), retries_left=retries)
+
+
+def change_priority(task: Task, priority: Priority, now: datetime) -> Task:
+    """changeTaskPriority: an unresolved task's definition gets ``priority``; unchanged if
+    it has that priority already; Conflict if it is resolved or past its deadline."""
+    if now >= task.deadline:
+        raise Conflict(f"task {task.task_id} passed its deadline {task.definition['deadline']} "
+                       "and cannot be reprioritized")
+    if task.state.resolved:
+        raise Conflict(f"task {task.task_id} is resolved ({task.state}) and cannot be "
+                       "reprioritized; rerunTask it first if it should run again")
+    if task.priority is priority:
+        return task
+    return replace(task, definition={**task.definition, "priority": str(priority)})

@@ -13,7 +13,9 @@ from azqueue.model import events
 from azqueue.model import timeutil
 from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
+from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.service import paging
+from azqueue.service.uploads import UploadReceiver
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore
@@ -27,9 +29,11 @@ MAX_LIMIT = 1000
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """Where a getArtifact goes: a URL to redirect to, or the error artifact itself."""
+    """Where a getArtifact goes: a URL to redirect to, or the error artifact itself;
+    ``names`` are the artifacts read on the way (the one asked for first, links followed)."""
 
     artifact: Artifact
+    names: tuple[str, ...]
     url: str = ""
 
 
@@ -39,12 +43,17 @@ __all__ = ["ArtifactService", "name_fits"]
 class ArtifactService:
     """Artifacts of a task's runs: records in the task's partition, content in Blob storage."""
 
-    def __init__(self, account: StorageAccount, tasks: TaskStore,
-                 outbox: Outbox | None = None) -> None:
+    def __init__(self, account: StorageAccount, tasks: TaskStore, signer: UploadSigner,
+                 root_url: str, outbox: Outbox | None = None) -> None:
+        """``signer`` signs the ``putUrl`` of s3 artifacts, which point at ``root_url``
+        (the service's public root URL)."""
         self.tasks = tasks
         self.records = ArtifactStore(account, tasks.name)
         self.blobs = BlobStore(account)
         self.outbox = outbox
+        self.signer = signer
+        self.root_url = root_url
+        self.uploads = UploadReceiver(tasks, self.records, self.blobs, signer)
 
     async def setup(self) -> None:
         await self.blobs.ensure()
@@ -71,22 +80,33 @@ class ArtifactService:
                 raise errors.Conflict(
                     f"artifact {name!r} of run {run_id} of task {task_id} already exists with a "
                     "different definition; artifacts cannot be changed")
-        answer: dict[str, Any] = {"storageType": wanted.storage_type,
-                                  "expires": timeutil.fmt(wanted.expires)}
+        if wanted.storage_type == "s3":
+            grant = UploadGrant(task_id, run_id, name, wanted.content_type,
+                                now + UPLOAD_URL_LIFETIME, body.get("contentLength"))
+            return {"storageType": "s3", "putUrl": grant.url(self.root_url,
+                                                            self.signer.sign(grant)),
+                    "expires": timeutil.fmt(grant.expires), "contentType": grant.content_type}
         if wanted.storage_type == "blob":
             content_type = wanted.content_type or "application/octet-stream"
-            answer.update(
-                putUrl=put_url,
-                expires=timeutil.fmt(now + UPLOAD_URL_LIFETIME), contentType=content_type,
-                headers={"x-ms-blob-type": "BlockBlob", "Content-Type": content_type})
-        return answer
+            return {"storageType": "blob", "putUrl": put_url,
+                    "expires": timeutil.fmt(now + UPLOAD_URL_LIFETIME),
+                    "contentType": content_type,
+                    "headers": {"x-ms-blob-type": "BlockBlob", "Content-Type": content_type}}
+        # Taskcluster answers reference, link and error artifacts with their type alone.
+        return {"storageType": wanted.storage_type}
 
     async def finish(self, task_id: str, run_id: int, name: str) -> None:
         found = await self.records.get(task_id, run_id, name)
         if found is None:
             raise errors.NotFound(f"run {run_id} of task {task_id} has no artifact {name!r}; "
                                   "create it first")
-        if found.storage_type != "blob" or found.present:
+        if found.storage_type != "blob":
+            raise errors.InputError(
+                f"artifact {name!r} is a {found.public_type!r} artifact, which has nothing to "
+                "finish" + (": it is present once the PUT of its content to putUrl succeeded"
+                            if found.storage_type == "s3" else
+                            ": it was complete when createArtifact answered"))
+        if found.present:
             return
         content_type = await self.blobs.content_type(found.blob_name)
         if content_type is None:
@@ -112,22 +132,34 @@ class ArtifactService:
 
     async def target(self, task_id: str, run_id: int, name: str) -> Target:
         """Follow links to the artifact to serve, with a short-lived URL for its content."""
-        seen = []
+        seen = [name]
         found = await self.find(task_id, run_id, name)
         while found.storage_type == "link":
-            seen.append(found.name)
             if len(seen) > MAX_LINK_DEPTH or found.link in seen:
-                raise errors.Conflict(f"artifact {name!r} links in a loop or too deep: "
-                                      + " -> ".join(seen))
+                raise errors.InputError(f"artifact {name!r} links in a loop or too deep: "
+                                      + " -> ".join([*seen, found.link]))
+            seen.append(found.link)
             found = await self.find(task_id, run_id, found.link)
+        names = tuple(seen)
         if found.storage_type == "reference":
-            return Target(found, found.url)
-        if found.storage_type == "blob":
-            if not found.present:
-                raise errors.NotFound(f"artifact {found.name!r} has not been uploaded yet")
-            return Target(found, await self.blobs.download_url(
+            return Target(found, names, found.url)
+        if found.has_content:
+            if not found.present and not (found.storage_type == "s3"
+                                          and await self._uploaded(found)):
+                raise errors.NotFound(f"artifact {found.name!r} has not been uploaded yet: "
+                                      "its content is PUT to the putUrl createArtifact answered")
+            return Target(found, names, await self.blobs.download_url(
                 found.blob_name, timeutil.utcnow(), DOWNLOAD_URL_LIFETIME))
-        return Target(found)
+        return Target(found, names)
+
+    async def _uploaded(self, artifact: Artifact) -> bool:
+        """Whether an s3 artifact not yet marked present has its content after all (an
+        upload whose server stopped between committing the content and marking it)."""
+        content_type = await self.blobs.content_type(artifact.blob_name)
+        if content_type is None:
+            return False
+        await self.records.mark_present(artifact, content_type)
+        return True
 
     async def list(self, task_id: str, run_id: int, continuation: str | None,
                    limit: int | None) -> dict[str, Any]:

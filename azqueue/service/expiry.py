@@ -3,8 +3,9 @@
 An artifact goes (its row and its blob, snapshots included) once its own ``expires`` has
 passed; a task once the task's has, with everything kept under its taskId: the rows of
 its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
-depended on it and its task group membership. Workers, task queues and provisioners go
-once their ``expires`` has passed (``workers``). Both wait ``GRACE`` longer, so that no
+depended on it and its task group membership; a sealed task group's record once the
+``expires`` it recorded has passed; workers, task queues and provisioners once theirs
+has (``workers``). All wait ``GRACE`` longer (but the workers), so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
 Both are scans of the whole tasks table, so they run seldom: every
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from azqueue.errors import QueueError
+from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
 
@@ -42,7 +44,7 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
     gone_artifacts = 0
     for artifact in await artifacts.records.expired(before):
         try:
-            if artifact.storage_type == "blob":
+            if artifact.has_content:
                 await artifacts.blobs.delete(artifact.blob_name)
             await artifacts.records.delete(artifact)
             gone_artifacts += 1
@@ -62,6 +64,11 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
                 gone_tasks += 1
         except QueueError as e:
             log.warning("could not expire task %s: %s", task.task_id, e)
+    for group in await queue.groups.expired_records(timeutil.fmt(before)):
+        try:  # a sealed group's record, once every task it had then has expired
+            await queue.groups.drop_record(group)
+        except QueueError as e:
+            log.warning("could not expire the record of task group %s: %s", group, e)
     try:
         gone_workers = await queue.workerinfo.expire(now)
     except QueueError as e:

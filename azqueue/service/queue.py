@@ -38,6 +38,11 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   ``r + 1`` too.
 * An **unscheduled** task (waiting for dependencies, see ``dependencies``) has no tip;
   it gets one when it is scheduled.
+* A task's tips live in the queue of its current priority. changeTaskPriority queues a
+  pending run's tip in the new priority's queue; the old tip is stale and harmless (a
+  claim rewrites the message in the task's current queue, finds none there and answers
+  400). A running run keeps its message where it is; ``settle`` gives its retry a fresh
+  tip rather than releasing a message from another priority's queue.
 * A decision may start from this process's copy of the task (``cache``), but only a
   conditional write that succeeds makes it count; refusals are decided on a fresh read.
 """
@@ -154,6 +159,7 @@ class QueueService:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
         authorize(definition)
+        await self._check_group_open(task_id, definition)
         new = None
         if definition["dependencies"]:
             try:
@@ -312,8 +318,20 @@ class QueueService:
     async def _add_to_group(self, task: Task) -> None:
         """A member row for the task's group; the group's own task (taskGroupId = its
         taskId, Taskcluster's default) needs none: listings and group checks read it."""
-        if task.definition["taskGroupId"] != task.task_id:
-            await self.groups.add(task.definition["taskGroupId"], task.task_id)
+        d = task.definition
+        if d["taskGroupId"] != task.task_id:
+            await self.groups.add(d["taskGroupId"], task.task_id, d["expires"], d["schedulerId"])
+
+    async def _check_group_open(self, task_id: str, definition: dict[str, Any]) -> None:
+        """Conflict if the task's group is sealed and the task is not in it already (a
+        repeated createTask answers as before). A group's own task is not checked: it
+        writes no group row, and a group is sealed after its first task."""
+        group = definition["taskGroupId"]
+        if group == task_id or await self.groups.meta(group) is None:
+            return
+        if await self.tasks.find(task_id) is None:
+            raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
+                                  "no new tasks; create the task in another taskGroupId")
 
     async def _no_tip(self) -> None:
         return None
@@ -389,7 +407,10 @@ class QueueService:
         held = change.held_before
         tip_ready = False
         if held is not None and held.run_id == run_id:
-            if retry_pending:
+            # A message in another priority's queue than the task's (changeTaskPriority)
+            # cannot serve the retry: it goes, and the retry gets a fresh tip.
+            if retry_pending and held.queue_name == self.pending.name(task.task_queue_id,
+                                                                      task.priority):
                 tip_ready = await self.queues.release(held.queue_name, held.message_id,
                                                       held.pop_receipt)
                 if tip_ready:

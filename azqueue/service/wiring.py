@@ -16,8 +16,10 @@ from azqueue import metrics
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
+from azqueue.model.upload import UploadSigner
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.counts import TaskQueueCounts
+from azqueue.service.groups import TaskGroups
 from azqueue.service.queue import QueueService
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
@@ -33,6 +35,7 @@ class Services:
     queue: QueueService
     artifacts: ArtifactService
     outbox: Outbox | None
+    groups: TaskGroups
     workers: WorkerInfo
     counts: TaskQueueCounts
 
@@ -54,8 +57,11 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
             log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
         queue = QueueService(settings, account, outbox)
         await queue.setup()
-        artifacts = ArtifactService(account, queue.tasks, outbox)
+        artifacts = ArtifactService(account, queue.tasks, UploadSigner(settings.tip_secrets),
+                                    settings.public_root_url, outbox)
         await artifacts.setup()
+        groups = TaskGroups(queue)
+        await groups.setup()
         if account.uses_identity:
             log.warning("storage: signed in with azure-identity, no account key: pollTaskUrls "
                         "cannot sign queue SAS URLs and answers 503 (Azure has no "
@@ -65,7 +71,7 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
             log.warning("storage: no account key: pollTaskUrls and artifact URLs cannot be "
                         "signed and answer 503; workers must use claimWork")
         try:
-            yield Services(queue, artifacts, outbox, workers=queue.workerinfo,
+            yield Services(queue, artifacts, outbox, groups, workers=queue.workerinfo,
                            counts=TaskQueueCounts(queue))
         finally:
             await queue.close()

@@ -8,10 +8,12 @@ delegation key. Blob names are ``<taskId>/<runId>/<artifact name>``.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from io import BytesIO
 from typing import Any
 from urllib.parse import quote
 
-from azure.storage.blob import BlobSasPermissions, generate_blob_sas
+from azure.core.exceptions import HttpResponseError
+from azure.storage.blob import BlobBlock, BlobSasPermissions, ContentSettings, generate_blob_sas
 
 from azqueue.errors import NotConfigured
 from azqueue.storage.account import StorageAccount
@@ -57,6 +59,39 @@ class BlobStore:
 
     async def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
         return await self._url(blob, BlobSasPermissions(read=True), now, lifetime)
+
+    # Bodies are passed as streams: aiohttp (under the SDK) warns that a large body given
+    # as bytes may block the event loop.
+
+    async def put(self, blob: str, data: bytes, content_type: str) -> None:
+        """Store ``data`` as the whole blob in one request (Put Blob), replacing any."""
+        with translate(f"uploading blob {blob}"):
+            await self._client.get_blob_client(blob).upload_blob(
+                BytesIO(data), length=len(data), overwrite=True,
+                content_settings=ContentSettings(content_type=content_type))
+
+    async def stage(self, blob: str, block_id: str, data: bytes) -> None:
+        """Stage one block of a blob (Put Block); it is not part of the blob until
+        ``commit`` lists it, and Azure discards uncommitted blocks after a week."""
+        with translate(f"staging a block of blob {blob}"):
+            await self._client.get_blob_client(blob).stage_block(block_id, BytesIO(data),
+                                                                 length=len(data))
+
+    async def commit(self, blob: str, block_ids: list[str], content_type: str) -> bool:
+        """Make the blob exactly the staged blocks ``block_ids``, in order (Put Block
+        List): the one moment the new content appears, whole. False if some of them are
+        gone: writing a blob discards every uncommitted block, so when two uploads of one
+        blob overlap, the first to finish wins and the other's blocks are gone."""
+        with translate(f"committing blob {blob}"):
+            try:
+                await self._client.get_blob_client(blob).commit_block_list(
+                    [BlobBlock(block_id=b) for b in block_ids],
+                    content_settings=ContentSettings(content_type=content_type))
+            except HttpResponseError as e:
+                if getattr(e, "error_code", None) == "InvalidBlockList":
+                    return False
+                raise
+        return True
 
     async def delete(self, blob: str) -> None:
         try:

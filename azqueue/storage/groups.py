@@ -11,11 +11,18 @@ written (its createTask died in between) is dropped once it is older than ``ORPH
 The row ``~announced`` (``~`` is not a taskId character) says which set of members was
 last announced resolved, and by which task's resolution: resolutions racing to announce
 the same set write it conditionally, and only the winner publishes.
+
+A member row also carries its task's ``expires`` and ``schedulerId`` (written with the
+row, no extra request), so the group's metadata can be read from its partition alone.
+The row ``~group`` exists once the group is sealed (``GroupMeta``): when, and the
+group's schedulerId, expires and size as they were then (a sealed group takes no more
+members).
 """
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from azure.core import MatchConditions
@@ -28,6 +35,29 @@ from azqueue.storage.rows import key_page
 
 ORPHAN_AGE = timedelta(minutes=5)
 ANNOUNCED = "~announced"
+META = "~group"
+# Rows whose RowKey starts with this are the group's own records, not members.
+RECORD = "~"
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A member row: its task's ``expires`` and ``schedulerId`` as written with it
+    (None in rows of earlier versions)."""
+
+    task_id: str
+    expires: str | None
+    scheduler_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class GroupMeta:
+    """The record of a sealed group (times in the API's ISO form)."""
+
+    scheduler_id: str
+    expires: str
+    sealed: str
+    size: int
 
 
 class GroupStore(TableStore):
@@ -36,14 +66,72 @@ class GroupStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "groups")
 
-    async def add(self, task_group_id: str, task_id: str) -> None:
+    async def add(self, task_group_id: str, task_id: str, expires: str | None = None,
+                  scheduler_id: str | None = None) -> None:
         """Add an unresolved member (an existing member is left as it is)."""
+        row = {"PartitionKey": task_group_id, "RowKey": task_id, "resolved": False,
+               **({"expires": expires} if expires is not None else {}),
+               **({"schedulerId": scheduler_id} if scheduler_id is not None else {})}
         try:
             with translate(f"adding task {task_id} to group {task_group_id}"):
-                await self._rest.create_entity(self.name, {"PartitionKey": task_group_id,
-                                                           "RowKey": task_id, "resolved": False})
+                await self._rest.create_entity(self.name, row)
         except EntityExists:
             pass
+
+    async def unresolve(self, task_group_id: str, task_id: str) -> None:
+        """Mark a member unresolved again (it was rerun)."""
+        with translate(f"marking task {task_id} unresolved in group {task_group_id}"):
+            await self._table.upsert_entity({"PartitionKey": task_group_id, "RowKey": task_id,
+                                             "resolved": False}, mode=UpdateMode.MERGE)
+
+    async def members(self, task_group_id: str) -> list[Member]:
+        """Every member row of the group (one request per 1000 rows)."""
+        with translate(f"reading group {task_group_id}"):
+            rows = self._table.query_entities(
+                "PartitionKey eq @pk and RowKey lt @below",
+                parameters={"pk": task_group_id, "below": RECORD},
+                select=["RowKey", "expires", "schedulerId"])
+            return [Member(str(r["RowKey"]),
+                           str(r["expires"]) if r.get("expires") else None,
+                           str(r["schedulerId"]) if r.get("schedulerId") else None)
+                    async for r in rows]
+
+    async def meta(self, task_group_id: str) -> GroupMeta | None:
+        """The group's record if it is sealed, else None."""
+        try:
+            with translate(f"reading group {task_group_id}"):
+                row = await self._rest.get_entity(self.name, task_group_id, META)
+        except EntityNotFound:
+            return None
+        return GroupMeta(str(row["schedulerId"]), str(row["expires"]), str(row["sealed"]),
+                         int(row["size"]))
+
+    async def expired_records(self, before: str) -> list[str]:
+        """The sealed groups whose recorded ``expires`` is before ``before`` (an ISO time
+        in the API's form, which sorts as it compares): a scan of the whole table."""
+        with translate("looking for expired group records"):
+            return [str(r["PartitionKey"]) async for r in self._table.query_entities(
+                "RowKey eq @meta and expires lt @before",
+                parameters={"meta": META, "before": before}, select=["PartitionKey"])]
+
+    async def drop_record(self, task_group_id: str) -> None:
+        with translate(f"deleting the record of group {task_group_id}"):
+            await self._table.delete_entity(task_group_id, META)
+
+    async def seal(self, task_group_id: str, meta: GroupMeta) -> GroupMeta:
+        """Write the record of the sealed group; if it was sealed already, the record as
+        it was (a group is sealed once)."""
+        try:
+            with translate(f"sealing group {task_group_id}"):
+                await self._rest.create_entity(self.name, {
+                    "PartitionKey": task_group_id, "RowKey": META,
+                    "schedulerId": meta.scheduler_id, "expires": meta.expires,
+                    "sealed": meta.sealed, "size": meta.size})
+        except EntityExists:
+            earlier = await self.meta(task_group_id)
+            assert earlier is not None
+            return earlier
+        return meta
 
     async def resolve(self, task_group_id: str, task_id: str) -> None:
         with translate(f"resolving task {task_id} in group {task_group_id}"):
@@ -76,7 +164,7 @@ class GroupStore(TableStore):
             rows = [r async for r in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_group_id},
                 select=["RowKey", "members", "by"])]
-        members = sorted(str(r["RowKey"]) for r in rows if r["RowKey"] != ANNOUNCED)
+        members = sorted(str(r["RowKey"]) for r in rows if not str(r["RowKey"]).startswith(RECORD))
         current = next((r for r in rows if r["RowKey"] == ANNOUNCED), None)
         digest = hashlib.sha256("\n".join(members).encode()).hexdigest()
         marker = {"PartitionKey": task_group_id, "RowKey": ANNOUNCED, "members": digest,

@@ -321,6 +321,13 @@ class TaskStore(TableStore):
                 parameters={"pk": task_id, "low": OUTBOX, "high": OUTBOX[:-1] + ";"})
             return [(str(row["RowKey"]), event_from_row(row)) async for row in rows]
 
+    async def add_outbox(self, partition: str, events: list[Event]) -> None:
+        """Outbox rows for events that are no task's change (a task group's), in the
+        partition named after what they concern; the outbox publishes them as a task's."""
+        with translate(f"writing the outbox of {partition}"):
+            await self._table.submit_transaction(
+                [("create", outbox_row(partition, e)) for e in events])
+
     async def delete_outbox(self, task_id: str, row_keys: list[str]) -> None:
         """Delete outbox rows; rows another process deleted already are no error."""
         await delete_rows(self._table, task_id, row_keys, f"clearing the outbox of task {task_id}")

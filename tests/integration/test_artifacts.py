@@ -69,7 +69,8 @@ async def test_blob_upload_through_put_url_and_download_two_ways(
         taskId=task_id, runId=0, name="public/logs/live.log", queueService=queue)
     assert bytes(data) == content and content_type == "text/plain"
     info = await queue.artifactInfo(task_id, 0, "public/logs/live.log")
-    assert info["contentType"] == "text/plain; charset=utf-8" and info["storageType"] == "blob"
+    # What clients read is Taskcluster's vocabulary: a direct-to-Blob artifact is `s3`.
+    assert info["contentType"] == "text/plain; charset=utf-8" and info["storageType"] == "s3"
 
 
 async def test_private_artifacts_need_get_artifact_scope_or_a_signed_url(
@@ -150,7 +151,7 @@ async def test_creation_rules_completed_exception_expiry_and_idempotency(
     assert code == 400 and "artifact" in err["message"]
     code, err = await _create(http, server, done, "public/bad", {"storageType": "s3",
                                                                 "expires": _expires()})
-    assert code == 400 and "storageType" in err["message"]
+    assert code == 400 and "contentType" in err["message"]
     code, err = await _create(http, server, done, "public/bad", {
         "storageType": "blob", "expires": _expires(), "url": "https://example.com/"})
     assert code == 400 and "`url` cannot be given with storageType 'blob'" in err["message"]
@@ -198,3 +199,24 @@ async def test_artifact_credentials_from_a_claim(make_server: ServerFactory,
         await as_task.createArtifact(other, 0, "public/x", {
             "storageType": "reference", "expires": _expires(), "url": "https://example.com/"})
     assert info.value.status_code == 403
+
+
+async def test_a_public_link_to_a_private_artifact_needs_the_private_ones_scope(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
+    """A link is read 'as if the client fetched the linked artifact (including
+    corresponding scope validation)' (Taskcluster's post-artifact-request, link)."""
+    task_id = await _running_task(http, server)
+    code, _ = await _create(http, server, task_id, "private/secret", {
+        "storageType": "reference", "expires": _expires(), "url": "https://example.com/s"})
+    assert code == 200
+    code, _ = await _create(http, server, task_id, "public/door", {
+        "storageType": "link", "expires": _expires(), "artifact": "private/secret"})
+    assert code == 200
+    for path in ("artifacts", "artifact-content"):
+        async with anonymous.get(f"{server.api}/task/{task_id}/runs/0/{path}/public/door",
+                                 allow_redirects=False) as r:
+            assert r.status == 403
+            assert "queue:get-artifact:private/secret" in (await r.json())["message"]
+        async with http.get(f"{server.api}/task/{task_id}/runs/0/{path}/public/door",
+                            allow_redirects=False) as r:
+            assert r.status in (200, 303)

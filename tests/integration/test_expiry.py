@@ -33,6 +33,22 @@ async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str, n
         return made["putUrl"], r.headers["Location"]
 
 
+async def _s3_artifact(http: aiohttp.ClientSession, server: Server, task_id: str, name: str,
+                       expires: datetime) -> str:
+    """Upload an s3 artifact (a plain PUT to its putUrl); its read URL."""
+    code, made = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
+                                {"storageType": "s3", "contentType": "text/plain",
+                                 "expires": iso(expires)})
+    assert code == 200, made
+    async with http.put(made["putUrl"], data=name.encode(),
+                        headers={"Content-Type": "text/plain"}) as r:
+        assert r.status == 200
+    async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
+                        allow_redirects=False) as r:
+        assert r.status == 303
+        return r.headers["Location"]
+
+
 async def _rows(azurite: Azurite, table: str, partition: str) -> list[str]:
     async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
         client = tables.get_table_client(table)
@@ -53,19 +69,23 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
     async with http.put(f"{put}&comp=snapshot") as r:  # what an upload URL also allows
         assert r.status == 201
     _, long = await _artifact(http, server, task_id, "public/long.txt", now + timedelta(days=300))
+    short_s3 = await _s3_artifact(http, server, task_id, "public/short-s3.txt",
+                                  now + timedelta(days=1))
     code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200
     artifacts = server.app[ARTIFACTS_KEY]
     tasks_table = server.service.tasks.name
 
-    # Two days on: the short-lived artifact is gone, row and blob; the rest stays.
+    # Two days on: the short-lived artifacts are gone, rows and blobs; the rest stays.
     gone = await expire(server.service, artifacts, now + timedelta(days=2))
-    assert (gone.tasks, gone.artifacts) == (0, 1)
+    assert (gone.tasks, gone.artifacts) == (0, 2)
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/public/short.txt",
                         allow_redirects=False) as r:
         assert r.status == 404
     async with http.get(short) as r:
         assert r.status == 404  # the blob itself
+    async with http.get(short_s3) as r:
+        assert r.status == 404
     async with http.get(long) as r:
         assert r.status == 200
 
