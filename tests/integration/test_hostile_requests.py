@@ -112,3 +112,91 @@ async def test_artifact_names_storage_cannot_hold_or_that_leave_the_run_are_400(
         {"storageType": "reference", "url": "https://example.com/x",
          "expires": iso(datetime.now(UTC) + timedelta(hours=1))})
     assert code == 400 and says in err["message"], (code, err)
+
+
+def _nested(levels: int) -> str:
+    """A JSON array ``levels`` deep, as text (json.dumps would refuse the deepest ones)."""
+    return "[" * levels + "1" + "]" * levels
+
+
+def _definition_text(payload_text: str) -> bytes:
+    """A valid definition whose `payload.data` is ``payload_text``, spliced in as is."""
+    text = json.dumps(definition("prov/hostile", payload={"data": "@@"}))
+    return text.replace('"@@"', payload_text).encode()
+
+
+async def _storage_writes(server: Server) -> int:
+    """Storage requests of this server that may write (the resolvers only read when idle)."""
+    return sum(n for kind, n in server.service.storage_requests().items()
+               if kind.split()[-1] not in ("GET", "HEAD"))
+
+
+@pytest.mark.parametrize("levels", [99, 150, 975, 976, 5000])
+async def test_json_nested_deeper_than_the_limit_is_400_before_anything_is_written(
+        server: Server, http: aiohttp.ClientSession, levels: int) -> None:
+    """"Bound the depth (and size) of what is accepted far below what any reader needs, and
+    check it before anything is written": the definition (payload at level 2, its array
+    at level 3) is refused with a 400 naming the limit, and nothing is written to storage."""
+    task_id = slugid()
+    before = await _storage_writes(server)
+    async with http.put(f"{server.api}/task/{task_id}", data=_definition_text(_nested(levels)),
+                        headers={"Content-Type": "application/json"}) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert answer["code"] == "MalformedPayload"
+    assert "at most 100 levels" in answer["message"], answer["message"]
+    assert await _storage_writes(server) == before
+    async with http.get(f"{server.api}/task/{task_id}") as r:
+        assert r.status == 404
+
+
+async def test_json_nested_as_deep_as_the_limit_is_stored_and_read_back(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """The definition is level 1, payload level 2: 98 arrays in it reach level 100."""
+    task_id = slugid()
+    async with http.put(f"{server.api}/task/{task_id}", data=_definition_text(_nested(98)),
+                        headers={"Content-Type": "application/json"}) as r:
+        assert r.status == 200, await r.text()
+    async with http.get(f"{server.api}/task/{task_id}") as r:
+        assert r.status == 200
+        assert json.dumps((await r.json())["payload"]["data"]) == json.dumps(
+            json.loads(_nested(98)))
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/claim-work/prov%2Fhostile", '{"workerGroup": "g", "workerId": "w", "tasks": 1, "x": @@}'),
+    ("/task/{task_id}/runs/0/exception", '{"reason": "worker-shutdown", "x": @@}'),
+    ("/task/{task_id}/runs/0/claim", '{"workerGroup": "g", "workerId": "w", "x": @@}'),
+])
+async def test_deep_json_in_any_body_is_refused_naming_the_limit(
+        server: Server, http: aiohttp.ClientSession, path: str, body: str) -> None:
+    task_id = await create(http, server.api, definition("prov/hostile"))
+    async with http.post(f"{server.api}{path.format(task_id=task_id)}",
+                         data=body.replace("@@", _nested(500)).encode(),
+                         headers={"Content-Type": "application/json"}) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert "at most 100 levels" in answer["message"]
+    assert answer["requestInfo"]["payload"] == {}
+
+
+@pytest.mark.parametrize("number", ["1e999", "-1e999", "1E400", "NaN", "Infinity", "-Infinity",
+                                    "9" * 400])
+@pytest.mark.parametrize("where", ["payload", "extra"])
+async def test_non_finite_numbers_are_refused_however_spelled(
+        server: Server, http: aiohttp.ClientSession, number: str, where: str) -> None:
+    """"`1e999` (and `-1e999`, `1E400`) anywhere in a definition is accepted and read back as
+    `Infinity`, which is not JSON ... Refuse non-finite numbers however they are spelled
+    (400), including in `requestInfo` echoes." An integer too large for a double is read
+    as Infinity by JavaScript, so it is refused too."""
+    task_id = slugid()
+    text = json.dumps(definition("prov/hostile", **{where: {"n": "@@"}}))
+    async with http.put(f"{server.api}/task/{task_id}", data=text.replace('"@@"', number),
+                        headers={"Content-Type": "application/json"}) as r:
+        raw = await r.text()
+        assert r.status == 400, raw
+    answer = json.loads(raw, parse_constant=lambda c: pytest.fail(f"{c} in the answer"))
+    assert answer["code"] == "MalformedPayload"
+    assert "finite" in answer["message"] or "not JSON" in answer["message"], answer["message"]
+    async with http.get(f"{server.api}/task/{task_id}") as r:
+        assert r.status == 404
