@@ -200,3 +200,33 @@ async def test_non_finite_numbers_are_refused_however_spelled(
     assert "finite" in answer["message"] or "not JSON" in answer["message"], answer["message"]
     async with http.get(f"{server.api}/task/{task_id}") as r:
         assert r.status == 404
+
+
+async def test_ten_thousand_missing_dependencies_stop_at_the_first_missing_one(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """"createTask with 10,000 nonexistent dependencies ... Check existence with bounded
+    concurrency and stop at the first missing one": the 400 names it, and the refusal
+    costs a few dozen storage reads, not one per dependency. (10,000 is the most the
+    Taskcluster task definition allows: `dependencies` has maxItems 10000.)"""
+    existing = await create(http, server.api, definition("prov/hostile"))
+    ghosts = [slugid() for _ in range(9_999)]
+    reads_before = sum(server.service.storage_requests().values())
+    async with http.put(f"{server.api}/task/{slugid()}",
+                        json=definition("prov/hostile", dependencies=[existing, *ghosts])) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert "do not exist" in answer["message"] and ghosts[0] in answer["message"]
+    spent = sum(server.service.storage_requests().values()) - reads_before
+    assert spent < 500, f"{spent} storage requests to refuse the definition"
+
+
+async def test_more_dependencies_than_the_reference_allows_is_a_short_400(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """Taskcluster's task definition: `dependencies` has maxItems 10000. The 400 says so
+    without echoing the 10,001 ids in its message."""
+    async with http.put(f"{server.api}/task/{slugid()}", json=definition(
+            "prov/hostile", dependencies=[slugid() for _ in range(10_001)])) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert "`dependencies`" in answer["message"] and "too long" in answer["message"]
+    assert len(answer["message"]) < 1000, answer["message"]
