@@ -13,6 +13,7 @@ from urllib.parse import quote, urlsplit
 import aiohttp
 import mohawk
 import pytest
+import taskcluster
 
 from tests import sas
 from tests.servers import ROOT, Server
@@ -230,3 +231,20 @@ async def test_more_dependencies_than_the_reference_allows_is_a_short_400(
         assert r.status == 400, answer
     assert "`dependencies`" in answer["message"] and "too long" in answer["message"]
     assert len(answer["message"]) < 1000, answer["message"]
+
+
+@pytest.mark.parametrize(("days", "status"), [(30, 200), (32, 401), (3650, 401)])
+async def test_a_signed_url_lives_at_most_31_days(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession,
+        days: int, status: int) -> None:
+    """"A bewit with an expiry of 10^400 is honoured: cap bewit lifetime": a URL signed by
+    the official client for longer than temporary credentials may last is refused."""
+    queue = taskcluster.Queue({"rootUrl": server.root_url, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+    task_id = await create(http, server.api, definition("prov/hostile"))
+    url = queue.buildSignedUrl("task", task_id, expiration=days * 24 * 3600)
+    async with anonymous.get(url) as r:
+        answer = await r.json()
+        assert r.status == status, answer
+    if status == 401:
+        assert "31 days" in answer["message"]
