@@ -15,6 +15,7 @@ import mohawk
 import pytest
 import taskcluster
 
+from azqueue.model.definition import MAX_SCOPES_JSON
 from tests import sas
 from tests.servers import ROOT, Server
 from tests.tasks import create, definition, iso, slugid
@@ -248,3 +249,57 @@ async def test_a_signed_url_lives_at_most_31_days(
         assert r.status == status, answer
     if status == 401:
         assert "31 days" in answer["message"]
+
+
+def _scopes_of_json_length(total: int) -> list[str]:
+    """Distinct scopes (each under the 500 characters the schema allows) whose JSON, as
+    the official client writes it, is ``total`` characters long."""
+    n = total // 400 + 1
+    each, extra = divmod(total - 2 - n * 2 - (n - 1) * 2, n)
+    scopes = [f"test:hostile:{i}:".ljust(each, "x") for i in range(n)]
+    scopes[0] += "y" * extra
+    assert len(json.dumps(scopes)) == total
+    return scopes
+
+
+def _work_with_claim_credentials(root_url: str, scopes: list[str]) -> str:
+    """createTask with ``scopes``, claim it, and reclaim, create an artifact and report
+    completed with the claim's credentials, all with the official client."""
+    root = taskcluster.Queue({"rootUrl": root_url, "maxRetries": 0, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+    task_id = slugid()
+    root.createTask(task_id, definition("prov/hostile", scopes=scopes))
+    claim = root.claimTask(task_id, 0, {"workerGroup": "g" * 38, "workerId": "w" * 38})
+    worker = taskcluster.Queue({"rootUrl": root_url, "maxRetries": 0,
+                                "credentials": claim["credentials"]})
+    reclaimed = worker.reclaimTask(task_id, 0)
+    worker = taskcluster.Queue({"rootUrl": root_url, "maxRetries": 0,
+                                "credentials": reclaimed["credentials"]})
+    worker.createArtifact(task_id, 0, "public/log.txt", {
+        "storageType": "reference", "url": "https://example.com/log",
+        "expires": iso(datetime.now(UTC) + timedelta(hours=1))})
+    state: str = worker.reportCompleted(task_id, 0)["status"]["state"]
+    return state
+
+
+async def test_scopes_that_fit_a_request_header_work_with_the_claim_credentials(
+        server: Server) -> None:
+    """"Claim credentials for a task with many long scopes produce an Authorization header
+    over aiohttp's 8,190-byte limit ... cap scopes at createTask with a 400 that says why":
+    a task with as many scopes as the cap allows is worked on with its claim's
+    credentials, through the official client, with the longest worker names."""
+    scopes = _scopes_of_json_length(MAX_SCOPES_JSON)
+    assert await asyncio.to_thread(_work_with_claim_credentials, server.root_url,
+                                   scopes) == "completed"
+
+
+async def test_scopes_too_long_for_a_request_header_are_400_at_create_task(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    task_id = slugid()
+    async with http.put(f"{server.api}/task/{task_id}", json=definition(
+            "prov/hostile", scopes=_scopes_of_json_length(MAX_SCOPES_JSON + 1))) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert "`scopes`" in answer["message"] and "header" in answer["message"]
+    async with http.get(f"{server.api}/task/{task_id}") as r:
+        assert r.status == 404
