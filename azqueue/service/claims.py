@@ -177,7 +177,7 @@ class Claims:
         last = stored.task.last_run
         if last is not None and last.state is RunState.PENDING:
             # In case the presented message is this task's tip whose record was lost.
-            await self.core.queue_tip(stored, last.run_id)
+            await self._repair_tip(stored, last.run_id)
         raise errors.InputError(
             f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
             "MessageId and PopReceipt of the message this tip came from, as received")
@@ -236,7 +236,21 @@ class Claims:
         if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
             log.warning("task %s: re-queuing run %d, whose claim was never completed",
                         task.task_id, last.run_id)
-            await self.core.queue_tip(stored, last.run_id)
+            await self._repair_tip(stored, last.run_id)
+
+    async def _repair_tip(self, stored: Stored, run_id: int) -> None:
+        """Queue a tip for pending run ``run_id`` because a claim suggests its tip is lost,
+        at most once per run in half a claim timeout, whichever replica is asked and
+        however often: a worker presenting odd messages cannot multiply tips. (A lost tip
+        comes back no sooner than a claim timeout after the repair put one: a claim that
+        rewrote it and died leaves it invisible until then.)"""
+        now = timeutil.utcnow()
+        noted_run, _, noted_at = stored.tip_repair.partition(" ")
+        if noted_run == str(run_id) and noted_at.isdigit() and \
+                now.timestamp() - int(noted_at) < self.core.claim_timeout.total_seconds() / 2:
+            return
+        if await self.core.tasks.note_tip_repair(stored, run_id, now):
+            await self.core.queue_tip(stored, run_id)
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
         core = self.core

@@ -303,3 +303,41 @@ async def test_scopes_too_long_for_a_request_header_are_400_at_create_task(
     assert "`scopes`" in answer["message"] and "header" in answer["message"]
     async with http.get(f"{server.api}/task/{task_id}") as r:
         assert r.status == 404
+
+
+async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSession,
+                                        orphaned: bool) -> tuple[str, list[int]]:
+    """A pending task, then twelve claims with a valid signature that each suggest its tip
+    was lost: ten at once, then two more. ``orphaned``: run 1's signature with the task's
+    own message (as if a claim rewrote it and died); else run 0's signature with
+    messageIds that are none of the task's tips. Returns the taskId and the answers."""
+    task_queue = f"prov/lost{slugid()[:8].replace('-', '_')}"
+    task_id = await create(http, server.api, definition(task_queue))
+    queue = (await sas.poll_task_urls(http, server.api, *task_queue.split("/")))["queues"][6]
+    [message] = await sas.get_messages(http, queue["signedPollUrl"])
+    run_id = 1 if orphaned else 0
+
+    async def claim(i: int) -> int:
+        body = {"workerGroup": "wg", "workerId": "w",
+                "messageId": message.message_id if orphaned else f"not-a-tip-{i}",
+                "receipt": message.pop_receipt,
+                "signature": server.service.signer.sign(task_id, run_id)}
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/{run_id}/claim", body)
+        return code
+
+    codes = list(await asyncio.gather(*(claim(i) for i in range(10))))
+    codes += [await claim(10), await claim(11)]
+    return task_id, codes
+
+
+@pytest.mark.parametrize("orphaned", [False, True], ids=["unrecorded", "orphaned"])
+async def test_claims_suggesting_a_lost_tip_add_at_most_one_tip(
+        server: Server, http: aiohttp.ClientSession, orphaned: bool) -> None:
+    """"Each claimTask carrying a valid signature but a messageId that is not one of the
+    task's recorded tips queues another tip for the pending task (10 such claims → 10
+    extra tips). A misbehaving worker must not be able to multiply messages: repair at
+    most once per run per interval": twelve such claims (refused) add one tip."""
+    task_id, codes = await _claims_suggesting_a_lost_tip(server, http, orphaned)
+    assert all(400 <= c < 500 for c in codes), codes
+    stored = await server.service.tasks.load(task_id)
+    assert len(stored.tips) == 2, f"{len(stored.tips)} tips recorded"
