@@ -69,5 +69,6 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_service_ctx)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
-    app.router.add_route("*", "/{tail:.*}", dispatch)
+    # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
     return app
