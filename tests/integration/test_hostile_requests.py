@@ -341,3 +341,14 @@ async def test_claims_suggesting_a_lost_tip_add_at_most_one_tip(
     assert all(400 <= c < 500 for c in codes), codes
     stored = await server.service.tasks.load(task_id)
     assert len(stored.tips) == 2, f"{len(stored.tips)} tips recorded"
+
+
+@pytest.mark.parametrize("path", ["/task/a%0Ab/status", "/task/%0A/runs/0/artifacts/x",
+                                  "/no%0Asuch"])
+async def test_a_newline_in_the_path_gets_a_json_answer(server: Server, path: str) -> None:
+    """Found by the fuzz test: `%0A` decodes to a newline, which the catch-all route
+    once missed, leaving aiohttp's plain-text 404."""
+    status, body = await _raw(server, f"GET /api/queue/v1{path} HTTP/1.1\r\nHost: x".encode())
+    assert status in (400, 404), (status, body)
+    answer = json.loads(body)
+    assert answer["code"] and answer["message"]
