@@ -116,12 +116,15 @@ class Claims:
                     queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
                     text=core.signer.tip(task_id, run_id + 1).encode())
             except MessageGone:
-                raise errors.InputError(
-                    f"`messageId` and `receipt` do not name a message you hold in the queue of "
-                    f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
-                    "MessageId and PopReceipt of the message this tip came from, as received"
-                ) from None
-            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+                # The receipt is stale: this claim was sent before and its first attempt
+                # rewrote the message and died before storing the claim (the retry of an
+                # in-flight claim), or a later poll took the message. The task decides,
+                # as for a claim without a tip: the run is claimed holding no message, and
+                # the rewritten one is refused (409) when it reappears.
+                log.info("task %s run %d: claiming without the message, whose receipt is stale",
+                         task_id, run_id)
+            else:
+                hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
         except errors.Conflict:
