@@ -119,8 +119,8 @@ class Claims:
                 # The receipt is stale: this claim was sent before and its first attempt
                 # rewrote the message and died before storing the claim (the retry of an
                 # in-flight claim), or a later poll took the message. The task decides,
-                # as for a claim without a tip: the run is claimed holding no message, and
-                # the rewritten one is refused (409) when it reappears.
+                # as for a claim without a tip: the run is claimed holding no message; the
+                # rewritten one, when it reappears, is a tip like any other.
                 log.info("task %s run %d: claiming without the message, whose receipt is stale",
                          task_id, run_id)
             else:

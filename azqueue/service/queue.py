@@ -26,8 +26,9 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   fixes its message: made visible at once when the retry ``r + 1`` is pending (its text
   already says ``r + 1``), deleted otherwise; a fresh tip is queued when the old one
   cannot be used, unless the retry is claimed meanwhile (a worker's poll took the
-  message, which says ``r + 1``: ``RETRY_TIP_WAIT``). If the process dies before ``settle``, the message reappears at
-  ``takenUntil`` and serves the retry then (or answers 409 and is deleted).
+  message, which says ``r + 1``: ``RETRY_TIP_WAIT``). If the process dies before
+  ``settle``, the message reappears at ``takenUntil`` and serves the retry then (or
+  answers 409 and is deleted).
 * Duplicate and stale tips are harmless: a claim is decided by the Task entity alone
   (conditional on its ETag), and a tip for a run that cannot be claimed answers 4xx,
   upon which the worker deletes it.
