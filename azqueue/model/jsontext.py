@@ -3,8 +3,9 @@
 What is accepted here is stored and later read back by every reader of a task, in any
 language: so nothing that is not JSON (``NaN``, ``Infinity``) or that a reader would take
 for infinity (``1e999``, or an integer of more than 308 digits, which JavaScript reads as
-a double), and nothing nested deeper than ``MAX_DEPTH`` levels, far below the recursion
-limits of common parsers (Python's stops near 1,000).
+a double), no string with a lone surrogate (``"\\udc00"``, which strict readers refuse),
+and nothing nested deeper than ``MAX_DEPTH`` levels, far below the recursion limits of
+common parsers (Python's stops near 1,000).
 """
 
 from __future__ import annotations
@@ -42,16 +43,32 @@ def _integer(text: str) -> int:
     return int(text)
 
 
-def depth(value: Any) -> int:
-    """How many levels of arrays and objects ``value`` has (0 for a scalar)."""
+def checked_depth(value: Any) -> int:
+    """How many levels of arrays and objects ``value`` has (0 for a scalar); ValueError
+    if a string in it (a key or a value) holds a lone UTF-16 surrogate (``"\\udc00"``),
+    which is no character: strict readers refuse the whole document."""
     deepest, stack = 0, [(value, 1)]
     while stack:
         node, level = stack.pop()
-        if isinstance(node, (dict, list)):
+        if isinstance(node, str):
+            _text(node)
+        elif isinstance(node, (dict, list)):
             deepest = max(deepest, level)
+            if isinstance(node, dict):
+                stack.extend((key, level) for key in node)
             stack.extend((child, level + 1) for child in (
                 node.values() if isinstance(node, dict) else node))
     return deepest
+
+
+def _text(text: str) -> None:
+    try:
+        text.encode()
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"a string holds a lone UTF-16 surrogate ({text[e.start]!r} at {e.start} in "
+            f"{text[:30]!r}), which is no character: escape characters outside the Basic "
+            "Multilingual Plane as a pair, or send them as UTF-8") from None
 
 
 def _too_deep(levels: str) -> ValueError:
@@ -60,15 +77,15 @@ def _too_deep(levels: str) -> ValueError:
 
 
 def loads(text: str | bytes) -> Any:
-    """``json.loads`` that refuses NaN, Infinity, numbers out of a double's range and
-    nesting deeper than MAX_DEPTH, and raises ValueError (never RecursionError) for
-    anything it cannot take."""
+    """``json.loads`` that refuses NaN, Infinity, numbers out of a double's range, lone
+    surrogates and nesting deeper than MAX_DEPTH, and raises ValueError (never
+    RecursionError) for anything it cannot take."""
     try:
         value = json.loads(text, parse_constant=_no_constant, parse_float=_finite,
                            parse_int=_integer)
     except RecursionError:
         raise _too_deep("about 1,000") from None
-    levels = depth(value)
+    levels = checked_depth(value)
     if levels > MAX_DEPTH:
         raise _too_deep(str(levels))
     return value

@@ -352,3 +352,25 @@ async def test_a_newline_in_the_path_gets_a_json_answer(server: Server, path: st
     assert status in (400, 404), (status, body)
     answer = json.loads(body)
     assert answer["code"] and answer["message"]
+
+
+@pytest.mark.parametrize("where", ["payload", "extra", "tags", "name"])
+async def test_a_lone_surrogate_in_a_definition_is_refused(
+        server: Server, http: aiohttp.ClientSession, where: str) -> None:
+    """`"\\udc00"` is valid JSON syntax but no character: Python reads it, strict readers
+    (serde_json, for one) refuse the whole document, so the task could not be read back
+    by them. Refused (400) before anything is stored."""
+    body = definition("prov/hostile")
+    if where == "name":
+        body["metadata"]["name"] = "@@"
+    else:
+        body[where] = {"x": "@@"}
+    task_id = slugid()
+    async with http.put(f"{server.api}/task/{task_id}",
+                        data=json.dumps(body).replace('"@@"', '"a\\udc00"'),
+                        headers={"Content-Type": "application/json"}) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert "surrogate" in answer["message"]
+    async with http.get(f"{server.api}/task/{task_id}") as r:
+        assert r.status == 404
