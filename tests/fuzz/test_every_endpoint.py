@@ -90,7 +90,8 @@ def _body(route: Route, world: World, hostile: bool) -> st.SearchStrategy[bytes]
         as_json,
         valid.map(lambda v: json.dumps(v).encode()),
         st.builds(spliced, shaped, st.sampled_from(
-            ["1e999", "-1E400", "NaN", "Infinity", "9" * 400, "[" * 120 + "]" * 120,
+            ["1e999", "-1E400", "NaN", "Infinity", "9" * 400, '"\\udc00"', '{"\\ud800": 1}',
+             "[" * 120 + "]" * 120,
              "[" * 3000 + "]" * 3000])),
         JSON_VALUES.map(lambda v: json.dumps(v).encode()),
         st.sampled_from([b"", b"{", b"\xff\xfe{}", b'{"a": "\xff"}', b"[]", b"null",
