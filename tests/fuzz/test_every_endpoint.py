@@ -18,6 +18,7 @@ import asyncio
 import http.client
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import quote, urlsplit
@@ -41,13 +42,14 @@ TASK_QUEUE = "prov/fuzz"
 AUTH = ("root", "anonymous", "garbage")
 
 
+@dataclass(frozen=True, slots=True)
 class World:
-    """What exists on the server before the fuzzing: ids worth sending."""
+    """What exists on the server before the fuzzing: ids worth sending, and the
+    date-times to put in bodies."""
 
-    def __init__(self, pending: str, running: str, times: list[str]) -> None:
-        self.pending = pending
-        self.running = running
-        self.times = times
+    pending: str
+    running: str
+    times: list[str]
 
 
 def _parameter(name: str, world: World, hostile: bool) -> st.SearchStrategy[str]:
@@ -150,7 +152,7 @@ def _check(status: int, answer: bytes, what: str) -> None:
 def _fuzz(route: Route, root_url: str, world: World, hostile: bool) -> Callable[[], None]:
     """Requests for ``route``: mostly well-formed ones from the root client or anonymous,
     or (``hostile``) anything, also with a garbage Hawk header."""
-    names = [n for n in route.pattern.groupindex]
+    names = list(route.pattern.groupindex)
 
     @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
               suppress_health_check=list(HealthCheck))
