@@ -79,5 +79,6 @@ def create_app(settings: Settings) -> web.Application:
     app.router.add_get(METRICS_PATH, serve_metrics)
     dashboard.add_routes(app.router)
     app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
-    app.router.add_route("*", "/{tail:.*}", refusing_unimplemented(dispatch))
+    # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", refusing_unimplemented(dispatch))
     return app

@@ -42,6 +42,8 @@ def _decode_ext(ext: str) -> dict[str, Any]:
 
 # A Hawk `ts` (or bewit expiry) longer than this is no time a clock can show.
 MAX_TS_DIGITS = 15
+# A signed URL lives no longer than temporary credentials may.
+MAX_BEWIT_LIFETIME = credentials.MAX_LIFETIME
 
 
 def _host_port(host_header: str, default_port: int) -> tuple[str, int]:
@@ -75,6 +77,11 @@ class Authenticator:
                 raise AuthenticationFailed("this signed URL's expiry is no time a clock can show")
             if int(header.ts) < now.timestamp():
                 raise AuthenticationFailed("this signed URL has expired; make a new one")
+            if int(header.ts) > now.timestamp() + MAX_BEWIT_LIFETIME.total_seconds():
+                raise AuthenticationFailed(
+                    f"this signed URL expires more than {MAX_BEWIT_LIFETIME.days} days from "
+                    "now; sign it for a shorter time (as temporary credentials, it may last at "
+                    f"most {MAX_BEWIT_LIFETIME.days} days)")
             kind = "bewit"
         else:
             header = hawk.parse(authorization)

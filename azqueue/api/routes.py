@@ -219,7 +219,7 @@ async def _read_body(request: web.Request, schema: str, what: str) -> dict[str, 
         try:
             body = jsontext.loads(raw)
         except ValueError as e:
-            raise errors.InvalidJson(f"the request body is not valid JSON: {e}") from None
+            raise errors.InvalidJson(f"the request body is not JSON azqueue accepts: {e}") from None
     request[PAYLOAD_KEY] = body
     validation.validate(schema, body, what)
     assert isinstance(body, dict)

@@ -13,6 +13,8 @@ from jsonschema.exceptions import ValidationError
 from azqueue.errors import InputError
 
 SCHEMA_DIR = resources.files("azqueue.api") / "schemas"
+# Characters of one rule's message; longer ones (quoting a long value) are shortened.
+MAX_MESSAGE = 400
 
 
 @cache
@@ -35,6 +37,8 @@ def _describe(error: ValidationError) -> str:
         message = f"{error.instance!r} does not match {error.validator_value!r}"
     elif error.validator == "additionalProperties":
         message = f"{message} (remove them; see the schema for the allowed fields)"
+    if len(message) > MAX_MESSAGE:  # it quotes the value: a long array, a long string
+        message = f"{message[:MAX_MESSAGE // 2]} ... {message[-MAX_MESSAGE // 4:]}"
     return f"{field}: {message}" + (f" ({rule})" if rule else "")
 
 

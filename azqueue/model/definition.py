@@ -8,6 +8,7 @@ millisecond ``Z`` form.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from typing import Any
@@ -19,6 +20,10 @@ CREATED_SKEW = timedelta(minutes=15)
 MAX_DEADLINE = timedelta(days=5)
 DEFAULT_EXPIRES_AFTER_DEADLINE = timedelta(days=365)
 DEFAULT_RETRIES = 5
+# The task's scopes, as JSON, at most: they travel in the certificate of the claim's
+# temporary credentials, base64-encoded in every Authorization header the worker sends,
+# and a header line must stay under 8,190 bytes (aiohttp's limit, and common proxies').
+MAX_SCOPES_JSON = 4000
 
 
 def _time(body: Mapping[str, Any], name: str) -> datetime:
@@ -64,6 +69,13 @@ def normalize(task_id: str, body: Mapping[str, Any], now: datetime) -> dict[str,
                              f"`deadline` ({body['deadline']})")
     else:
         expires = deadline + DEFAULT_EXPIRES_AFTER_DEADLINE
+    scopes = list(body.get("scopes", []))
+    if len(json.dumps(scopes)) > MAX_SCOPES_JSON:
+        raise InputError(
+            f"task definition: `scopes` take {len(json.dumps(scopes))} characters as JSON, more "
+            f"than {MAX_SCOPES_JSON}: a claim's credentials carry them in every request "
+            "header the worker sends, which must stay under 8 KB; use fewer or shorter scopes "
+            "(a role, `assume:<role>`, or a `*` pattern)")
 
     return {
         "provisionerId": provisioner_id,
@@ -80,7 +92,7 @@ def normalize(task_id: str, body: Mapping[str, Any], now: datetime) -> dict[str,
         "created": timeutil.fmt(created),
         "deadline": timeutil.fmt(deadline),
         "expires": timeutil.fmt(expires),
-        "scopes": list(body.get("scopes", [])),
+        "scopes": scopes,
         "payload": body["payload"],
         "metadata": body["metadata"],
         "tags": body.get("tags", {}),

@@ -118,12 +118,15 @@ class Claims:
                     queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
                     text=core.signer.tip(task_id, run_id + 1).encode())
             except MessageGone:
-                raise errors.InputError(
-                    f"`messageId` and `receipt` do not name a message you hold in the queue of "
-                    f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
-                    "MessageId and PopReceipt of the message this tip came from, as received"
-                ) from None
-            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+                # The receipt is stale: this claim was sent before and its first attempt
+                # rewrote the message and died before storing the claim (the retry of an
+                # in-flight claim), or a later poll took the message. The task decides,
+                # as for a claim without a tip: the run is claimed holding no message; the
+                # rewritten one, when it reappears, is a tip like any other.
+                log.info("task %s run %d: claiming without the message, whose receipt is stale",
+                         task_id, run_id)
+            else:
+                hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
         except errors.Conflict:
@@ -197,7 +200,7 @@ class Claims:
         last = stored.task.last_run
         if last is not None and last.state is RunState.PENDING:
             # In case the presented message is this task's tip whose record was lost.
-            await self.core.queue_tip(stored, last.run_id)
+            await self._repair_tip(stored, last.run_id)
         raise errors.InputError(
             f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
             "MessageId and PopReceipt of the message this tip came from, as received")
@@ -256,7 +259,21 @@ class Claims:
         if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
             log.warning("task %s: re-queuing run %d, whose claim was never completed",
                         task.task_id, last.run_id)
-            await self.core.queue_tip(stored, last.run_id)
+            await self._repair_tip(stored, last.run_id)
+
+    async def _repair_tip(self, stored: Stored, run_id: int) -> None:
+        """Queue a tip for pending run ``run_id`` because a claim suggests its tip is lost,
+        at most once per run in half a claim timeout, whichever replica is asked and
+        however often: a worker presenting odd messages cannot multiply tips. (A lost tip
+        comes back no sooner than a claim timeout after the repair put one: a claim that
+        rewrote it and died leaves it invisible until then.)"""
+        now = timeutil.utcnow()
+        noted_run, _, noted_at = stored.tip_repair.partition(" ")
+        if noted_run == str(run_id) and noted_at.isdigit() and \
+                now.timestamp() - int(noted_at) < self.core.claim_timeout.total_seconds() / 2:
+            return
+        if await self.core.tasks.note_tip_repair(stored, run_id, now):
+            await self.core.queue_tip(stored, run_id)
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
         core = self.core

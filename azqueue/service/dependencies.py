@@ -123,16 +123,8 @@ class Dependencies:
     async def check_new(self, task_id: str, definition: dict[str, Any]) -> NewTask:
         """What a new task must wait for. InputError, before anything is written, if a
         dependency does not exist or expires before the task's deadline."""
-        others = [d for d in definition["dependencies"] if d != task_id]
-        found = await gather_limited(self.tasks.find(d) for d in others)
-        missing = [d for d, t in zip(others, found) if t is None]
-        if missing:
-            raise errors.InputError(
-                "task definition: `dependencies` names tasks that do not exist: "
-                f"{', '.join(missing)}; create every dependency before the tasks that depend "
-                "on it")
+        required = await self._find_all([d for d in definition["dependencies"] if d != task_id])
         deadline = timeutil.parse(definition["deadline"])
-        required = [t for t in found if t is not None]
         expiring = [t.task_id for t in required if t.expires < deadline]
         if expiring:
             raise errors.InputError(
@@ -142,6 +134,32 @@ class Dependencies:
         if task_id in definition["dependencies"]:
             waiting.append(task_id)  # waits for scheduleTask
         return NewTask(waiting, frozenset(t.task_id for t in required if t.has_dependents))
+
+    async def _find_all(self, task_ids: list[str]) -> list[Task]:
+        """The tasks, read in order MAX_PARALLEL at a time; InputError once one does not
+        exist, with no read started after that: a refused definition costs at most as
+        many reads as the dependencies before its first missing one, plus MAX_PARALLEL."""
+        found: dict[str, Task] = {}
+        missing: list[str] = []
+        pending = iter(task_ids)
+
+        async def reader() -> None:
+            for required in pending:
+                if missing:
+                    return
+                task = await self.tasks.find(required)
+                if task is None:
+                    missing.append(required)
+                else:
+                    found[required] = task
+
+        await asyncio.gather(*(reader() for _ in range(min(MAX_PARALLEL, len(task_ids)))))
+        if missing:
+            raise errors.InputError(
+                "task definition: `dependencies` names tasks that do not exist: "
+                f"{', '.join(missing)}; create every dependency before the tasks that depend "
+                "on it")
+        return [found[d] for d in task_ids]
 
     async def track(self, task_id: str, definition: dict[str, Any], new: NewTask) -> None:
         """Before a task with dependencies is stored: its wait rows, then a dependents row

@@ -26,8 +26,10 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 * When run ``r`` is resolved, the write that resolves it clears ``held`` and ``settle``
   fixes its message: made visible at once when the retry ``r + 1`` is pending (its text
   already says ``r + 1``), deleted otherwise; a fresh tip is queued when the old one
-  cannot be used. If the process dies before ``settle``, the message reappears at
-  ``takenUntil`` and serves the retry then (or answers 409 and is deleted).
+  cannot be used, unless the retry is claimed meanwhile (a worker's poll took the
+  message, which says ``r + 1``: ``RETRY_TIP_WAIT``). If the process dies before
+  ``settle``, the message reappears at ``takenUntil`` and serves the retry then (or
+  answers 409 and is deleted).
 * Duplicate and stale tips are harmless: a claim is decided by the Task entity alone
   (conditional on its ETag), and a tip for a run that cannot be claimed answers 4xx,
   upon which the worker deletes it.
@@ -98,6 +100,9 @@ log = logging.getLogger(__name__)
 
 # How long before the SAS URLs' reported expiry they actually stop working.
 SAS_SLACK = timedelta(minutes=5)
+# How long a resolution whose run's message was taken by a poll waits for the retry to be
+# claimed with it before queuing the retry another tip.
+RETRY_TIP_WAIT = timedelta(seconds=10)
 
 
 class QueueService:
@@ -417,11 +422,30 @@ class QueueService:
                     self.work.wake(task)
             else:
                 await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
-        if retry_pending and not tip_ready:
+        if retry_pending and not tip_ready and not (
+                held is not None and held.run_id == run_id
+                and await self._claimed_soon(task.task_id, run_id + 1)):
             await self.queue_tip(change.stored, run_id + 1)
         if run_id < len(change.before.runs) and \
                 change.before.runs[run_id].state is RunState.RUNNING:
             await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
+
+    async def _claimed_soon(self, task_id: str, run_id: int) -> bool:
+        """Whether pending run ``run_id`` is claimed within ``RETRY_TIP_WAIT``. Asked when
+        the message of the run before could not be released: a poll took it, and the
+        worker who holds it is claiming this run with it (it says ``run_id``), so a new
+        tip would only cost it a refused claim; or it is gone, and the run needs one."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RETRY_TIP_WAIT.total_seconds()
+        while loop.time() < give_up:
+            await asyncio.sleep(0.5)
+            try:
+                runs = (await self.tasks.get(task_id)).runs
+            except errors.NotFound:
+                return True
+            if run_id >= len(runs) or runs[run_id].state is not RunState.PENDING:
+                return True
+        return False
 
     def _fault_point(self) -> None:
         if self.settings.crash_after_commit:

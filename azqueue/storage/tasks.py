@@ -8,7 +8,9 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 ``held`` is the message the running run's claim holds (``HeldMessage``), written with
 the claim that took it and cleared by the write that ends the run; each property
 ``tip_<hash of messageId>`` (value: the messageId) records a message that was put carrying
-one of the task's tips, the first in the task's own insert.
+one of the task's tips, the first in the task's own insert; ``tipRepair`` (``<runId>
+<epoch seconds>``) notes the last tip a claim queued to repair a pending run's (kept
+until the next write of the task, which changes the run anyway).
 
 Other rows in a task's partition: ``wait:<tag>:<taskId>`` (dependencies it still waits
 for), ``outbox:…`` (unpublished events), ``artifact:…``; ``tip:<messageId>`` rows are tip
@@ -112,6 +114,7 @@ class Stored:
     held: HeldMessage | None = None
     tips: frozenset[str] = field(default=frozenset())
     write_id: str = ""  # names the write that stored it (see ``modify``)
+    tip_repair: str = ""  # ``<runId> <epoch seconds>``: see ``note_tip_repair``
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +169,7 @@ def stored_from_entity(entity: Mapping[str, Any]) -> Stored:
     recorded = frozenset(str(v) for k, v in entity.items() if k.startswith(TIP_PROPERTY))
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
                   HeldMessage.from_json(held) if held else None, recorded,
-                  str(entity.get("writeId", "")))
+                  str(entity.get("writeId", "")), str(entity.get("tipRepair", "")))
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
@@ -312,6 +315,20 @@ class TaskStore(TableStore):
                     "*", merge=True)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+
+    async def note_tip_repair(self, stored: Stored, run_id: int, now: datetime) -> bool:
+        """Note on the task, if it is still as ``stored``, that a tip for ``run_id`` is
+        being queued to repair a lost one: False if the task changed (another repair, or
+        a claim, got there first), so of racing repairs one wins."""
+        try:
+            with translate(f"noting a tip repair of task {stored.task.task_id}"):
+                await self._rest.update_entity(
+                    self.name, {"PartitionKey": stored.task.task_id, "RowKey": ROW,
+                                "tipRepair": f"{run_id} {int(now.timestamp())}"},
+                    stored.etag, merge=True)
+        except (ETagMismatch, EntityNotFound):
+            return False
+        return True
 
     async def outbox(self, task_id: str) -> list[tuple[str, Event]]:
         """The task's unpublished events, oldest first, with their RowKeys."""

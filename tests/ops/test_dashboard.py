@@ -105,6 +105,22 @@ async def test_a_task_page_shows_the_task_and_follows_it_to_completed(
     assert await console_errors(browser) == []
 
 
+async def test_a_group_page_lists_its_members_and_their_states(
+        server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
+    group = slugid()
+    names = []
+    for i in range(3):
+        body = definition("prov/dash-group")
+        body["taskGroupId"] = group
+        body["metadata"]["name"] = names.append(f"member {i}") or f"member {i}"
+        await create(http, server.api, body)
+    await asyncio.to_thread(browser.get, f"{server.root_url}/#/group/{group}")
+    table = await until(browser, lambda d: "member 2" in text_of("main table")(d)
+                        and text_of("main table")(d), "the group's members")
+    assert all(name in table for name in names) and table.count("pending") == 3
+    assert await console_errors(browser) == []
+
+
 async def test_the_opening_form_leads_to_a_task(
         server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
     task_id = await create(http, server.api, definition("prov/dash-form"))
