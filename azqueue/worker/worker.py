@@ -251,8 +251,8 @@ class Worker:
                             break
                         failures += 1
                         pause = self._retry_sleep(failures)
-                        log.warning("getting work from %s failed: %s; retrying in %.1f s",
-                                    self.config.root_url, client.describe(e), pause)
+                        log.warning("getting work failed: %s; retrying in %.1f s",
+                                    client.describe(e), pause)
                         await self._sleep(pause)
                         continue
                     except Exception:  # a bug: say where, and keep the worker alive
