@@ -110,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
                      default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO",
                      help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default: "
                           "AZQUEUE_LOG_LEVEL, else INFO)")
-    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                             help="what to do (each command has its own --help)")
 
     sub.add_parser("serve", formatter_class=_formatter, epilog=SERVE_VARIABLES,
                    help="serve the API and run the background resolvers",
@@ -187,7 +188,8 @@ def _task_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     task = sub.add_parser("task", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                           help="create, follow, list and cancel tasks",
                           description="Create, follow, list and cancel tasks.")
-    tsub = task.add_subparsers(dest="task_command", required=True, metavar="TASK_COMMAND")
+    tsub = task.add_subparsers(dest="task_command", required=True, metavar="TASK_COMMAND",
+                               help="what to do with tasks")
     create = tsub.add_parser(
         "create", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
         help="create a task running CMD; prints its taskId",
@@ -214,7 +216,7 @@ def _task_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     def one_task(name: str, text: str, json_too: bool = True) -> argparse.ArgumentParser:
         p = tsub.add_parser(name, formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                             help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("task_id", metavar="TASK_ID")
+        p.add_argument("task_id", metavar="TASK_ID", help="the task's taskId")
         if json_too:
             p.add_argument("--json", action="store_true",
                            help="print the status as the API answers it (JSON)")
@@ -248,7 +250,8 @@ def _queue_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                            help="list task queues",
                            description="List task queues (needs a queue that offers "
                                        "listTaskQueues).")
-    qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="QUEUE_COMMAND")
+    qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="QUEUE_COMMAND",
+                                help="what to do with task queues")
     qlist = qsub.add_parser("list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                             help="list the task queues", description="List the task queues.")
     qlist.add_argument("--json", action="store_true", help="print JSON lines, one per queue")
