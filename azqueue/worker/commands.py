@@ -53,9 +53,9 @@ def _root_url() -> str:
 
 def run(args: argparse.Namespace) -> int:
     root_url = ""
-    if args.command != "worker" or args.action == "list":
-        # The official client warns before each retry; one line at the end says it all.
-        logging.getLogger("taskcluster").setLevel(logging.ERROR)
+    # The official client warns before each of its retries; the line said once they are
+    # used up (or the worker's own, with its backoff) says it all.
+    logging.getLogger("taskcluster").setLevel(logging.ERROR)
     try:
         root_url = _root_url()
         if args.command == "worker":

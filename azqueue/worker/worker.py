@@ -37,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -62,6 +63,7 @@ FATAL_STATUSES = frozenset({400, 401, 403, 404})
 CLAIM_WORK = "claimWork"  # the key of ``Worker.requests`` counting claimWork calls
 
 Mode = Literal["sas", "claim-work"]
+TASK_QUEUE_ID = re.compile(r"[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}")
 
 
 class WorkerState(StrEnum):
@@ -130,6 +132,9 @@ class WorkerConfig:
     status_interval: float = 10.0
 
     def __post_init__(self) -> None:
+        if not TASK_QUEUE_ID.fullmatch(self.task_queue_id):
+            raise ValueError(f"task_queue_id must be <provisionerId>/<workerType>, each 1-38 "
+                             f"letters, digits, - or _; not {self.task_queue_id!r}")
         if self.mode not in ("sas", "claim-work"):
             raise ValueError(f"mode must be 'sas' or 'claim-work', not {self.mode!r}")
         if not 1 <= self.capacity <= 32:
