@@ -104,3 +104,14 @@ async def test_the_azqueue_healthcheck_passes_on_a_server(compose: dict[str, Any
     nothing = script.replace("http://127.0.0.1:8080", f"http://127.0.0.1:{free_port()}")
     assert await asyncio.to_thread(_run, [sys.executable, flag, ours]) == 0
     assert await asyncio.to_thread(_run, [sys.executable, flag, nothing]) == 1
+
+
+async def test_the_rabbitmq_healthcheck_passes_on_the_local_broker(
+        compose: dict[str, Any]) -> None:
+    """The check's own command, run where RabbitMQ runs (as in its container)."""
+    command = compose["services"]["rabbitmq"]["healthcheck"]["test"]
+    if shutil.which(command[1]) is None:
+        if IN_CI:
+            pytest.fail(f"{command[1]} is needed: RabbitMQ runs next to the tests under CI")
+        pytest.skip(f"no {command[1]} (RabbitMQ) here")
+    assert await asyncio.to_thread(_run, command[1:]) == 0
