@@ -234,9 +234,11 @@ async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
         env.setdefault(name, value)
     if args.port is not None:
         env["AZQUEUE_PORT"] = str(args.port)
-    env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "placeholder=until-azurite-runs"
+    # Check the other settings before Azurite starts (its connection string is not
+    # known yet: any well-formed one stands in for it).
     env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
-    Settings.from_env(env)  # a mistake in the settings is reported before Azurite starts
+    env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
+    Settings.from_env(env)
     azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))
     if azurite is None:
         return

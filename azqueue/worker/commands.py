@@ -256,7 +256,8 @@ def _print_listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     except TaskclusterFailure as e:
         body = getattr(e, "body", None)
         message = str(body.get("message", "")) if isinstance(body, dict) else ""
-        if client.status_of(e) == 404 and message.startswith("no such API endpoint"):
+        if client.status_of(e) == 501 or (client.status_of(e) == 404
+                                          and message.startswith("no such API endpoint")):
             raise CommandError(f"the queue at {queue.options['rootUrl']} does not offer this "
                                f"listing ({message})") from None
         raise

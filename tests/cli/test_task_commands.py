@@ -160,7 +160,8 @@ async def test_task_list_of_a_group_in_lines_and_json(
 
 async def _offers(http: aiohttp.ClientSession, url: str) -> bool:
     async with http.get(url) as r:
-        return not (r.status == 404 and "no such API endpoint" in await r.text())
+        return not (r.status == 501 or r.status == 404
+                    and "no such API endpoint" in await r.text())
 
 
 @pytest.mark.parametrize("argv, path", [
@@ -190,3 +191,12 @@ async def test_listings_of_queues_workers_and_pending_tasks(
     assert expected in listed.stdout
     as_json = await as_root(server, *argv, "--json")
     assert [json.loads(line) for line in as_json.stdout.splitlines()]
+
+
+def test_resolve_offers_exactly_the_resolvers_there_are() -> None:
+    """`azqueue resolve` lists the resolvers without importing them (for a fast --help):
+    the list must be the one the server runs."""
+    from azqueue.background import resolvers
+    from azqueue.cli import RESOLVERS
+
+    assert sorted(RESOLVERS) == sorted(resolvers.NAMES)
