@@ -273,9 +273,11 @@ def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
         provisioner_id, worker_type = args.task_queue.split("/", 1)
         items = (w for page in _pages(queue.listWorkers, provisioner_id, worker_type)
                  for w in page["workers"])
-        line = lambda w: (f"{w['workerGroup']}/{w['workerId']}  last active "  # noqa: E731
-                          f"{w.get('lastDateActive', '-')}  latest task "
-                          f"{(w.get('latestTask') or {}).get('taskId', '-')}")
+        line = lambda w: (f"{w['workerGroup']}/{w['workerId']}  first claim "  # noqa: E731
+                          f"{w.get('firstClaim', '-')}  latest task "
+                          f"{(w.get('latestTask') or {}).get('taskId', '-')}"
+                          + (f"  quarantined until {w['quarantineUntil']}"
+                             if w.get("quarantineUntil") else ""))
     elif args.group:
         items = (t for page in _pages(queue.listTaskGroup, args.group) for t in page["tasks"])
         line = lambda t: (f"{t['status']['taskId']}  {t['status']['state']:<11} "  # noqa: E731
