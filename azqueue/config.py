@@ -243,6 +243,7 @@ _TEXT_VARIABLES = {
 _SECONDS_VARIABLES = {
     "claim_timeout": "AZQUEUE_CLAIM_TIMEOUT",
     "sas_lifetime": "AZQUEUE_SAS_LIFETIME",
+    "storage_wait": "AZQUEUE_STORAGE_WAIT",
     "claim_resolver_interval": "AZQUEUE_CLAIM_RESOLVER_INTERVAL",
     "deadline_resolver_interval": "AZQUEUE_DEADLINE_RESOLVER_INTERVAL",
     "claim_work_wait": "AZQUEUE_CLAIM_WORK_WAIT",
@@ -252,7 +253,6 @@ _SECONDS_VARIABLES = {
     "dependencies_recovery_delay": "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY",
     "dependency_resolver_interval": "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
     "expiry_interval": "AZQUEUE_EXPIRY_INTERVAL",
-    "storage_wait": "AZQUEUE_STORAGE_WAIT",
 }
 
 
