@@ -14,14 +14,13 @@ its own (``WAIT_EXIT_CODES``).
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import re
 import socket
 import sys
 from collections.abc import Callable
 
-from azqueue import __version__
+from azqueue import __version__, logs
 from azqueue.config import ConfigError
 
 # The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
@@ -49,7 +48,7 @@ Configured entirely by environment variables (README.md, "Running it", describes
   clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
   events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
   timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
-  logging:   AZQUEUE_LOG_LEVEL (INFO)"""
+  logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)"""
 
 
 def _log_level(value: str) -> str:
@@ -110,6 +109,10 @@ def parser() -> argparse.ArgumentParser:
                      default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO",
                      help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default: "
                           "AZQUEUE_LOG_LEVEL, else INFO)")
+    top.add_argument("--log-format", choices=logs.FORMATS,
+                     default=os.environ.get("AZQUEUE_LOG_FORMAT") or "text",
+                     help="text, or json: one JSON object per line (default: "
+                          "AZQUEUE_LOG_FORMAT, else text)")
     sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
                              help="what to do (each command has its own --help)")
 
@@ -266,9 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("azure").setLevel(logging.WARNING)
+    logs.configure(args.log_level, args.log_format)
     try:
         if args.command in ("serve", "dev", "resolve"):
             from azqueue import server_commands

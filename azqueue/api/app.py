@@ -14,7 +14,9 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from azqueue.api.middleware import error_middleware
+from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
+from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
                                 dispatch)
 from azqueue.background import resolvers
@@ -62,12 +64,15 @@ def _quiet_malformed_requests() -> None:
 
 def create_app(settings: Settings) -> web.Application:
     _quiet_malformed_requests()
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[observe_middleware, error_middleware],
+                          client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_service_ctx)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
+    app.router.add_get(METRICS_PATH, serve_metrics)
+    dashboard.add_routes(app.router)
     app.router.add_route("*", "/{tail:.*}", dispatch)
     return app

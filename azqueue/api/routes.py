@@ -28,6 +28,7 @@ from azqueue import __version__, errors
 from azqueue.api import validation
 from azqueue.api.auth import Authenticator, Caller, require
 from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
+from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.model import jsontext, timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.scopes import Template, Unresolved, render
@@ -485,10 +486,12 @@ async def _call(request: web.Request, r: Route, params: dict[str, str]) -> web.S
     """Authenticate, convert the parameters, read the body, check the scopes the path
     determines, and run the handler; its result is the JSON answer."""
     request[PARAMS_KEY] = params
+    request[ENDPOINT_KEY] = r.name
     caller = request[CALLER_KEY] = request.app[AUTH_KEY].authenticate(
         method=request.method, target=request.raw_path, host=request.host,
         content_type=request.headers.get("Content-Type", ""), body=await request.read(),
         authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
+    request[CLIENT_KEY] = caller.client_id or "anonymous"
     values = {name: PARAMETERS[name].convert(name, raw) for name, raw in params.items()}
     body = await _read_body(request, r.body, r.what) if r.body else {}
     call = Call(request, r, caller, values, body)

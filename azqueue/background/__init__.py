@@ -7,6 +7,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 
+from azqueue import metrics
 from azqueue.errors import TRANSIENT
 
 log = logging.getLogger(__name__)
@@ -19,13 +20,18 @@ async def every(interval: float, step: Callable[[], Awaitable[object]], stop: as
     A failing step is retried at the next interval; the loop only ends on stop. An outage
     of storage or broker is logged in one line, anything else with its traceback.
     """
+    metrics.resolver_started(name)
     while not stop.is_set():
         try:
-            await step()
+            handled = await step()
         except TRANSIENT as e:
+            metrics.resolver_pass(name, False)
             log.warning("%s: %s; retrying in %.1fs", name, e, interval)
         except Exception:
+            metrics.resolver_pass(name, False)
             log.exception("%s: step failed; retrying in %.1fs", name, interval)
+        else:
+            metrics.resolver_pass(name, True, handled)
         try:
             await asyncio.wait_for(stop.wait(), interval * random.uniform(0.8, 1.2))
         except TimeoutError:

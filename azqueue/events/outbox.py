@@ -37,6 +37,10 @@ class Outbox:
         await self.groups.ensure()
         await self.queues.ensure(self.trigger_queue)
 
+    async def pending(self) -> int:
+        """Azure's approximate count of triggers whose events are not yet published."""
+        return await self.queues.approximate_count(self.trigger_queue)
+
     async def begin(self, task_id: str) -> Message:
         """The trigger that makes sure the change's events go out even if we die."""
         return await self.queues.put(self.trigger_queue, encode_json({"taskId": task_id}),

@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobust
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 from aiormq.abc import FieldValue
 
+from azqueue import metrics
 from azqueue.errors import BrokerError
 from azqueue.model.events import EXCHANGES, Event
 
@@ -96,6 +97,7 @@ class Publisher:
         except BROKER_ERRORS as e:
             raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: "
                               f"{type(e).__name__}: {e}") from e
+        metrics.count_event(event.exchange)
 
     async def close(self) -> None:
         if self._connection is not None:

@@ -50,7 +50,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from azqueue import errors
+from azqueue import errors, metrics
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.model import credentials, events
@@ -58,6 +58,7 @@ from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.model.priority import ORDER
 from azqueue.model.tip import TipSigner
 from azqueue.service import paging
 from azqueue.service.cache import TaskCache
@@ -189,6 +190,7 @@ class QueueService:
             await self.queue_tip(stored, 0)
         if stored is not None:
             self.cache.put(stored)
+            metrics.count_change(None, task)
             self._fault_point()
         if self.outbox is not None and trigger is not None:
             # Published before a worker can claim the task (a claim waits for the task
@@ -365,6 +367,8 @@ class QueueService:
             self.cache.drop(task_id)
             raise
         self.cache.put(change.stored)
+        if change.changed:
+            metrics.count_change(change.before, change.after)
         await watch.after(change.before, change.after)
         return change
 
@@ -447,6 +451,13 @@ class QueueService:
             await self.tasks.get("heartbeat")
         except errors.NotFound:
             pass
+
+    async def pending_tips(self, task_queue_id: str) -> dict[str, int]:
+        """Azure's approximate message count of each priority queue of ``task_queue_id``
+        (stale tips included), by priority: seven requests."""
+        names = [self.pending.name(task_queue_id, p) for p in ORDER]
+        counts = await asyncio.gather(*(self.queues.approximate_count(n) for n in names))
+        return {str(p): n for p, n in zip(ORDER, counts)}
 
     def storage_requests(self) -> dict[str, int]:
         return dict(self.account.requests)

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 
+from azqueue import metrics
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
@@ -35,6 +36,7 @@ class Services:
 @asynccontextmanager
 async def open_services(settings: Settings) -> AsyncIterator[Services]:
     account = StorageAccount(settings.storage)
+    metrics.STORAGE.watch(account)
     publisher = None
     try:
         outbox = None

@@ -28,7 +28,8 @@ from azure.storage.queue.aio import QueueClient
 from azqueue.errors import NotConfigured
 from azqueue.model.priority import ORDER, Priority
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import EntityExists, MessageGone, translate, translate_message
+from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone, translate,
+                                    translate_message)
 
 MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
 
@@ -136,6 +137,16 @@ class Queues:
         with translate(f"receiving messages from {name}"):
             got = await self._rest.receive_messages(name, min(limit, 32), _seconds(invisible_for))
         return [Message(name, m.message_id, m.pop_receipt, m.text, m.dequeue_count) for m in got]
+
+    async def approximate_count(self, name: str) -> int:
+        """Azure's approximate number of messages in queue ``name``, invisible ones
+        included (0 if the queue does not exist): one request."""
+        try:
+            with translate(f"reading the properties of queue {name}"):
+                properties = await self.client(name).get_queue_properties()
+        except EntityNotFound:
+            return 0
+        return int(properties.approximate_message_count or 0)
 
     def signed_urls(self, name: str, start: datetime, expiry: datetime) -> SignedQueueUrls:
         key = self._account.account_key

@@ -1,0 +1,223 @@
+"""What a process reports to Prometheus (``GET /metrics``), and the hooks that count it.
+
+The metrics are the process's own, in prometheus-client's default registry, as an
+exporter's are: scrape every replica (and every ``azqueue resolve`` process, which has
+no HTTP server and reports nothing). Counters count what *this process* did; the sampled
+gauges (pending tips per task queue, events waiting in the outbox) describe the storage
+account, so every replica reports the same figure and a dashboard should take ``max``.
+
+Sampling costs storage requests, so it happens only when ``/metrics`` is scraped: every
+task queue at most once per ``SAMPLE_INTERVAL`` (a scrape in between samples only task
+queues not sampled yet), for at most ``MAX_SAMPLED_QUEUES`` task queues (those this
+process most recently created, claimed or resolved a task of): seven requests (one per
+priority) per task queue and one for the outbox per sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from collections import Counter as Tally
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import REGISTRY, Collector
+
+if TYPE_CHECKING:
+    from azqueue.model.task import Task
+
+SAMPLE_INTERVAL = 30.0
+MAX_SAMPLED_QUEUES = 50
+
+API_REQUESTS = Counter(
+    "azqueue_api_requests", "API requests answered, by endpoint (the Taskcluster method "
+    "name; `unknown` for paths that are none) and HTTP status", ["endpoint", "status"])
+API_LATENCY = Histogram(
+    "azqueue_api_request_duration_seconds", "Time to answer an API request, by endpoint "
+    "(claimWork's includes its wait for work, up to 20 s)", ["endpoint"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60))
+RUNS = Counter(
+    "azqueue_runs", "Run state changes stored by this process: `pending` by reasonCreated, "
+    "`running` (claims), and `completed`/`failed`/`exception` by reasonResolved",
+    ["state", "reason"])
+EVENTS = Counter("azqueue_events_published", "Task events confirmed by the broker, by exchange",
+                 ["exchange"])
+RESOLVER_PASSES = Counter("azqueue_resolver_passes", "Passes of a background resolver, by outcome "
+                          "(`ok`, or `failed`: retried at its next interval)",
+                          ["resolver", "outcome"])
+RESOLVER_ITEMS = Counter("azqueue_resolver_items", "Items a background resolver handled (claims "
+                         "expired, deadlines resolved, events recovered, ...)", ["resolver"])
+
+# resolver name -> time.time() of the end of its last successful pass
+_last_ok: dict[str, float] = {}
+_started = time.time()
+
+
+def count_request(endpoint: str, status: int, seconds: float) -> None:
+    API_REQUESTS.labels(endpoint, str(status)).inc()
+    API_LATENCY.labels(endpoint).observe(seconds)
+
+
+def count_change(before: Task | None, after: Task) -> None:
+    """Count the run transitions between ``before`` (None: a new task) and ``after``, and
+    remember the task queue for sampling."""
+    old = before.runs if before is not None else ()
+    for index, run in enumerate(after.runs):
+        previous = old[index] if index < len(old) else None
+        if previous is not None and previous.state is run.state:
+            continue
+        state = run.state.value
+        if state == "pending":
+            reason = run.reason_created.value
+        elif state == "running":
+            reason = ""
+        else:
+            reason = run.reason_resolved.value if run.reason_resolved is not None else ""
+        RUNS.labels(state, reason).inc()
+    PENDING.seen(after.task_queue_id)
+
+
+def count_event(exchange: str) -> None:
+    EVENTS.labels(exchange).inc()
+
+
+def resolver_pass(name: str, ok: bool, items: object = None) -> None:
+    """Count a pass of the resolver loop ``name`` (e.g. "claim resolver": labelled
+    ``claim``) and the items it handled, if it says (an int)."""
+    name = name.removesuffix(" resolver")
+    RESOLVER_PASSES.labels(name, "ok" if ok else "failed").inc()
+    if ok:
+        _last_ok[name] = time.time()
+        if isinstance(items, int) and not isinstance(items, bool) and items > 0:
+            RESOLVER_ITEMS.labels(name).inc(items)
+
+
+class _ResolverLag(Collector):
+    """``azqueue_resolver_lag_seconds``: how long ago each resolver last finished a pass
+    without failing (since the process started, if never): it grows while a resolver is
+    stuck or failing, and stays near its interval while it keeps up."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "azqueue_resolver_lag_seconds", "Seconds since the resolver's last successful pass "
+            "(since the process started, if none yet)", labels=["resolver"])
+        now = time.time()
+        for name in sorted(set(_last_ok) | set(_registered_resolvers)):
+            family.add_metric([name], now - _last_ok.get(name, _started))
+        yield family
+
+
+_registered_resolvers: set[str] = set()
+
+
+def resolver_started(name: str) -> None:
+    _registered_resolvers.add(name.removesuffix(" resolver"))
+
+
+class _StorageRequests(Collector):
+    """``azqueue_storage_requests_total``: every request this process sent to Azure
+    Storage (retries included), by service and HTTP method, summed over the process's
+    storage accounts (one per server; tests run several). The counts of an account that
+    is gone are kept, so the counter never goes down."""
+
+    def __init__(self) -> None:
+        # by id(): accounts are dataclasses, compared by value and not hashable
+        self._accounts: weakref.WeakValueDictionary[int, Counted] = weakref.WeakValueDictionary()
+        self._retired: Tally[str] = Tally()
+
+    def watch(self, account: Counted) -> None:
+        self._accounts[id(account)] = account
+        weakref.finalize(account, self._retired.update, account.requests)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        total: Tally[str] = Tally(self._retired)
+        for account in list(self._accounts.values()):
+            total.update(account.requests)
+        family = CounterMetricFamily(
+            "azqueue_storage_requests", "Requests sent to Azure Storage (retries included), "
+            "by service (table, queue, blob) and operation (HTTP method)",
+            labels=["service", "operation"])
+        for key, value in sorted(total.items()):
+            service, _, operation = key.partition(" ")
+            family.add_metric([service, operation], value)
+        yield family
+
+
+class Counted(Protocol):
+    """A storage account, as far as metrics are concerned: its tally of requests, keyed
+    ``"<service> <method>"``."""
+
+    requests: Tally[str]
+
+
+Sampler = Callable[[str], Awaitable[dict[str, int]]]
+
+
+class _Pending(Collector):
+    """``azqueue_pending_tips``: Azure's approximate message count of each priority queue
+    of recently active task queues, and ``azqueue_outbox_pending``: event triggers not yet
+    published. Both sampled on scrape at most every ``SAMPLE_INTERVAL`` seconds.
+
+    A queue's approximate count includes tips that became stale (their run was claimed
+    or resolved through another tip) and tips held invisible by a claim: it is an upper
+    bound of the pending runs, good for trends and alerts, not an exact count."""
+
+    def __init__(self) -> None:
+        self._queues: OrderedDict[str, None] = OrderedDict()
+        self._counts: dict[tuple[str, str], int] = {}
+        self._outbox: int | None = None
+        self._sampled_at = 0.0
+        self._lock = asyncio.Lock()
+
+    def seen(self, task_queue_id: str) -> None:
+        self._queues[task_queue_id] = None
+        self._queues.move_to_end(task_queue_id)
+        while len(self._queues) > MAX_SAMPLED_QUEUES:
+            self._queues.popitem(last=False)
+
+    async def sample(self, pending: Sampler, outbox: Callable[[], Awaitable[int]] | None) -> None:
+        """Sample every task queue if the last sample is ``SAMPLE_INTERVAL`` old, else only
+        those seen since."""
+        async with self._lock:
+            full = time.monotonic() - self._sampled_at >= SAMPLE_INTERVAL
+            sampled = {name for name, _ in self._counts}
+            names = [name for name in self._queues if full or name not in sampled]
+            if not names and not full:
+                return
+            results = await asyncio.gather(*(pending(name) for name in names),
+                                           return_exceptions=True)
+            counts = {} if full else {k: n for k, n in self._counts.items() if k[0] in self._queues}
+            for name, result in zip(names, results):
+                if isinstance(result, dict):
+                    counts.update({(name, priority): n for priority, n in result.items()})
+            self._counts = counts
+            if not full:
+                return
+            self._sampled_at = time.monotonic()
+            if outbox is not None:
+                try:
+                    self._outbox = await outbox()
+                except Exception:  # noqa: BLE001 - a sample is skipped, never fatal
+                    self._outbox = None
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        tips = GaugeMetricFamily(
+            "azqueue_pending_tips", "Approximate messages in each priority queue of a task "
+            "queue (stale tips included: an upper bound of pending runs), sampled",
+            labels=["task_queue", "priority"])
+        for (name, priority), n in sorted(self._counts.items()):
+            tips.add_metric([name, priority], n)
+        yield tips
+        if self._outbox is not None:
+            yield GaugeMetricFamily("azqueue_outbox_pending", "Approximate event triggers "
+                                    "waiting to be published (sampled)", value=self._outbox)
+
+
+STORAGE = _StorageRequests()
+PENDING = _Pending()
+for _collector in (STORAGE, PENDING, _ResolverLag()):
+    REGISTRY.register(_collector)

@@ -1,0 +1,117 @@
+"""The dashboard in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
+driven by Selenium): pages load, show what the test created, follow its state changes,
+escape what they show, and log no console errors.
+
+Skipped when Chromium is missing, except under CI (``scripts/bootstrap --test`` installs
+it there)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests import sas
+from tests.servers import IN_CI, Server
+from tests.tasks import create, definition, slugid
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
+HOSTILE = '<img src=x onerror="window.__injected = true">'
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Any]:
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        if IN_CI:
+            raise
+        pytest.skip("selenium is not installed (the test extra)")
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        if IN_CI:
+            pytest.fail("Chromium and ChromeDriver are missing: scripts/bootstrap --test "
+                        "installs Debian's chromium and chromium-driver")
+        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
+                     "--disable-dev-shm-usage", "--window-size=1280,900"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = await asyncio.to_thread(webdriver.Chrome, options=options,
+                                     service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        await asyncio.to_thread(driver.quit)
+
+
+async def until(driver: Any, check: Callable[[Any], Any], what: str, timeout: float = 30) -> Any:
+    """Wait (without blocking the server on this loop) until ``check(driver)`` is truthy."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            found = await asyncio.to_thread(check, driver)
+        except Exception:  # noqa: BLE001 - the page is still changing: look again
+            found = None
+        if found:
+            return found
+        if asyncio.get_running_loop().time() > deadline:
+            source = await asyncio.to_thread(lambda: driver.find_element("id", "view").text)
+            raise AssertionError(f"the dashboard never showed {what}; it shows:\n{source}")
+        await asyncio.sleep(0.2)
+
+
+def text_of(selector: str) -> Callable[[Any], str]:
+    return lambda driver: driver.find_element("css selector", selector).text
+
+
+async def console_errors(driver: Any) -> list[str]:
+    entries = await asyncio.to_thread(driver.get_log, "browser")
+    return [e["message"] for e in entries if e["level"] == "SEVERE"]
+
+
+async def test_a_task_page_shows_the_task_and_follows_it_to_completed(
+        server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
+    body = definition("prov/dash")
+    body["metadata"]["name"] = HOSTILE
+    task_id = await create(http, server.api, body)
+    await asyncio.to_thread(browser.get, f"{server.root_url}/#/task/{task_id}")
+    await until(browser, lambda d: text_of("h1")(d) == HOSTILE, "the task's name as text")
+    await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="pending"]'),
+                "the pending state")
+    assert await asyncio.to_thread(browser.execute_script,
+                                   "return document.querySelectorAll('main img').length") == 0
+    assert await asyncio.to_thread(browser.execute_script, "return window.__injected") is None
+
+    urls = await sas.poll_task_urls(http, server.api, "prov", "dash")
+    [message] = await sas.poll_once(http, urls)
+    code, _ = await sas.claim(http, server.api, message)
+    assert code == 200
+    await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="running"]'),
+                "the running state, without a reload")
+    code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed", {})
+    assert code == 200
+    await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="completed"]'),
+                "the completed state, without a reload")
+    runs = await asyncio.to_thread(text_of("main table"), browser)
+    assert "completed" in runs and "wg/w1" in runs
+    assert await console_errors(browser) == []
+
+
+async def test_the_opening_form_leads_to_a_task(
+        server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
+    task_id = await create(http, server.api, definition("prov/dash-form"))
+    await asyncio.to_thread(browser.get, f"{server.root_url}/")
+    field = await until(browser, lambda d: d.find_element("id", "open-id"), "the form")
+    await asyncio.to_thread(field.send_keys, task_id)
+    button = await asyncio.to_thread(browser.find_element, "css selector",
+                                     'header button[value="task"]')
+    await asyncio.to_thread(button.click)
+    await until(browser, lambda d: task_id in text_of("main dl")(d), "the task opened")
