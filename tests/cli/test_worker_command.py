@@ -165,3 +165,28 @@ async def test_a_handler_that_cannot_reach_the_queue_is_no_worker_bug(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert any(r.levelno == logging.WARNING and "could not reach the queue" in r.getMessage()
                for r in caplog.records)
+
+
+async def test_without_anonymous_status_the_watch_asks_with_the_worker_s_credentials(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A deployment without anonymous scopes refuses the anonymous status call: the
+    worker asks again with its own credentials, and a cancel still stops the handler
+    long before the next reclaim."""
+    server = await make_server(anonymous_scopes=(), claim_work_wait=1.0)
+    task_id = await create(http, server.api, definition("prov/no-anonymous"))
+    started = asyncio.Event()
+
+    async def handler(run: object) -> None:
+        started.set()
+        await asyncio.sleep(600)
+
+    worker = Worker(config(server, "prov/no-anonymous", "w", status_interval=0.5), handler)
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), 60)
+        async with http.post(f"{server.api}/task/{task_id}/cancel") as r:
+            assert r.status == 200, await r.text()
+        await eventually(lambda: not worker._running, timeout=60,
+                         what="the handler to be stopped after the cancel")
+    s = await status(http, server.api, task_id)
+    assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
+    assert worker.completed == 0
