@@ -138,8 +138,7 @@ async def _check_queue(root_url: str) -> None:
                 url, timeout=aiohttp.ClientTimeout(total=30)) as r:
             body = await r.text()
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise CommandError(f"cannot reach the queue at {root_url} ({e or type(e).__name__}); "
-                           "check TASKCLUSTER_ROOT_URL and that the server runs") from None
+        raise _unreachable(root_url, e) from None
     try:
         alive = r.status == 200 and "alive" in json.loads(body)
     except (ValueError, TypeError):
@@ -148,6 +147,11 @@ async def _check_queue(root_url: str) -> None:
         raise CommandError(f"{url} answered {r.status}, not as an azqueue (Taskcluster) "
                            "queue does; TASKCLUSTER_ROOT_URL must be the rootUrl that "
                            "`azqueue dev` prints, without /api/queue/v1")
+
+
+def _unreachable(root_url: str, error: Exception) -> CommandError:
+    return CommandError(f"cannot reach the queue at {root_url} ({error or type(error).__name__}); "
+                        "check TASKCLUSTER_ROOT_URL and that the server runs")
 
 
 # -- azqueue task ... ----------------------------------------------------------------
@@ -177,7 +181,7 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     if command == "log":
         url = (queue.buildSignedUrl if queue.options.get("credentials") else queue.buildUrl)(
             "getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
-        return asyncio.run(_print_url(url))
+        return asyncio.run(_print_url(url, queue.options["rootUrl"]))
     if command == "list":
         return _print_listing(args, queue)
     _print_status(queue.cancelTask(args.task_id)["status"], args.json)
@@ -224,13 +228,16 @@ def wait(queue: taskcluster.Queue, task_id: str, timeout: float | None, as_json:
         time.sleep(WAIT_POLL)
 
 
-async def _print_url(url: str) -> int:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(url) as r:
+async def _print_url(url: str, root_url: str) -> int:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url) as r:
             if r.status != 200:
-                print(f"azqueue: no log ({r.status}): {(await r.text())[:300]}", file=sys.stderr)
+                text = " ".join((await r.text()).split())
+                print(f"azqueue: no log ({r.status}): {text[:300]}", file=sys.stderr)
                 return 1
             sys.stdout.write((await r.read()).decode(errors="replace"))
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise _unreachable(root_url, e) from None
     return 0
 
 

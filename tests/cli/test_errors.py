@@ -102,7 +102,8 @@ async def test_a_root_url_that_is_no_queue_or_nothing_at_all(
     assert error.startswith(f"azqueue: {not_a_queue} answered 4"), error
     assert "not as an azqueue (Taskcluster) queue does" in error
     nothing = f"http://127.0.0.1:{free_port()}"
-    for argv in (("task", "status", "abc"), ("worker", "--task-queue", "prov/nothing")):
+    for argv in (("task", "status", "abc"), ("task", "log", "abc"),
+                 ("worker", "--task-queue", "prov/nothing")):
         done = await azqueue(*argv, env={**cli_env(server), "TASKCLUSTER_ROOT_URL": nothing})
         assert done.returncode == 1
         error = one_line_error(done)
