@@ -54,7 +54,8 @@ Configured entirely by environment variables (README.md, "Running it", describes
 def _log_level(value: str) -> str:
     if value.upper() not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(
-            f"unknown log level {value!r}; use one of {', '.join(LOG_LEVELS)}")
+            f"unknown log level {value!r} (from --log-level, else AZQUEUE_LOG_LEVEL); use "
+            f"one of {', '.join(LOG_LEVELS)}")
     return value.upper()
 
 

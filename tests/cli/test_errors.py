@@ -37,7 +37,8 @@ async def test_every_missing_setting_is_named_at_once() -> None:
 
 @pytest.mark.parametrize("argv, expected", [
     (("--log-level", "chatty", "serve"),
-     "unknown log level 'chatty'; use one of DEBUG, INFO, WARNING, ERROR, CRITICAL"),
+     "unknown log level 'chatty' (from --log-level, else AZQUEUE_LOG_LEVEL); use one of "
+     "DEBUG, INFO, WARNING, ERROR, CRITICAL"),
     (("worker", "--task-queue", "prov/w", "--capacity", "0"),
      "argument --capacity: 0 is out of range: use 1 to 32"),
     (("worker", "--task-queue", "no-slash"), "is not a task queue: write provisionerId/workerType"),
