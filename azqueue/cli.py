@@ -19,6 +19,7 @@ import re
 import socket
 import sys
 from collections.abc import Callable
+from typing import NoReturn
 
 from azqueue import __version__, logs
 from azqueue.config import ConfigError
@@ -95,13 +96,20 @@ def _default_worker_id() -> str:
     return f"{name}-{os.getpid()}"[:38]
 
 
+class _Parser(argparse.ArgumentParser):
+    """Argument mistakes in one line (not argparse's usage block), pointing to --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` explains)\n")
+
+
 def _formatter(prog: str) -> argparse.HelpFormatter:
     """Help as written (line breaks kept), options aligned."""
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30)
 
 
 def parser() -> argparse.ArgumentParser:
-    top = argparse.ArgumentParser(
+    top = _Parser(
         prog="azqueue", formatter_class=_formatter,
         description="A Taskcluster-compatible task queue whose state lives in Azure Storage.",
         epilog="`azqueue COMMAND --help` explains each command.")
@@ -147,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _worker_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
     worker = sub.add_parser(
         "worker", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
         help="run tasks whose payload is {command, env, maxRunTime}",
@@ -188,7 +196,7 @@ def _worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
                              "the higher-priority queues again after this long (default: 5)")
 
 
-def _task_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     task = sub.add_parser("task", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                           help="create, follow, list and cancel tasks",
                           description="Create, follow, list and cancel tasks.")
@@ -249,7 +257,7 @@ def _task_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
     listing.add_argument("--json", action="store_true", help="print JSON lines, one per task")
 
 
-def _queue_parsers(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _queue_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     queue = sub.add_parser("queue", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                            help="list task queues",
                            description="List task queues (needs a queue that offers "

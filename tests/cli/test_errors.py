@@ -49,6 +49,8 @@ async def test_arguments_that_do_not_fit_are_refused_in_one_line(
     done = await azqueue(*argv, env={**os.environ, "TASKCLUSTER_ROOT_URL": "http://127.0.0.1:9"})
     assert done.returncode == 2
     assert expected in one_line_error(done)
+    assert len(done.stderr.splitlines()) == 1, done.stderr  # not argparse's usage block
+    assert done.stderr.rstrip().endswith("--help` explains)")
 
 
 async def test_a_port_in_use_is_named(azurite: Azurite, storage_prefix: str) -> None:
