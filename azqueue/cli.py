@@ -1,123 +1,293 @@
-"""The command line: arguments -> Settings -> run."""
+"""The command line: arguments -> Settings -> run.
+
+This module only parses arguments: it imports nothing but the standard library and
+``azqueue.config``, so ``--help``, ``--version`` and a mistake in the arguments answer at
+once. What a command runs is imported when it runs: the server stack
+(``azqueue.server_commands``) for ``serve``, ``dev`` and ``resolve``; the official client
+and the worker SDK (``azqueue.worker.commands``) for ``worker``, ``task``, ``queue``.
+
+Exit codes: 0 done, 1 an error (one line on stderr saying what and how to fix it), 2 a
+mistake in the arguments or the settings, 130 interrupted (Ctrl-C); ``task wait`` adds
+its own (``WAIT_EXIT_CODES``).
+"""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import logging
 import os
-import signal
+import re
+import socket
 import sys
 from collections.abc import Callable
-
-from aiohttp import web
+from typing import NoReturn
 
 from azqueue import __version__, logs
-from azqueue.api.app import create_app
-from azqueue.background import resolvers
-from azqueue.config import ConfigError, Settings, new_secret
-from azqueue.devstorage import Azurite
-from azqueue.service.wiring import open_services
-from azqueue.worker import commands
+from azqueue.config import ConfigError
 
-log = logging.getLogger("azqueue")
+# The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
+RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events")
+PRIORITIES = ["highest", "very-high", "high", "medium", "low", "very-low", "lowest", "normal"]
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# `azqueue task wait`: how it ends, by the task's state (or by running out of time).
+WAIT_EXIT_CODES = {"completed": 0, "failed": 3, "exception": 4, "timeout": 5}
+INTERRUPTED = 130
+DEFAULT_MAX_RUN_TIME = 3600
 
+CLIENT_VARIABLES = """\
+environment: TASKCLUSTER_ROOT_URL (required), TASKCLUSTER_CLIENT_ID and
+TASKCLUSTER_ACCESS_TOKEN (anonymous without them), TASKCLUSTER_CERTIFICATE
+(temporary credentials), as `azqueue dev` prints them."""
 
-async def _until_signalled() -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-
-
-async def _serve(settings: Settings, banner: Callable[[Settings], None] | None = None) -> None:
-    runner = web.AppRunner(create_app(settings), access_log=None)
-    await runner.setup()
-    try:
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        log.info("serving %s on %s:%d", settings.public_root_url, settings.host, settings.port)
-        if banner:
-            banner(settings)
-        await _until_signalled()
-    finally:
-        await runner.cleanup()
+SERVE_VARIABLES = """\
+Configured entirely by environment variables (README.md, "Running it", describes each):
+  required:  AZQUEUE_STORAGE_CONNECTION_STRING or AZQUEUE_STORAGE_ACCOUNT_URL,
+             AZQUEUE_TIP_SECRETS, AZQUEUE_ROOT_CLIENT_ID, AZQUEUE_ROOT_ACCESS_TOKEN
+  listening: AZQUEUE_HOST (127.0.0.1), AZQUEUE_PORT (8080), AZQUEUE_ROOT_URL
+  storage:   AZQUEUE_STORAGE_PREFIX (azq), AZQUEUE_STORAGE_CA_FILE,
+             AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT, AZQUEUE_STORAGE_PUBLIC_BLOB_ENDPOINT,
+             AZQUEUE_STORAGE_WAIT (seconds to wait for storage at start-up, 60)
+  clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
+  events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
+  timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
+  logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)"""
 
 
-def _dev_banner(settings: Settings) -> None:
-    root = settings.public_root_url
-    print(f"""
-azqueue {__version__} is running on an embedded Azurite (Ctrl-C stops both).
-
-  rootUrl:      {root}
-  clientId:     {settings.root.client_id}   (scope *)
-  accessToken:  {settings.root.access_token}
-
-Point the official taskcluster client (or any worker) at it:
-
-  export TASKCLUSTER_ROOT_URL={root}
-  export TASKCLUSTER_CLIENT_ID={settings.root.client_id}
-  export TASKCLUSTER_ACCESS_TOKEN={settings.root.access_token}
-""", flush=True)
+def _log_level(value: str) -> str:
+    if value.upper() not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"unknown log level {value!r} (from --log-level, else AZQUEUE_LOG_LEVEL); use "
+            f"one of {', '.join(LOG_LEVELS)}")
+    return value.upper()
 
 
-async def _dev(args: argparse.Namespace) -> None:
-    azurite = await Azurite.start(data_dir=args.data)
-    try:
-        env = dict(os.environ)
-        env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
-        env.setdefault("AZQUEUE_TIP_SECRETS", new_secret())
-        env.setdefault("AZQUEUE_ROOT_CLIENT_ID", "root")
-        env.setdefault("AZQUEUE_ROOT_ACCESS_TOKEN", new_secret())
-        if args.port is not None:
-            env["AZQUEUE_PORT"] = str(args.port)
-        settings = Settings.from_env(env)
-        await _serve(settings, _dev_banner)
-    finally:
-        await azurite.stop()
+def _number(kind: type[int], low: int, high: int, what: str) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a {what}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{value} is out of range: use {low} to {high}")
+        return number
+    return parse
 
 
-async def _resolve(which: str) -> None:
-    settings = Settings.from_env()
-    async with open_services(settings) as services:
-        if which == "events" and services.outbox is None:
-            raise ConfigError("`azqueue resolve events` needs AZQUEUE_AMQP_URL")
-        async with resolvers.running(services, settings,
-                                     resolvers.NAMES if which == "all" else (which,)):
-            await _until_signalled()
+def _seconds(zero: bool = False) -> Callable[[str], float]:
+    """A number of seconds over 0 (or 0 too, with ``zero``)."""
+    def parse(value: str) -> float:
+        seconds = float(value) if re.fullmatch(r"\d+(\.\d*)?|\.\d+", value.strip()) else -1.0
+        if seconds < 0 or (seconds == 0 and not zero):
+            raise argparse.ArgumentTypeError(
+                f"{value!r} is not a number of seconds {'(0 or more)' if zero else 'over 0'}")
+        return seconds
+    return parse
+
+
+def _task_queue(value: str) -> str:
+    if not re.fullmatch(r"[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}", value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a task queue: write provisionerId/workerType, each 1-38 "
+            "letters, digits, - or _")
+    return value
+
+
+def _default_worker_id() -> str:
+    name = re.sub(r"[^a-zA-Z0-9_-]", "-", socket.gethostname())[:24] or "worker"
+    return f"{name}-{os.getpid()}"[:38]
+
+
+class _Parser(argparse.ArgumentParser):
+    """Argument mistakes in one line (not argparse's usage block), pointing to --help."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` explains)\n")
+
+
+def _formatter(prog: str) -> argparse.HelpFormatter:
+    """Help as written (line breaks kept), options aligned."""
+    return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30)
+
+
+def parser() -> argparse.ArgumentParser:
+    top = _Parser(
+        prog="azqueue", formatter_class=_formatter,
+        description="A Taskcluster-compatible task queue whose state lives in Azure Storage.",
+        epilog="`azqueue COMMAND --help` explains each command.")
+    top.add_argument("--version", action="version", version=f"azqueue {__version__}")
+    top.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                     default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO",
+                     help="DEBUG, INFO, WARNING, ERROR or CRITICAL (default: "
+                          "AZQUEUE_LOG_LEVEL, else INFO)")
+    top.add_argument("--log-format", choices=logs.FORMATS,
+                     default=os.environ.get("AZQUEUE_LOG_FORMAT") or "text",
+                     help="text, or json: one JSON object per line (default: "
+                          "AZQUEUE_LOG_FORMAT, else text)")
+    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                             help="what to do (each command has its own --help)")
+
+    sub.add_parser("serve", formatter_class=_formatter, epilog=SERVE_VARIABLES,
+                   help="serve the API and run the background resolvers",
+                   description="Serve the queue's API and run its background resolvers.")
+
+    dev = sub.add_parser(
+        "dev", formatter_class=_formatter,
+        help="serve on a private Azurite started and stopped with it",
+        description="Serve on a private Azurite that starts and stops with it; prints the "
+                    "rootUrl and root credentials. Ctrl-C, SIGTERM or SIGHUP stops both. "
+                    "AZQUEUE_* variables apply as for `serve` (storage excepted).")
+    dev.add_argument("--data", metavar="DIR",
+                     help="keep Azurite's data, the tip secrets and the root credentials in "
+                          "DIR (created if missing), so a restart keeps tasks and pending tips "
+                          "valid (default: in memory, fresh credentials each start)")
+    dev.add_argument("--port", type=_number(int, 1, 65535, "port number"),
+                     help="HTTP port (default: AZQUEUE_PORT, else 8080)")
+
+    resolve = sub.add_parser(
+        "resolve", formatter_class=_formatter, epilog=SERVE_VARIABLES,
+        help="run background resolvers alone, for scaling out",
+        description="Run background resolvers without serving the API (configured as "
+                    "`serve`); `all` runs every one the settings allow.")
+    resolve.add_argument("which", choices=[*RESOLVERS, "all"], help="the resolver to run")
+
+    _worker_parser(sub)
+    _task_parsers(sub)
+    _queue_parsers(sub)
+    return top
+
+
+def _worker_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+    worker = sub.add_parser(
+        "worker", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+        help="run tasks whose payload is {command, env, maxRunTime}",
+        description="Claim tasks of one task queue and run each payload's command in a "
+                    "fresh scratch directory; its output becomes public/logs/live.log.")
+    worker.add_argument("action", nargs="?", choices=["list"],
+                        help="list: print the task queue's workers instead of running one "
+                             "(needs a queue that offers listWorkers)")
+    worker.add_argument("--task-queue", required=True, metavar="PROV/TYPE", type=_task_queue,
+                        help="the task queue to take tasks from (provisionerId/workerType)")
+    worker.add_argument("--json", action="store_true",
+                        help="with list: print JSON lines, one per worker")
+    worker.add_argument("--capacity", type=_number(int, 1, 32, "whole number"), default=1,
+                        metavar="N", help="tasks run at once, 1-32 (default: 1)")
+    worker.add_argument("--mode", choices=["sas", "claim-work"], default="claim-work",
+                        help="claim-work: long-poll claimWork; sas: poll the Azure queues of "
+                             "pollTaskUrls directly (default: claim-work)")
+    worker.add_argument("--worker-group", default="azqueue",
+                        help="the workerGroup it claims as (default: azqueue)")
+    worker.add_argument("--worker-id", default=_default_worker_id(),
+                        help="the workerId it claims as, unique in its group (default: "
+                             "HOSTNAME-PID)")
+    worker.add_argument("--reclaim-margin", type=_seconds(zero=True), default=60.0, metavar="SECONDS",
+                        help="reclaim a task this many seconds before its claim expires "
+                             "(default: 60)")
+    worker.add_argument("--status-interval", type=_seconds(), default=10.0, metavar="SECONDS",
+                        help="check each running task's status this often, to stop its "
+                             "command when it was canceled or resolved by someone else "
+                             "(default: 10; one status call per task per interval)")
+    worker.add_argument("--idle-sleep", type=_seconds(), default=1.0, metavar="SECONDS",
+                        help="sas mode: sleep after an empty polling pass, doubled after each "
+                             "further one (default: 1)")
+    worker.add_argument("--max-idle-sleep", type=_seconds(), default=5.0, metavar="SECONDS",
+                        help="sas mode: the longest sleep between empty polling passes "
+                             "(default: 5)")
+    worker.add_argument("--priority-recheck", type=_seconds(), default=5.0, metavar="SECONDS",
+                        help="sas mode: a worker that keeps finding work in one queue polls "
+                             "the higher-priority queues again after this long (default: 5)")
+
+
+def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    task = sub.add_parser("task", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+                          help="create, follow, list and cancel tasks",
+                          description="Create, follow, list and cancel tasks.")
+    tsub = task.add_subparsers(dest="task_command", required=True, metavar="TASK_COMMAND",
+                               help="what to do with tasks")
+    create = tsub.add_parser(
+        "create", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+        help="create a task running CMD; prints its taskId",
+        description="Create a task for `azqueue worker` running CMD (put `--` before a CMD "
+                    "that has options of its own); prints the taskId.")
+    create.add_argument("--task-queue", required=True, metavar="PROV/TYPE", type=_task_queue,
+                        help="the task queue whose workers run it (provisionerId/workerType)")
+    create.add_argument("--priority", choices=PRIORITIES, default="lowest",
+                        help="(default: lowest)")
+    create.add_argument("--max-run-time", type=_number(int, 1, 86400, "whole number"),
+                        default=DEFAULT_MAX_RUN_TIME, metavar="SECONDS",
+                        help="the command is killed and the run failed after this long "
+                             f"(default: {DEFAULT_MAX_RUN_TIME})")
+    create.add_argument("--deadline", type=_number(int, 1, 5 * 86400, "whole number"),
+                        default=3600, metavar="SECONDS",
+                        help="resolve it deadline-exceeded if not done this long after "
+                             "creation (default: 3600, at most 5 days)")
+    create.add_argument("--retries", type=_number(int, 0, 49, "whole number"), default=5,
+                        metavar="N", help="runs retried after worker-shutdown or an expired "
+                                          "claim (default: 5)")
+    create.add_argument("--name", default="", help="metadata.name (default: CMD)")
+    create.add_argument("cmd", nargs="+", metavar="CMD", help="the command and its arguments")
+
+    def one_task(name: str, text: str, json_too: bool = True) -> argparse.ArgumentParser:
+        p = tsub.add_parser(name, formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+                            help=text, description=text[0].upper() + text[1:] + ".")
+        p.add_argument("task_id", metavar="TASK_ID", help="the task's taskId")
+        if json_too:
+            p.add_argument("--json", action="store_true",
+                           help="print the status as the API answers it (JSON)")
+        return p
+
+    one_task("status", "print the task's state and runs")
+    wait = one_task("wait", "wait until the task is resolved, printing its progress")
+    wait.add_argument("--timeout", type=_seconds(), metavar="SECONDS",
+                      help="give up after this long (exit code 5; default: wait as long as "
+                           "it takes)")
+    wait.epilog = (f"exit codes: 0 completed, 3 failed, 4 exception, 5 --timeout reached, "
+                   f"1 an error, 130 Ctrl-C\n\n{CLIENT_VARIABLES}")
+    one_task("log", "print the latest run's public/logs/live.log", json_too=False)
+    one_task("cancel", "cancel the task: its current run is resolved exception canceled "
+                       "and its worker stops it")
+
+    listing = tsub.add_parser(
+        "list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+        help="list the tasks of a task group, or a task queue's pending tasks",
+        description="List the tasks of a task group (--group), or the pending tasks of a "
+                    "task queue (--task-queue; needs a queue that offers listPendingTasks).")
+    which = listing.add_mutually_exclusive_group(required=True)
+    which.add_argument("--group", metavar="TASK_GROUP_ID", help="a taskGroupId")
+    which.add_argument("--task-queue", metavar="PROV/TYPE", type=_task_queue,
+                       help="a task queue (provisionerId/workerType)")
+    listing.add_argument("--json", action="store_true", help="print JSON lines, one per task")
+
+
+def _queue_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+    queue = sub.add_parser("queue", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+                           help="list task queues",
+                           description="List task queues (needs a queue that offers "
+                                       "listTaskQueues).")
+    qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="QUEUE_COMMAND",
+                                help="what to do with task queues")
+    qlist = qsub.add_parser("list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
+                            help="list the task queues", description="List the task queues.")
+    qlist.add_argument("--json", action="store_true", help="print JSON lines, one per queue")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="azqueue", description=__doc__)
-    parser.add_argument("--log-level", default=os.environ.get("AZQUEUE_LOG_LEVEL") or "INFO")
-    parser.add_argument("--log-format", choices=logs.FORMATS,
-                        default=os.environ.get("AZQUEUE_LOG_FORMAT") or "text",
-                        help="text, or json: one JSON object per line (AZQUEUE_LOG_FORMAT)")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("serve", help="serve the API and run the resolvers (configured by AZQUEUE_*)")
-    dev = sub.add_parser("dev", help="serve on a private Azurite started and stopped with it")
-    dev.add_argument("--data", metavar="DIR", help="keep Azurite's data in DIR (default: in memory)")
-    dev.add_argument("--port", type=int, help="HTTP port (default: AZQUEUE_PORT, or its default)")
-    resolve = sub.add_parser("resolve", help="run background resolvers alone, for scaling out")
-    resolve.add_argument("which", choices=[*resolvers.NAMES, "all"])
-    commands.add_parsers(sub)
-    args = parser.parse_args(argv)
-
-    logs.configure(args.log_level, args.log_format)
-    if args.command in ("worker", "task"):
-        return commands.run(args)
     try:
-        if args.command == "serve":
-            asyncio.run(_serve(Settings.from_env()))
-        elif args.command == "dev":
-            asyncio.run(_dev(args))
-        else:
-            asyncio.run(_resolve(args.which))
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C before a command had its own handler in place
+        return INTERRUPTED
+
+
+def _main(argv: list[str] | None) -> int:
+    args = parser().parse_args(argv)
+    logs.configure(args.log_level, args.log_format)
+    try:
+        if args.command in ("serve", "dev", "resolve"):
+            from azqueue import server_commands
+            return server_commands.run(args)
+        from azqueue.worker import commands
+        return commands.run(args)
     except ConfigError as e:
         print(f"azqueue: {e.message}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -57,6 +57,11 @@ class StorageSettings:
     prefix: str = "azq"
     ca_file: str | None = None
     credential: object | None = field(default=None, compare=False, repr=False)
+    # The queue and blob endpoints as the clients of the API reach them (a proxy, a
+    # published port), used in the URLs handed out (pollTaskUrls, artifact put and read
+    # URLs) instead of those of the connection string; "" keeps those.
+    public_queue_endpoint: str = ""
+    public_blob_endpoint: str = ""
 
     def __post_init__(self) -> None:
         if not _PREFIX_RE.match(self.prefix):
@@ -65,6 +70,11 @@ class StorageSettings:
                 "starting with a letter (it becomes part of Azure queue and table names)"
             )
         connection_settings(self.connection_string)
+        for variable, url in (("AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT", self.public_queue_endpoint),
+                              ("AZQUEUE_STORAGE_PUBLIC_BLOB_ENDPOINT", self.public_blob_endpoint)):
+            if url and not re.match(r"^https?://[^/?#]+(/[^?#]*)?$", url):
+                raise ConfigError(f"{variable}={url!r} is not an http(s) URL such as "
+                                  "http://localhost:10001/devstoreaccount1")
 
     @property
     def uses_identity(self) -> bool:
@@ -96,6 +106,8 @@ class StorageSettings:
             )
         prefix = env.get("AZQUEUE_STORAGE_PREFIX")
         return cls(connection_string=conn, ca_file=env.get("AZQUEUE_STORAGE_CA_FILE") or None,
+                   public_queue_endpoint=env.get("AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT", ""),
+                   public_blob_endpoint=env.get("AZQUEUE_STORAGE_PUBLIC_BLOB_ENDPOINT", ""),
                    **({"prefix": prefix} if prefix else {}))
 
 
@@ -164,6 +176,8 @@ class Settings:
     crash_after_commit: bool = False
     # Runs the background resolvers in the serving process.
     run_resolvers: bool = True
+    # How long `serve`, `dev` and `resolve` wait for the storage endpoints at start-up.
+    storage_wait: float = 60.0
 
     def __post_init__(self) -> None:
         if not self.tip_secrets or any(len(s) < 16 for s in self.tip_secrets):
@@ -185,6 +199,7 @@ class Settings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """Settings from ``AZQUEUE_*`` variables; an unset or empty one keeps its default."""
+        check_required(env)
         raw_secrets = env.get("AZQUEUE_TIP_SECRETS", "")
         tip_secrets = tuple(s.strip() for s in raw_secrets.split(",") if s.strip())
         root_id = env.get("AZQUEUE_ROOT_CLIENT_ID", "")
@@ -228,6 +243,7 @@ _TEXT_VARIABLES = {
 _SECONDS_VARIABLES = {
     "claim_timeout": "AZQUEUE_CLAIM_TIMEOUT",
     "sas_lifetime": "AZQUEUE_SAS_LIFETIME",
+    "storage_wait": "AZQUEUE_STORAGE_WAIT",
     "claim_resolver_interval": "AZQUEUE_CLAIM_RESOLVER_INTERVAL",
     "deadline_resolver_interval": "AZQUEUE_DEADLINE_RESOLVER_INTERVAL",
     "claim_work_wait": "AZQUEUE_CLAIM_WORK_WAIT",
@@ -238,6 +254,19 @@ _SECONDS_VARIABLES = {
     "dependency_resolver_interval": "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
     "expiry_interval": "AZQUEUE_EXPIRY_INTERVAL",
 }
+
+
+def check_required(env: Mapping[str, str]) -> None:
+    """ConfigError naming every required variable that is unset, all at once."""
+    missing = [name for name in ("AZQUEUE_TIP_SECRETS", "AZQUEUE_ROOT_CLIENT_ID",
+                                 "AZQUEUE_ROOT_ACCESS_TOKEN") if not env.get(name, "").strip()]
+    if not env.get("AZQUEUE_STORAGE_CONNECTION_STRING") and not env.get(
+            "AZQUEUE_STORAGE_ACCOUNT_URL"):
+        missing.insert(0, "AZQUEUE_STORAGE_CONNECTION_STRING (or AZQUEUE_STORAGE_ACCOUNT_URL)")
+    if len(missing) > 1:  # one alone gets the message of its own check, with its advice
+        raise ConfigError(f"{len(missing)} required settings are not set: {', '.join(missing)}; "
+                          "README.md (Running it) describes each, or run `azqueue dev` for a "
+                          "development server that needs none")
 
 
 def new_secret() -> str:

@@ -7,7 +7,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import aiohttp
 from azure.core.pipeline.transport import AioHttpTransport
@@ -156,6 +156,17 @@ class StorageAccount:
             self._session, Signer(self.account_name, self.account_key, credential,
                                   connection_settings(conn).get("sharedaccesssignature")),
             self.tables.url, self.queues.url, self.requests, self.settings.ca_file)
+
+    def public_url(self, service: Literal["queue", "blob"], url: str) -> str:
+        """``url``, on the ``service`` endpoint of the connection string, as the clients of
+        the API reach it: on ``public_<service>_endpoint`` when that is set. A SAS signs the
+        account and the resource, never the host, so it holds on either."""
+        public = (self.settings.public_queue_endpoint if service == "queue"
+                  else self.settings.public_blob_endpoint)
+        internal = (self.queues.url if service == "queue" else self.blobs.url).rstrip("/")
+        if not public or not url.startswith(internal):
+            return url
+        return public.rstrip("/") + url[len(internal):]
 
     async def user_delegation_key(self, now: datetime) -> UserDelegationKey:
         """A user delegation key (azure-identity only) valid at least until

@@ -52,7 +52,7 @@ class BlobStore:
         sas = generate_blob_sas(self._account.account_name, self.container, blob,
                                 permission=permission, start=now - SAS_START_SLACK,
                                 expiry=now + lifetime, **signing)
-        return f"{self._client.url}/{quote(blob)}?{sas}"
+        return self._account.public_url("blob", f"{self._client.url}/{quote(blob)}?{sas}")
 
     async def upload_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
         return await self._url(blob, BlobSasPermissions(create=True, write=True), now, lifetime)

@@ -179,7 +179,7 @@ class Queues:
         sas = generate_queue_sas(self._account.account_name, name, key,
                                  permission=QueueSasPermissions(process=True),
                                  start=start, expiry=expiry)
-        base = f"{self.client(name).url}/messages"
+        base = self._account.public_url("queue", f"{self.client(name).url}/messages")
         return SignedQueueUrls(
             signed_poll_url=f"{base}?{sas}",
             signed_delete_url=f"{base}/{{{{messageId}}}}?popreceipt={{{{popReceipt}}}}&{sas}",

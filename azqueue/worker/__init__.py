@@ -4,10 +4,11 @@ from azqueue.worker.client import Credentials
 from azqueue.worker.errors import (
     IntermittentTask,
     MalformedPayload,
+    QueueRefused,
     ResourceUnavailable,
     TaskFailed,
 )
 from azqueue.worker.worker import TaskRun, Worker, WorkerConfig, WorkerState
 
-__all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "ResourceUnavailable",
+__all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "QueueRefused", "ResourceUnavailable",
            "TaskFailed", "TaskRun", "Worker", "WorkerConfig", "WorkerState"]

@@ -97,7 +97,7 @@ async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
     async with session.get(url, headers=headers) as r:
         text = await r.text()
         if r.status != 200:
-            raise QueueUnavailable(f"pollTaskUrls answered {r.status}: {text[:300]}")
+            raise QueueUnavailable(f"pollTaskUrls answered {r.status}: {text[:300]}", r.status)
     try:
         body: dict[str, Any] = json.loads(text)
         parse_time(body["expires"])
@@ -116,7 +116,20 @@ def status_of(error: BaseException) -> int | None:
         return status if isinstance(status, int) else None
     if isinstance(error, aiohttp.ClientResponseError):
         return error.status
+    if isinstance(error, QueueUnavailable):
+        return error.status
     return None
+
+
+def describe(error: BaseException) -> str:
+    """One line about an expected failure: the queue's ``code: message`` when it answered
+    one, else what the exception says."""
+    body = getattr(error, "body", None)
+    if isinstance(body, dict) and body.get("code"):
+        message = str(body.get("message", "")).strip().splitlines()
+        return f"{status_of(error)} {body['code']}: {message[0] if message else ''}"[:400]
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:400]
 
 
 def parse_time(value: str) -> datetime:

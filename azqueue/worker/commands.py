@@ -1,8 +1,10 @@
-"""``azqueue worker`` and ``azqueue task ...``: the command line of workers and submitters.
+"""``azqueue worker``, ``task …`` and ``queue list``: the command line of workers and
+submitters (its arguments are parsed in ``azqueue.cli``).
 
-Both read the usual ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID``,
+All read the usual ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID``,
 ``TASKCLUSTER_ACCESS_TOKEN`` (and ``TASKCLUSTER_CERTIFICATE``) and use the official
-client.
+client. A queue that cannot be reached, or a rootUrl that does not answer as a queue,
+is one line naming the URL (exit status 1), never a traceback.
 """
 
 from __future__ import annotations
@@ -10,171 +12,289 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import json
+import logging
 import os
 import re
-import socket
 import sys
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
 import slugid
 import taskcluster
-from taskcluster.exceptions import TaskclusterFailure
+from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
-from azqueue.worker import shell
+from azqueue.cli import INTERRUPTED, WAIT_EXIT_CODES
+from azqueue.worker import client, shell
 from azqueue.worker.client import Credentials
+from azqueue.worker.errors import QueueRefused
 from azqueue.worker.worker import Worker, WorkerConfig
 
-PRIORITIES = ["highest", "very-high", "high", "medium", "low", "very-low", "lowest", "normal"]
+RESOLVED = ("completed", "failed", "exception")
+WAIT_POLL = 1.0
+# The official client retries a connection error or a 5xx this often (with backoff):
+# enough for a hiccup, not so many that a wrong port keeps a user waiting.
+CLI_RETRIES = 2
 
 
-def _env_credentials() -> tuple[str, Credentials | None]:
-    root_url = os.environ.get("TASKCLUSTER_ROOT_URL", "")
+class CommandError(Exception):
+    """A failure the user can fix, in one line (exit status 1)."""
+
+
+def _root_url() -> str:
+    root_url = os.environ.get("TASKCLUSTER_ROOT_URL", "").rstrip("/")
     if not root_url:
-        raise SystemExit("azqueue: set TASKCLUSTER_ROOT_URL (and TASKCLUSTER_CLIENT_ID, "
-                         "TASKCLUSTER_ACCESS_TOKEN) as `azqueue dev` prints them")
-    client_id = os.environ.get("TASKCLUSTER_CLIENT_ID", "")
-    token = os.environ.get("TASKCLUSTER_ACCESS_TOKEN", "")
-    if not client_id or not token:
-        return root_url, None
-    return root_url, Credentials(client_id, token, os.environ.get("TASKCLUSTER_CERTIFICATE"))
-
-
-def _default_worker_id() -> str:
-    name = re.sub(r"[^a-zA-Z0-9_-]", "-", socket.gethostname())[:24] or "worker"
-    return f"{name}-{os.getpid()}"[:38]
-
-
-def add_parsers(sub: Any) -> None:
-    worker = sub.add_parser("worker", help="run tasks whose payload is {command, env, maxRunTime}")
-    worker.add_argument("--task-queue", required=True, metavar="P/W")
-    worker.add_argument("--capacity", type=int, default=1)
-    worker.add_argument("--mode", choices=["sas", "claim-work"], default="claim-work")
-    worker.add_argument("--worker-group", default="azqueue")
-    worker.add_argument("--worker-id", default=_default_worker_id())
-    worker.add_argument("--reclaim-margin", type=float, default=60.0,
-                        help="seconds before takenUntil to reclaim (default 60)")
-    worker.add_argument("--idle-sleep", type=float, default=1.0,
-                        help="sas mode: seconds slept after an empty polling pass, doubled "
-                             "after each further one (default 1)")
-    worker.add_argument("--max-idle-sleep", type=float, default=5.0,
-                        help="sas mode: the longest sleep between empty polling passes "
-                             "(default 5)")
-    worker.add_argument("--priority-recheck", type=float, default=5.0,
-                        help="sas mode: seconds after which a worker that keeps finding work "
-                             "in one queue polls the higher-priority queues again (default 5)")
-
-    task = sub.add_parser("task", help="create and follow tasks")
-    tsub = task.add_subparsers(dest="task_command", required=True)
-    create = tsub.add_parser("create", help="create a task running CMD; prints its taskId")
-    create.add_argument("--task-queue", required=True, metavar="P/W")
-    create.add_argument("--priority", choices=PRIORITIES, default="lowest")
-    create.add_argument("--max-run-time", type=int, default=shell.DEFAULT_MAX_RUN_TIME)
-    create.add_argument("--deadline", type=int, default=3600, help="seconds (default 3600)")
-    create.add_argument("--retries", type=int, default=5)
-    create.add_argument("--name", default="")
-    create.add_argument("cmd", nargs="+", metavar="CMD")
-    for name, text in (("status", "print the task's status"),
-                       ("wait", "wait until the task is resolved; exit 0 if completed"),
-                       ("log", "print the latest run's public/logs/live.log"),
-                       ("cancel", "cancel the task: its current run is resolved exception canceled")):
-        tsub.add_parser(name, help=text).add_argument("task_id")
+        raise CommandError("set TASKCLUSTER_ROOT_URL (and TASKCLUSTER_CLIENT_ID, "
+                           "TASKCLUSTER_ACCESS_TOKEN) as `azqueue dev` prints them")
+    return root_url
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.command == "worker":
-        return asyncio.run(_worker(args))
-    return _task(args)
-
-
-async def _worker(args: argparse.Namespace) -> int:
-    root_url, credentials = _env_credentials()
+    root_url = ""
+    # The official client warns before each of its retries; the line said once they are
+    # used up (or the worker's own, with its backoff) says it all.
+    logging.getLogger("taskcluster").setLevel(logging.ERROR)
     try:
-        config = WorkerConfig(root_url=root_url, credentials=credentials,
-                              task_queue_id=args.task_queue, worker_group=args.worker_group,
-                              worker_id=args.worker_id, capacity=args.capacity, mode=args.mode,
-                              reclaim_margin=args.reclaim_margin,
-                              idle_sleep=args.idle_sleep, max_idle_sleep=args.max_idle_sleep,
-                              priority_recheck=args.priority_recheck)
-    except ValueError as e:
-        raise SystemExit(f"azqueue worker: {e}") from None
-    worker = Worker(config, shell.run_command)
-    print(f"azqueue worker {args.worker_group}/{args.worker_id} on {args.task_queue} "
-          f"({args.mode}, capacity {args.capacity})", file=sys.stderr, flush=True)
-    await worker.run_until_signalled()
-    return 0
+        root_url = _root_url()
+        if args.command == "worker":
+            if args.action == "list":
+                return _print_listing(args, _queue(root_url))
+            return asyncio.run(_worker(args, root_url))
+        if args.command == "queue":
+            return _print_listing(args, _queue(root_url))
+        return _task(args, _queue(root_url))
+    except CommandError as e:
+        print(f"azqueue: {e}", file=sys.stderr)
+        return 1
+    except TaskclusterFailure as e:
+        print(f"azqueue: {explain(e, root_url)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return INTERRUPTED
 
 
-def _queue() -> taskcluster.Queue:
-    root_url, credentials = _env_credentials()
-    options: dict[str, Any] = {"rootUrl": root_url}
+def explain(error: TaskclusterFailure, root_url: str) -> str:
+    """One line about a failed call of the official client: the queue's own ``code:
+    message``; or that nothing answers at ``root_url``; or that what answers is no queue."""
+    if isinstance(error, TaskclusterConnectionError):
+        cause = str(getattr(error, "superExc", None) or error)
+        errno_text = re.search(r"\[Errno -?\d+\] [^'\")]+", cause)
+        why = errno_text[0] if errno_text else (cause.strip()[:200] or "no answer")
+        return (f"cannot reach the queue at {root_url} ({why}); check TASKCLUSTER_ROOT_URL "
+                "and that the server runs")
+    body = getattr(error, "body", None)
+    status = client.status_of(error)
+    if isinstance(body, dict) and body.get("code"):
+        return client.describe(error)
+    return (f"{root_url} answered {status or 'something unexpected'}, not as an azqueue "
+            "(Taskcluster) queue does; TASKCLUSTER_ROOT_URL must be the rootUrl that "
+            "`azqueue dev` prints, without /api/queue/v1")
+
+
+def _credentials() -> Credentials | None:
+    return Credentials.from_env()
+
+
+def _queue(root_url: str) -> taskcluster.Queue:
+    options: dict[str, Any] = {"rootUrl": root_url, "maxRetries": CLI_RETRIES}
+    credentials = _credentials()
     if credentials is not None:
         options["credentials"] = credentials.as_options()
     return taskcluster.Queue(options)
 
 
-def _task(args: argparse.Namespace) -> int:
-    queue = _queue()
+# -- azqueue worker ------------------------------------------------------------------
+
+
+async def _worker(args: argparse.Namespace, root_url: str) -> int:
     try:
-        if args.task_command == "create":
-            now = datetime.datetime.now(datetime.UTC)
-            task_id = slugid.nice()
-            queue.createTask(task_id, {
-                "taskQueueId": args.task_queue, "priority": args.priority,
-                "retries": args.retries, "created": taskcluster.stringDate(now),
-                "deadline": taskcluster.stringDate(now + datetime.timedelta(seconds=args.deadline)),
-                "payload": {"command": args.cmd, "maxRunTime": args.max_run_time},
-                "metadata": {"name": args.name or " ".join(args.cmd)[:255],
-                             "description": "created with azqueue task create",
-                             "owner": os.environ.get("USER", "someone") + "@localhost",
-                             "source": "https://github.com/azqueue/azqueue"}})
-            print(task_id)
-            return 0
-        if args.task_command == "status":
-            status = queue.status(args.task_id)["status"]
-            print(_describe(status))
-            return 0
-        if args.task_command == "wait":
-            return _wait(queue, args.task_id)
-        if args.task_command == "log":
-            url = queue.buildSignedUrl("getLatestArtifact", args.task_id, shell.LOG_ARTIFACT) \
-                if queue.options.get("credentials") else \
-                queue.buildUrl("getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
-            return asyncio.run(_print_url(url))
-        status = queue.cancelTask(args.task_id)["status"]  # the last command: cancel
-        print(_describe(status))
+        config = WorkerConfig(root_url=root_url, credentials=_credentials(),
+                              task_queue_id=args.task_queue, worker_group=args.worker_group,
+                              worker_id=args.worker_id, capacity=args.capacity, mode=args.mode,
+                              reclaim_margin=args.reclaim_margin,
+                              idle_sleep=args.idle_sleep, max_idle_sleep=args.max_idle_sleep,
+                              priority_recheck=args.priority_recheck,
+                              status_interval=args.status_interval)
+    except ValueError as e:
+        raise CommandError(f"worker: {e}") from None
+    await _check_queue(root_url)
+    worker = Worker(config, shell.run_command)
+    print(f"azqueue worker {args.worker_group}/{args.worker_id} on {args.task_queue} "
+          f"({args.mode}, capacity {args.capacity}) at {root_url}", file=sys.stderr, flush=True)
+    try:
+        await worker.run_until_signalled()
+    except QueueRefused as e:
+        raise CommandError(f"worker: {e}") from None
+    return 0
+
+
+async def _check_queue(root_url: str) -> None:
+    """CommandError unless ``root_url`` answers ``ping`` as a queue does."""
+    url = f"{root_url}/api/queue/v1/ping"
+    try:
+        async with aiohttp.ClientSession() as session, session.get(
+                url, timeout=aiohttp.ClientTimeout(total=30)) as r:
+            body = await r.text()
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise _unreachable(root_url, e) from None
+    try:
+        alive = r.status == 200 and "alive" in json.loads(body)
+    except (ValueError, TypeError):
+        alive = False
+    if not alive:
+        raise CommandError(f"{url} answered {r.status}, not as an azqueue (Taskcluster) "
+                           "queue does; TASKCLUSTER_ROOT_URL must be the rootUrl that "
+                           "`azqueue dev` prints, without /api/queue/v1")
+
+
+def _unreachable(root_url: str, error: Exception) -> CommandError:
+    return CommandError(f"cannot reach the queue at {root_url} ({error or type(error).__name__}); "
+                        "check TASKCLUSTER_ROOT_URL and that the server runs")
+
+
+# -- azqueue task ... ----------------------------------------------------------------
+
+
+def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    command = args.task_command
+    if command == "create":
+        now = datetime.datetime.now(datetime.UTC)
+        task_id = slugid.nice()
+        queue.createTask(task_id, {
+            "taskQueueId": args.task_queue, "priority": args.priority,
+            "retries": args.retries, "created": taskcluster.stringDate(now),
+            "deadline": taskcluster.stringDate(now + datetime.timedelta(seconds=args.deadline)),
+            "payload": {"command": args.cmd, "maxRunTime": args.max_run_time},
+            "metadata": {"name": args.name or " ".join(args.cmd)[:255],
+                         "description": "created with azqueue task create",
+                         "owner": os.environ.get("USER", "someone") + "@localhost",
+                         "source": "https://github.com/azqueue/azqueue"}})
+        print(task_id)
         return 0
-    except TaskclusterFailure as e:
-        print(f"azqueue: {e}", file=sys.stderr)
-        return 1
+    if command == "status":
+        _print_status(queue.status(args.task_id)["status"], args.json)
+        return 0
+    if command == "wait":
+        return wait(queue, args.task_id, args.timeout, args.json)
+    if command == "log":
+        url = (queue.buildSignedUrl if queue.options.get("credentials") else queue.buildUrl)(
+            "getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
+        return asyncio.run(_print_url(url, queue.options["rootUrl"]))
+    if command == "list":
+        return _print_listing(args, queue)
+    _print_status(queue.cancelTask(args.task_id)["status"], args.json)
+    return 0
 
 
-def _describe(status: dict[str, Any]) -> str:
+def describe(status: dict[str, Any]) -> str:
     runs = ", ".join(f"run {r['runId']} {r['state']}"
-                     + (f" ({r['reasonResolved']})" if r.get("reasonResolved") else "")
+                     + (f" ({r['reasonResolved']})"
+                        if r.get("reasonResolved") not in (None, r["state"]) else "")
+                     + (f" on {r['workerGroup']}/{r['workerId']}"
+                        if r.get("workerId") and r["state"] == "running" else "")
                      for r in status["runs"])
     return f"{status['taskId']} {status['state']}: {runs or 'no runs'}"
 
 
-def _wait(queue: taskcluster.Queue, task_id: str) -> int:
+def _print_status(status: dict[str, Any], as_json: bool) -> None:
+    print(json.dumps(status) if as_json else describe(status), flush=True)
+
+
+def wait(queue: taskcluster.Queue, task_id: str, timeout: float | None, as_json: bool,
+         clock: Callable[[], float] = time.monotonic) -> int:
+    """Print a line whenever the task's status changes (elapsed seconds first), until it
+    is resolved or ``timeout`` passes; the exit code of ``WAIT_EXIT_CODES``. With
+    ``as_json`` the progress goes to stderr and the final status, as JSON, to stdout."""
+    progress = sys.stderr if as_json else sys.stdout
+    start = clock()
     last = ""
     while True:
         status = queue.status(task_id)["status"]
-        line = _describe(status)
+        elapsed = clock() - start
+        line = describe(status)
         if line != last:
-            print(line, flush=True)
+            print(f"[{elapsed:6.0f}s] {line}", file=progress, flush=True)
             last = line
-        if status["state"] in ("completed", "failed", "exception"):
-            return 0 if status["state"] == "completed" else 1
-        time.sleep(1)
+        if status["state"] in RESOLVED:
+            if as_json:
+                print(json.dumps(status), flush=True)
+            return WAIT_EXIT_CODES[status["state"]]
+        if timeout is not None and elapsed + WAIT_POLL > timeout:
+            print(f"[{elapsed:6.0f}s] {task_id} is still {status['state']} after "
+                  f"--timeout {timeout:g}s", file=sys.stderr, flush=True)
+            return WAIT_EXIT_CODES["timeout"]
+        time.sleep(WAIT_POLL)
 
 
-async def _print_url(url: str) -> int:
-    async with aiohttp.ClientSession() as session:
-        async with session.get(url) as r:
+async def _print_url(url: str, root_url: str) -> int:
+    try:
+        async with aiohttp.ClientSession() as session, session.get(url) as r:
             if r.status != 200:
-                print(f"azqueue: no log ({r.status}): {(await r.text())[:300]}", file=sys.stderr)
+                text = " ".join((await r.text()).split())
+                print(f"azqueue: no log ({r.status}): {text[:300]}", file=sys.stderr)
                 return 1
             sys.stdout.write((await r.read()).decode(errors="replace"))
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise _unreachable(root_url, e) from None
+    return 0
+
+
+# -- listings ------------------------------------------------------------------------
+
+
+def _pages(call: Callable[..., dict[str, Any]], *args: str) -> Iterator[dict[str, Any]]:
+    """Every page of a paginated call of the official client."""
+    query: dict[str, str] = {}
+    while True:
+        page = call(*args, query=query)
+        yield page
+        token = page.get("continuationToken")
+        if not token:
+            return
+        query = {"continuationToken": token}
+
+
+def _print_listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    """`task list`, `queue list`, `worker list`: a line per item, or its JSON (--json)."""
+    try:
+        return _listing(args, queue)
+    except TaskclusterFailure as e:
+        body = getattr(e, "body", None)
+        message = str(body.get("message", "")) if isinstance(body, dict) else ""
+        if client.status_of(e) == 501 or (client.status_of(e) == 404
+                                          and message.startswith("no such API endpoint")):
+            raise CommandError(f"the queue at {queue.options['rootUrl']} does not offer this "
+                               f"listing ({message})") from None
+        raise
+
+
+def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    items: Iterator[dict[str, Any]]
+    line: Callable[[dict[str, Any]], str]
+    if args.command == "queue":
+        items = (q for page in _pages(queue.listTaskQueues) for q in page["taskQueues"])
+        line = lambda q: f"{q['taskQueueId']}  last active {q.get('lastDateActive', '-')}"  # noqa: E731
+    elif args.command == "worker":
+        provisioner_id, worker_type = args.task_queue.split("/", 1)
+        items = (w for page in _pages(queue.listWorkers, provisioner_id, worker_type)
+                 for w in page["workers"])
+        line = lambda w: (f"{w['workerGroup']}/{w['workerId']}  first claim "  # noqa: E731
+                          f"{w.get('firstClaim', '-')}  latest task "
+                          f"{(w.get('latestTask') or {}).get('taskId', '-')}"
+                          + (f"  quarantined until {w['quarantineUntil']}"
+                             if w.get("quarantineUntil") else ""))
+    elif args.group:
+        items = (t for page in _pages(queue.listTaskGroup, args.group) for t in page["tasks"])
+        line = lambda t: (f"{t['status']['taskId']}  {t['status']['state']:<11} "  # noqa: E731
+                          f"{t['task']['metadata']['name']}")
+    else:
+        items = (t for page in _pages(queue.listPendingTasks, args.task_queue)
+                 for t in page["tasks"])
+        line = lambda t: (f"{t['taskId']}  run {t.get('runId', '-')}  pending since "  # noqa: E731
+                          f"{t.get('inserted', '-')}  "
+                          f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
+    for item in items:
+        print(json.dumps(item) if args.json else line(item), flush=True)
     return 0

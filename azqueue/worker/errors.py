@@ -59,4 +59,20 @@ class InternalError(TaskException):
 
 
 class QueueUnavailable(Exception):
-    """The queue answered a call the worker needs (e.g. pollTaskUrls) with an error."""
+    """The queue answered a call the worker needs (e.g. pollTaskUrls) with an error;
+    ``status`` is the HTTP status, None when the answer was not an error status."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class QueueRefused(Exception):
+    """The queue refused to give the worker work in a way retrying cannot fix (wrong
+    credentials, missing scopes, an invalid task queue, a rootUrl that is no queue):
+    ``Worker.start()`` raises it once its running tasks are done. ``status`` is the HTTP
+    status of the refusal."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status

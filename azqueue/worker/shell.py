@@ -6,13 +6,17 @@ artifact ``public/logs/live.log`` before the run is reported. Exit 0: completed;
 other exit, or running past ``maxRunTime`` (the process group is killed): failed; a
 payload that does not fit: exception ``malformed-payload`` with the explanation in the
 log. The command does not inherit the worker's environment (and so never its
-credentials): it gets PATH, HOME, LANG, the payload's ``env``, TASK_ID and RUN_ID.
+credentials): it gets PATH, HOME, LANG, the payload's ``env``, TASK_ID and RUN_ID. It
+runs in a fresh scratch directory (``azqueue-<taskId>-<runId>-*`` in the system's
+temporary directory), removed with all it holds once the command has ended; a canceled
+run (or one the worker lost) kills the command's process group.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import tempfile
@@ -20,6 +24,8 @@ from typing import Any
 
 from azqueue.worker.errors import MalformedPayload, TaskFailed
 from azqueue.worker.worker import TaskRun
+
+log = logging.getLogger(__name__)
 
 LOG_ARTIFACT = "public/logs/live.log"
 DEFAULT_MAX_RUN_TIME = 3600
@@ -59,13 +65,19 @@ def _kill(process: asyncio.subprocess.Process) -> None:
 
 
 async def run_command(run: TaskRun) -> None:
-    with tempfile.TemporaryFile() as log:
+    with tempfile.TemporaryDirectory(prefix=f"azqueue-{run.task_id}-{run.run_id}-",
+                                     ignore_cleanup_errors=True) as scratch:
+        await _run_in(run, scratch)
+
+
+async def _run_in(run: TaskRun, scratch: str) -> None:
+    with tempfile.TemporaryFile() as output:
         def write(text: str) -> None:
-            log.write(text.encode())
+            output.write(text.encode())
 
         async def upload() -> None:
-            log.seek(0)
-            await run.upload_artifact(LOG_ARTIFACT, log.read(), "text/plain; charset=utf-8")
+            output.seek(0)
+            await run.upload_artifact(LOG_ARTIFACT, output.read(), "text/plain; charset=utf-8")
 
         write(f"[azqueue] task {run.task_id} run {run.run_id}\n")
         try:
@@ -77,21 +89,23 @@ async def run_command(run: TaskRun) -> None:
         child_env = {k: os.environ[k] for k in INHERITED if k in os.environ}
         child_env.update(env)
         child_env.update(TASK_ID=run.task_id, RUN_ID=str(run.run_id))
-        write(f"[azqueue] running {command!r} (maxRunTime {max_run_time}s)\n")
+        write(f"[azqueue] running {command!r} in {scratch} (maxRunTime {max_run_time}s)\n")
         try:
             process = await asyncio.create_subprocess_exec(
                 *command, env=child_env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                cwd=scratch, start_new_session=True)
         except OSError as e:
             write(f"[azqueue] cannot start {command[0]!r}: {e}\n")
             await upload()
             raise TaskFailed(f"cannot start {command[0]!r}: {e}") from None
+        log.info("task %s/%d: started %s as process %d in %s", run.task_id, run.run_id,
+                 " ".join(command)[:200], process.pid, scratch)
 
         async def copy_output() -> None:
             assert process.stdout is not None
             while chunk := await process.stdout.read(65536):
-                log.write(chunk)
+                output.write(chunk)
 
         copier = asyncio.ensure_future(copy_output())
         try:

@@ -11,6 +11,16 @@ loop until ``stop()``; every wait in the loop is bounded, so stopping takes seco
 * Each task is reclaimed ``reclaim_margin`` seconds before ``takenUntil`` with its own
   credentials, which are then swapped for the new ones. A 409 on reclaim cancels the
   handler at once and forgets the task: no artifacts, no report (document 003).
+* A cancel reaches the handler within ``status_interval`` seconds (10 by default), not
+  at the next reclaim: every running task's status is read that often (one ``status``
+  call, one table read on the server), and a run resolved by someone else (canceled,
+  deadline-exceeded, claim-expired, ...) cancels the handler and is forgotten alike.
+* Errors retrying cannot fix (the queue answers 400, 401, 403 or 404 when asked for
+  work: an invalid task queue, wrong credentials, missing scopes, a rootUrl that is no
+  queue) stop the worker: ``start()`` lets running tasks finish and raises
+  ``QueueRefused``. Other failures to get work are retried with an exponential backoff
+  (``idle_sleep`` doubled per failure in a row, up to ``MAX_RETRY_SLEEP``).
+* Each task logs three lines at INFO: claimed, (the handler's own,) resolved.
 * Outcomes: see ``azqueue.worker.errors``.
 * ``stop()`` lets running tasks finish; ``stop(graceful=False)`` (and SIGTERM/SIGINT
   under ``run_until_signalled``) cancels them and reports each ``worker-shutdown``, so
@@ -27,6 +37,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -46,9 +57,13 @@ log = logging.getLogger(__name__)
 
 CLAIM_WORK_TIMEOUT = 25.0
 SLOT_WAIT = 1.0
+MAX_RETRY_SLEEP = 30.0
+# Answers to a request for work that no retry can change.
+FATAL_STATUSES = frozenset({400, 401, 403, 404})
 CLAIM_WORK = "claimWork"  # the key of ``Worker.requests`` counting claimWork calls
 
 Mode = Literal["sas", "claim-work"]
+TASK_QUEUE_ID = re.compile(r"[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}")
 
 
 class WorkerState(StrEnum):
@@ -95,6 +110,12 @@ class WorkerConfig:
         ``max_idle_sleep``: a higher-priority task waits about as long for busy workers
         as any task may wait for idle ones, and the rechecks cost a busy worker about
         what idling costs.
+    :param status_interval: seconds between two reads of each running task's status,
+        default 10 (with ±10% jitter): a run canceled or resolved by someone else stops
+        its handler that much later at most (plus the time of one status call). It
+        costs one ``status`` call per running task per interval; the call is made
+        without credentials (anonymous ``queue:status:*``, as in Taskcluster), with the
+        worker's own when that is refused.
     """
 
     root_url: str
@@ -108,8 +129,12 @@ class WorkerConfig:
     idle_sleep: float = 1.0
     max_idle_sleep: float = 5.0
     priority_recheck: float = 5.0
+    status_interval: float = 10.0
 
     def __post_init__(self) -> None:
+        if not TASK_QUEUE_ID.fullmatch(self.task_queue_id):
+            raise ValueError(f"task_queue_id must be <provisionerId>/<workerType>, each 1-38 "
+                             f"letters, digits, - or _; not {self.task_queue_id!r}")
         if self.mode not in ("sas", "claim-work"):
             raise ValueError(f"mode must be 'sas' or 'claim-work', not {self.mode!r}")
         if not 1 <= self.capacity <= 32:
@@ -119,6 +144,9 @@ class WorkerConfig:
         if not 0 < self.idle_sleep <= self.max_idle_sleep:
             raise ValueError(f"idle_sleep ({self.idle_sleep}) must be over 0 and at most "
                              f"max_idle_sleep ({self.max_idle_sleep})")
+        if self.status_interval <= 0:
+            raise ValueError(f"status_interval must be over 0 seconds, not "
+                             f"{self.status_interval}")
         if self.priority_recheck <= 0:
             raise ValueError(f"priority_recheck must be over 0 seconds, not "
                              f"{self.priority_recheck}")
@@ -131,7 +159,9 @@ class TaskRun:
     ``task`` is the task definition and ``payload`` its payload; ``queue`` is a client
     with the run's temporary credentials, swapped for new ones at every reclaim;
     ``upload_artifact`` creates, uploads and finishes a blob artifact. ``lost`` becomes
-    True when a reclaim answered 409 (the handler is then cancelled).
+    True when the run is no longer this worker's (a reclaim answered 409, or its status
+    shows it resolved by someone else; ``lost_because`` says which): the handler is
+    then cancelled.
     """
 
     task_id: str
@@ -142,6 +172,10 @@ class TaskRun:
     root_url: str
     session: aiohttp.ClientSession
     lost: bool = False
+    lost_because: str = ""
+
+    def lose(self, because: str) -> None:
+        self.lost, self.lost_because = True, because
 
     @property
     def payload(self) -> dict[str, Any]:
@@ -191,15 +225,20 @@ class Worker:
         self.completed = 0
         self.claimed = 0
         self.requests: Counter[str] = Counter()
+        self._refused: errors.QueueRefused | None = None
+        self._status_credentials: Credentials | None = None
+        self._status_refused = False
 
     async def start(self) -> None:
-        """Run the loop until ``stop()``."""
+        """Run the loop until ``stop()``; ``QueueRefused`` if the queue refused work in a
+        way no retry can change (after the running tasks are done)."""
         if self.state is not WorkerState.READY:
             raise RuntimeError(f"a worker starts once; this one is {self.state}")
         self.state = WorkerState.RUNNING
         try:
             async with aiohttp.ClientSession() as session:
                 source = self._source(session)
+                failures = 0
                 while not self._stop.is_set():
                     free = self.config.capacity - len(self._running)
                     if free <= 0:
@@ -208,13 +247,25 @@ class Worker:
                     try:
                         claims = await source(free)
                     except client.EXPECTED as e:
-                        log.warning("getting work failed: %s; retrying", e)
-                        await self._sleep(self.config.idle_sleep * random.uniform(1, 2))
+                        status = client.status_of(e)
+                        if status in FATAL_STATUSES:
+                            self._refused = errors.QueueRefused(
+                                f"the queue at {self.config.root_url} refused to give work "
+                                f"for {self.config.task_queue_id}: {client.describe(e)}",
+                                status)
+                            break
+                        failures += 1
+                        pause = self._retry_sleep(failures)
+                        log.warning("getting work failed: %s; retrying in %.1f s",
+                                    client.describe(e), pause)
+                        await self._sleep(pause)
                         continue
                     except Exception:  # a bug: say where, and keep the worker alive
+                        failures += 1
                         log.error("getting work failed unexpectedly; retrying", exc_info=True)
-                        await self._sleep(self.config.idle_sleep * random.uniform(1, 2))
+                        await self._sleep(self._retry_sleep(failures))
                         continue
+                    failures = 0
                     self.claimed += len(claims)
                     for claim in claims:
                         self._spawn(session, claim)
@@ -224,6 +275,13 @@ class Worker:
             log.debug("worker %s/%s: %d claims for %s", self.config.worker_group,
                       self.config.worker_id, self.claimed, dict(self.requests))
             self._stopped.set()
+        if self._refused is not None:
+            raise self._refused
+
+    def _retry_sleep(self, failures: int) -> float:
+        """Exponential backoff with jitter after ``failures`` failures in a row."""
+        base = min(self.config.idle_sleep * 2 ** min(failures - 1, 16), MAX_RETRY_SLEEP)
+        return float(base * random.uniform(1, 1.5))
 
     async def stop(self, graceful: bool = True) -> None:
         """Stop claiming; let running tasks finish (graceful) or report them
@@ -246,9 +304,11 @@ class Worker:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, lambda: stopping.append(
                 asyncio.ensure_future(self.stop(graceful=False))))
-        await self.start()
-        if stopping:
-            await asyncio.gather(*stopping)
+        try:
+            await self.start()
+        finally:
+            if stopping:
+                await asyncio.gather(*stopping)
 
     # -- getting work ----------------------------------------------------------------
 
@@ -307,6 +367,8 @@ class Worker:
                       task=claim["task"], taken_until=client.parse_time(claim["takenUntil"]),
                       credentials=Credentials.from_claim(claim["credentials"]),
                       root_url=self.config.root_url, session=session)
+        log.info("task %s/%d: claimed (%s)", run.task_id, run.run_id,
+                 str(run.task.get("metadata", {}).get("name", ""))[:80])
         task = asyncio.ensure_future(self._run(run))
         self._running[task] = run
         task.add_done_callback(lambda t: self._running.pop(t, None))
@@ -314,6 +376,7 @@ class Worker:
     async def _run(self, run: TaskRun) -> None:
         handler = asyncio.ensure_future(self.handler(run))
         reclaimer = asyncio.ensure_future(self._reclaim(run, handler))
+        watcher = asyncio.ensure_future(self._watch(run, handler))
         if self._shutdown:  # claimed while a forced stop was under way: hand it back
             handler.cancel()
         outcome: tuple[str, str] | None = None
@@ -324,8 +387,8 @@ class Worker:
             except asyncio.CancelledError:
                 await _cancel(handler, f"task {run.task_id}/{run.run_id}: the handler")
                 if run.lost:
-                    log.warning("task %s/%d: the claim was lost (reclaim answered 409); "
-                                "forgetting it", run.task_id, run.run_id)
+                    log.warning("task %s/%d: %s; stopped it, no report", run.task_id,
+                                run.run_id, run.lost_because)
                     return
                 outcome = ("exception", "worker-shutdown")
             except errors.TaskFailed as e:
@@ -333,12 +396,17 @@ class Worker:
             except errors.TaskException as e:
                 log.info("task %s/%d: %s: %s", run.task_id, run.run_id, e.reason, e)
                 outcome = ("exception", e.reason)
+            except client.EXPECTED as e:  # the queue went away under the handler
+                log.warning("task %s/%d: the handler could not reach the queue: %s",
+                            run.task_id, run.run_id, client.describe(e))
+                outcome = ("exception", "internal-error")
             except Exception:
                 log.exception("task %s/%d: the handler failed (a worker bug)", run.task_id,
                               run.run_id)
                 outcome = ("exception", "internal-error")
         finally:
             reclaimer.cancel()
+            watcher.cancel()
             try:
                 if outcome is not None and not run.lost:
                     # A forced stop must not cancel a report that is already due.
@@ -350,6 +418,7 @@ class Worker:
                         raise
             finally:
                 await _cancel(reclaimer, f"task {run.task_id}/{run.run_id}: reclaiming")
+                await _cancel(watcher, f"task {run.task_id}/{run.run_id}: watching")
 
     async def _reclaim(self, run: TaskRun, handler: asyncio.Future[None]) -> None:
         while not handler.done():
@@ -359,7 +428,7 @@ class Worker:
                 answer = await run.queue.reclaimTask(run.task_id, run.run_id)
             except client.EXPECTED as e:
                 if client.status_of(e) == 409:
-                    run.lost = True
+                    run.lose("the claim was lost (reclaim answered 409)")
                     handler.cancel()
                     return
                 log.warning("task %s/%d: reclaim failed (%s); retrying", run.task_id,
@@ -372,6 +441,49 @@ class Worker:
             run.taken_until = client.parse_time(answer["takenUntil"])
             run.credentials = Credentials.from_claim(answer["credentials"])
 
+    async def _watch(self, run: TaskRun, handler: asyncio.Future[None]) -> None:
+        """Read the run's status every ``status_interval`` seconds; once someone else
+        resolved it, cancel the handler."""
+        interval = self.config.status_interval
+        while not handler.done():
+            await asyncio.sleep(interval * random.uniform(0.9, 1.1))
+            try:
+                status = await self._status(run)
+            except client.EXPECTED as e:
+                log.warning("task %s/%d: reading its status failed: %s", run.task_id,
+                            run.run_id, client.describe(e))
+                continue
+            if status is None:
+                return
+            runs = status.get("runs", [])
+            state = runs[run.run_id]["state"] if run.run_id < len(runs) else "?"
+            if state != "running" and not handler.done():
+                reason = runs[run.run_id].get("reasonResolved", "") if state != "?" else ""
+                run.lose(f"resolved {state}{f' ({reason})' if reason else ''} by someone else")
+                handler.cancel()
+                return
+
+    async def _status(self, run: TaskRun) -> dict[str, Any] | None:
+        """The task's status: asked anonymously, else with the worker's credentials;
+        None once both were refused (the watch is then given up: the reclaim still
+        notices, later)."""
+        while not self._status_refused:
+            queue = client.queue(self.config.root_url, self._status_credentials, run.session)
+            try:
+                answer: dict[str, Any] = (await queue.status(run.task_id))["status"]
+                return answer
+            except client.EXPECTED as e:
+                if client.status_of(e) not in (401, 403):
+                    raise
+                if self._status_credentials is None and self.config.credentials is not None:
+                    self._status_credentials = self.config.credentials
+                    continue
+                self._status_refused = True
+                log.warning("reading task status is refused (%s): a canceled task runs on "
+                            "until its next reclaim; grant queue:status:* to anonymous "
+                            "requests or to this worker", client.describe(e))
+        return None
+
     async def _report(self, run: TaskRun, state: str, reason: str) -> None:
         queue = run.queue
         try:
@@ -382,10 +494,11 @@ class Worker:
                 await queue.reportFailed(run.task_id, run.run_id)
             else:
                 await queue.reportException(run.task_id, run.run_id, {"reason": reason})
-            log.info("task %s/%d: reported %s%s", run.task_id, run.run_id, state,
+            log.info("task %s/%d: resolved %s%s", run.task_id, run.run_id, state,
                      f" ({reason})" if reason else "")
         except client.EXPECTED as e:
-            log.warning("task %s/%d: reporting %s failed: %s", run.task_id, run.run_id, state, e)
+            log.warning("task %s/%d: reporting %s failed: %s", run.task_id, run.run_id, state,
+                        client.describe(e))
         except Exception:
             log.error("task %s/%d: reporting %s failed unexpectedly", run.task_id, run.run_id,
                       state, exc_info=True)

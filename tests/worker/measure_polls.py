@@ -17,19 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from benchlib import ROOT_ID, ROOT_TOKEN, dev_server  # noqa: E402
-
-from azqueue.worker import Credentials, TaskRun, Worker, WorkerConfig  # noqa: E402
-from azqueue.worker.sas import EMPTY_POLL, POLL  # noqa: E402
-from tests.tasks import create, definition  # noqa: E402
+from azqueue.worker import Credentials, TaskRun, Worker, WorkerConfig
+from azqueue.worker.sas import EMPTY_POLL, POLL
+from tests.tasks import create, definition
+from tests.worker.measuring import ROOT_ID, ROOT_TOKEN, dev_server
 
 IDLE_WARM_UP = 15.0
 PLAIN = {"priority_recheck": 1e-9, "max_idle_sleep": 1.0}

@@ -360,4 +360,4 @@ def test_azqueue_worker_refuses_options_that_do_not_fit() -> None:
         capture_output=True, text=True, timeout=60)
     assert refused.returncode == 1
     assert refused.stderr.strip() == (
-        "azqueue worker: idle_sleep (2.0) must be over 0 and at most max_idle_sleep (1.0)")
+        "azqueue: worker: idle_sleep (2.0) must be over 0 and at most max_idle_sleep (1.0)")

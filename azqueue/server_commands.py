@@ -1,0 +1,262 @@
+"""``azqueue serve``, ``dev`` and ``resolve``: the server side of the command line.
+
+Each fails in one line that names what is wrong (``ConfigError``, exit status 2, or
+``StartupError``, exit status 1), never with a traceback: a setting, a port in use, a
+data directory that cannot be made, storage that stays unreachable. Each stops on
+SIGINT, SIGTERM and SIGHUP (a closed terminal); ``dev`` then stops its Azurite too.
+
+``dev --data DIR`` keeps Azurite's data, the tip secrets and the root credentials in DIR
+(``DEV_STATE``, mode 0600), so a restart keeps every stored task and every pending tip
+valid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TypeVar
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from azqueue import __version__
+from azqueue.api.app import create_app
+from azqueue.background import resolvers
+from azqueue.config import ConfigError, Settings, connection_settings, new_secret
+from azqueue.devstorage import Azurite
+from azqueue.service.wiring import open_services
+from azqueue.storage.account import service_endpoint
+
+log = logging.getLogger("azqueue")
+
+DEV_STATE = "azqueue-dev.json"
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+CONNECT_TIMEOUT = 5.0
+T = TypeVar("T")
+
+
+class StartupError(Exception):
+    """The server could not start for a reason outside its settings (exit status 1)."""
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.command == "serve":
+            asyncio.run(_stopping(lambda stop: _serve(Settings.from_env(), stop)))
+        elif args.command == "dev":
+            asyncio.run(_stopping(lambda stop: _dev(args, stop)))
+        else:
+            asyncio.run(_stopping(lambda stop: _resolve(args.which, stop)))
+    except StartupError as e:
+        print(f"azqueue: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _stopping(body: Callable[[asyncio.Event], Awaitable[None]]) -> None:
+    """Run ``body(stop)`` with ``stop`` set by SIGINT, SIGTERM or SIGHUP, caught from the
+    start: what ``body`` waits for while starting it waits for ``_unless(stop, ...)``."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in STOP_SIGNALS:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await body(stop)
+    finally:
+        for sig in STOP_SIGNALS:
+            loop.remove_signal_handler(sig)
+
+
+async def _unless(stop: asyncio.Event, step: Awaitable[T]) -> T | None:
+    """``step``'s result; or, if ``stop`` is set first, None after cancelling ``step``."""
+    work = asyncio.ensure_future(step)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+    if not work.done():
+        work.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await work
+        return None
+    return work.result()
+
+
+async def wait_for_storage(settings: Settings) -> None:
+    """Connect to each storage endpoint until it answers, for up to ``storage_wait``
+    seconds, logging each failed try; then ``StartupError`` naming the endpoint."""
+    try:
+        conn = connection_settings(settings.storage.connection_string)
+        endpoints = [service_endpoint(conn, s) for s in ("table", "queue", "blob")]
+    except ConfigError:
+        return  # a form the account itself reports on (e.g. UseDevelopmentStorage)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + settings.storage_wait
+    for endpoint in endpoints:
+        url = urlsplit(endpoint)
+        port = url.port or (443 if url.scheme == "https" else 80)
+        while True:
+            try:
+                _, writer = await asyncio.wait_for(
+                    asyncio.open_connection(url.hostname, port), CONNECT_TIMEOUT)
+                writer.close()
+                with contextlib.suppress(OSError):
+                    await writer.wait_closed()
+                break
+            except (OSError, TimeoutError) as e:
+                why = (e.strerror or str(e)) if isinstance(e, OSError) else "no answer"
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise StartupError(
+                        f"storage unreachable: {endpoint} ({why}) for "
+                        f"{settings.storage_wait:g} s; check AZQUEUE_STORAGE_CONNECTION_STRING "
+                        "(or AZQUEUE_STORAGE_WAIT to wait longer)") from None
+                log.warning("storage at %s is not reachable yet (%s); retrying for %.0f s more",
+                            endpoint, why, left)
+                await asyncio.sleep(min(2.0, left))
+
+
+async def _serve(settings: Settings, stop: asyncio.Event,
+                 banner: Callable[[Settings], None] | None = None) -> None:
+    await _unless(stop, wait_for_storage(settings))
+    if stop.is_set():
+        return
+    runner = web.AppRunner(create_app(settings), access_log=None)
+    try:
+        try:
+            await runner.setup()
+        except (ConfigError, StartupError):
+            raise
+        except Exception as e:  # storage refused us: one line, the traceback at DEBUG
+            log.debug("start-up failed", exc_info=True)
+            raise StartupError(f"could not start: {type(e).__name__}: {_first_line(e)} "
+                               "(--log-level DEBUG shows the traceback)") from None
+        site = web.TCPSite(runner, settings.host, settings.port)
+        try:
+            await site.start()
+        except OSError as e:
+            raise StartupError(_listen_error(settings, e)) from None
+        log.info("serving %s on %s:%d", settings.public_root_url, settings.host, settings.port)
+        if banner:
+            banner(settings)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _listen_error(settings: Settings, e: OSError) -> str:
+    where = f"{settings.host}:{settings.port}"
+    if e.errno == errno.EADDRINUSE:
+        return (f"cannot listen on {where}: the address is already in use; stop what listens "
+                "there or choose another port (AZQUEUE_PORT, or `dev --port`)")
+    return f"cannot listen on {where}: {e.strerror or e}; check AZQUEUE_HOST and AZQUEUE_PORT"
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [""])[0][:300]
+
+
+def _dev_banner(settings: Settings) -> None:
+    root = settings.public_root_url
+    print(f"""
+azqueue {__version__} is running on an embedded Azurite (Ctrl-C stops both).
+
+  rootUrl:      {root}
+  clientId:     {settings.root.client_id}   (scope *)
+  accessToken:  {settings.root.access_token}
+
+Point the official taskcluster client (or any worker) at it:
+
+  export TASKCLUSTER_ROOT_URL={root}
+  export TASKCLUSTER_CLIENT_ID={settings.root.client_id}
+  export TASKCLUSTER_ACCESS_TOKEN={settings.root.access_token}
+""", flush=True)
+
+
+def dev_state(data_dir: Path | None) -> dict[str, str]:
+    """The tip secrets and root credentials of ``dev``: kept in ``data_dir/DEV_STATE``
+    (made with mode 0600 on first use) when there is a data directory, fresh otherwise."""
+    fresh = {"AZQUEUE_TIP_SECRETS": new_secret(), "AZQUEUE_ROOT_CLIENT_ID": "root",
+             "AZQUEUE_ROOT_ACCESS_TOKEN": new_secret()}
+    if data_dir is None:
+        return fresh
+    path = data_dir / DEV_STATE
+    try:
+        with open(path, encoding="utf-8") as f:
+            kept = json.load(f)
+        if not isinstance(kept, dict) or set(kept) != set(fresh) or not all(
+                isinstance(v, str) and v for v in kept.values()):
+            raise ValueError(f"it must hold exactly {sorted(fresh)}")
+        return kept
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        raise StartupError(f"cannot read {path}: {e}; repair it, or delete it to start with "
+                           "new credentials (tips pending in DIR then become invalid)") from None
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(fresh, f, indent=2)
+    except OSError as e:
+        raise StartupError(f"cannot write {path}: {e.strerror or e}") from None
+    return fresh
+
+
+def _data_dir(raw: str | None) -> Path | None:
+    if raw is None:
+        return None
+    path = Path(raw).expanduser()
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:
+        raise StartupError(f"--data {raw}: it exists and is not a directory") from None
+    except OSError as e:
+        raise StartupError(f"--data {raw}: cannot create it: {e.strerror or e}") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StartupError(f"--data {raw}: not writable by this user")
+    return path
+
+
+async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    data_dir = _data_dir(args.data)
+    env = dict(os.environ)
+    for name, value in dev_state(data_dir).items():
+        env.setdefault(name, value)
+    if args.port is not None:
+        env["AZQUEUE_PORT"] = str(args.port)
+    # Check the other settings before Azurite starts (its connection string is not
+    # known yet: any well-formed one stands in for it).
+    env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
+    env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
+    Settings.from_env(env)
+    azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))
+    if azurite is None:
+        return
+    try:
+        env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
+        await _serve(Settings.from_env(env), stop, _dev_banner)
+    finally:
+        await azurite.stop()
+
+
+async def _resolve(which: str, stop: asyncio.Event) -> None:
+    settings = Settings.from_env()
+    await _unless(stop, wait_for_storage(settings))
+    if stop.is_set():
+        return
+    async with open_services(settings) as services:
+        if which == "events" and services.outbox is None:
+            raise ConfigError("`azqueue resolve events` needs AZQUEUE_AMQP_URL")
+        async with resolvers.running(services, settings,
+                                     resolvers.NAMES if which == "all" else (which,)):
+            await stop.wait()

@@ -1,0 +1,34 @@
+"""Running the real `azqueue` entry point as a user does: a subprocess, its output and exit
+code."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+from collections.abc import Mapping
+
+from tests.servers import Server
+from tests.worker.helpers import AZQUEUE, cli_env
+
+
+async def azqueue(*args: str, env: Mapping[str, str] | None = None,
+                  timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``azqueue ARGS``, run to its end (``timeout`` bounds a stuck one)."""
+    return await asyncio.to_thread(
+        subprocess.run, [AZQUEUE, *args], env=dict(env if env is not None else os.environ),
+        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+async def as_root(server: Server, *args: str, timeout: float = 60
+                  ) -> subprocess.CompletedProcess[str]:
+    """``azqueue ARGS`` with the root client's TASKCLUSTER_* variables for ``server``."""
+    return await azqueue(*args, env=cli_env(server), timeout=timeout)
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The error an `azqueue` command ended with, checked to be one line and no traceback."""
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert lines, f"no error printed; stdout: {done.stdout!r}"
+    return lines[-1]

@@ -1,0 +1,111 @@
+"""`azqueue dev` as a developer runs it: restarted on the same --data directory it keeps
+its tasks, its credentials and its tip secrets; SIGHUP stops it and its Azurite."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import stat
+import subprocess
+from pathlib import Path
+
+import aiohttp
+
+from azqueue.devstorage import free_port
+from azqueue.server_commands import DEV_STATE
+from azqueue.worker import Credentials, Worker, WorkerConfig
+from tests.signing import hawk_signer
+from tests.tasks import definition, slugid
+from tests.worker.helpers import AZQUEUE, eventually, running
+
+BANNER_TIMEOUT = 120.0
+
+
+class Dev:
+    """A running `azqueue dev --data DIR --port PORT` and what its banner said."""
+
+    def __init__(self, data: Path, port: int) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")}
+        self.process = subprocess.Popen(
+            [AZQUEUE, "dev", "--data", str(data), "--port", str(port)], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.root_url = f"http://127.0.0.1:{port}"
+        self.token = ""
+
+    async def started(self) -> Dev:
+        def read_banner() -> str:
+            assert self.process.stdout is not None
+            for line in self.process.stdout:
+                if m := re.search(r"export TASKCLUSTER_ACCESS_TOKEN=(\S+)", line):
+                    return m[1]
+            return ""
+
+        self.token = await asyncio.wait_for(asyncio.to_thread(read_banner), BANNER_TIMEOUT)
+        assert self.token, f"no banner; stderr: {self.stop(signal.SIGKILL)}"
+        return self
+
+    def children(self) -> list[int]:
+        pid = self.process.pid
+        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+    def stop(self, sig: int) -> str:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        _, err = self.process.communicate(timeout=60)
+        return err
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
+        tmp_path: Path) -> None:
+    """A task created before a restart is still pending after it, and its tip (signed
+    with the first run's secret) is claimed and completed by a worker of the second run;
+    the root credentials printed are the same. SIGHUP (a closed terminal) stops dev and
+    its Azurite."""
+    data = tmp_path / "not" / "yet"
+    port = free_port()
+    first = await Dev(data, port).started()
+    try:
+        state = data / DEV_STATE
+        assert stat.S_IMODE(state.stat().st_mode) == 0o600
+        [azurite_pid] = first.children()
+        task_id = slugid()
+        async with aiohttp.ClientSession(middlewares=(hawk_signer("root", first.token),)) as http:
+            async with http.put(f"{first.root_url}/api/queue/v1/task/{task_id}",
+                                json=definition("prov/restarted")) as r:
+                assert r.status == 200, await r.text()
+        err = await asyncio.to_thread(first.stop, signal.SIGHUP)
+        assert first.process.returncode == 0, err
+        assert "Traceback" not in err
+        assert not _alive(azurite_pid), "Azurite outlived `azqueue dev` after SIGHUP"
+    finally:
+        if first.process.poll() is None:
+            first.stop(signal.SIGKILL)
+
+    second = await Dev(data, port).started()
+    try:
+        assert second.token == first.token
+        worker = Worker(WorkerConfig(
+            root_url=second.root_url, credentials=Credentials("root", second.token),
+            task_queue_id="prov/restarted", worker_group="g", worker_id="after-restart",
+            mode="sas", idle_sleep=0.2), lambda run: asyncio.sleep(0))
+        async with running(worker):
+            await eventually(lambda: worker.completed == 1, timeout=60,
+                             what="the task created before the restart to be completed")
+        async with aiohttp.ClientSession() as anonymous, anonymous.get(
+                f"{second.root_url}/api/queue/v1/task/{task_id}/status") as r:
+            runs = (await r.json())["status"]["runs"]
+        assert [(run["state"], run["workerId"]) for run in runs] == [
+            ("completed", "after-restart")]
+    finally:
+        err = await asyncio.to_thread(second.stop, signal.SIGTERM)
+    assert second.process.returncode == 0, err

@@ -1,0 +1,202 @@
+"""`azqueue task …`, `queue list`, `worker list`, `--help` and `--version`, run as a user
+runs them: the installed entry point, against a real server on Azurite."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import aiohttp
+import pytest
+
+from azqueue import __version__
+from azqueue.cli import WAIT_EXIT_CODES, parser
+from tests.cli.helpers import as_root, azqueue
+from tests.servers import Server, ServerFactory
+from tests.tasks import create, definition
+from tests.worker.helpers import AZQUEUE, cli_env, running, shell_worker, wait_status
+
+SERVER_STACK = ("azure", "azqueue.api", "azqueue.service", "azqueue.storage",
+                "azqueue.background", "azqueue.server_commands")
+
+
+def _imported_by(*argv: str, env: dict[str, str] | None = None) -> list[str]:
+    """The modules of the server stack that running ``azqueue ARGV`` imported."""
+    probe = ("import json, sys\n"
+             "from azqueue.cli import main\n"
+             "try:\n"
+             f"    main({list(argv)!r})\n"
+             "except SystemExit:\n"
+             "    pass\n"
+             f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({SERVER_STACK!r}))))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=env, timeout=60)
+    return list(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+async def test_help_version_and_task_status_do_not_import_the_server_stack(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """The command line answers `--help` and `task status` at once: neither loads the
+    Azure SDKs nor the server (which took seconds per call)."""
+    task_id = await create(http, server.api, definition("prov/imports"))
+    assert await asyncio.to_thread(_imported_by, "--help") == []
+    assert await asyncio.to_thread(_imported_by, "serve", "--help") == []
+    assert await asyncio.to_thread(_imported_by, "task", "status", task_id,
+                                   env=cli_env(server)) == []
+    version = await azqueue("--version")
+    assert (version.returncode, version.stdout.strip()) == (0, f"azqueue {__version__}")
+
+
+def test_every_option_says_what_it_is_and_serve_help_names_the_variables() -> None:
+    """`--help` explains every option, with its unit and default where it has them."""
+    def commands(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+        yield p
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    yield from commands(sub)
+
+    for command in commands(parser()):
+        for action in command._actions:
+            if action.dest == "help":
+                continue
+            assert action.help, f"{command.prog} {action.option_strings or action.dest}: no help"
+            if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+                assert "default" in action.help, f"{command.prog} {action.option_strings}"
+    serve_help = subprocess.run([AZQUEUE, "serve", "--help"], capture_output=True, text=True,
+                                timeout=60).stdout
+    for variable in ("AZQUEUE_STORAGE_CONNECTION_STRING", "AZQUEUE_TIP_SECRETS",
+                     "AZQUEUE_ROOT_CLIENT_ID", "AZQUEUE_ROOT_ACCESS_TOKEN", "AZQUEUE_PORT",
+                     "AZQUEUE_AMQP_URL", "AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT"):
+        assert variable in serve_help, variable
+    worker_help = subprocess.run([AZQUEUE, "worker", "--help"], capture_output=True, text=True,
+                                 timeout=60).stdout
+    assert re.search(r"--status-interval SECONDS\s+check each running task's status", worker_help)
+    assert "(default: 10;" in worker_help
+
+
+async def test_task_wait_prints_progress_and_exits_by_outcome(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """`task wait`: a line per state change with the elapsed time; exit 0 completed,
+    3 failed, 4 exception, 5 when --timeout passes first."""
+    ok = await create(http, server.api, definition(
+        "prov/wait", payload={"command": ["sh", "-c", "sleep 1"]}))
+    failing = await create(http, server.api, definition(
+        "prov/wait", payload={"command": ["false"]}))
+    malformed = await create(http, server.api, definition("prov/wait", payload={"command": 1}))
+    nobody = await create(http, server.api, definition("prov/nobody-works-here"))
+    following = subprocess.Popen([AZQUEUE, "task", "wait", ok], env=cli_env(server),
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert following.stdout is not None
+        first = await asyncio.to_thread(following.stdout.readline)  # before any worker runs
+        timed_out = await as_root(server, "task", "wait", "--timeout", "1", nobody)
+        async with running(shell_worker(server, "prov/wait", "waited-for")):
+            done_failing, done_malformed = await asyncio.gather(
+                as_root(server, "task", "wait", failing),
+                as_root(server, "task", "wait", malformed))
+            rest, _ = await asyncio.to_thread(following.communicate, timeout=60)
+    finally:
+        if following.poll() is None:
+            following.kill()
+    assert (following.returncode, done_failing.returncode, done_malformed.returncode) == (
+        WAIT_EXIT_CODES["completed"], WAIT_EXIT_CODES["failed"], WAIT_EXIT_CODES["exception"])
+    assert (following.returncode, done_failing.returncode, done_malformed.returncode) == (0, 3, 4)
+    assert re.fullmatch(rf"\[\s*\d+s\] {ok} pending: run 0 pending\n", first), first
+    lines = rest.splitlines()
+    assert any(re.fullmatch(rf"\[\s*\d+s\] {ok} running: run 0 running on tests/waited-for",
+                            line) for line in lines), lines
+    assert re.fullmatch(rf"\[\s*\d+s\] {ok} completed: run 0 completed", lines[-1]), lines
+    assert done_malformed.stdout.splitlines()[-1].endswith("run 0 exception (malformed-payload)")
+    assert timed_out.returncode == WAIT_EXIT_CODES["timeout"] == 5
+    assert f"{nobody} is still pending after --timeout 1s" in timed_out.stderr
+
+
+async def test_task_wait_json_and_ctrl_c_exits_quietly(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """Ctrl-C ends `task wait` with status 130 and no traceback; `--json` prints the
+    status as the API answers it."""
+    task_id = await create(http, server.api, definition("prov/ctrl-c"))
+    waiting = subprocess.Popen([AZQUEUE, "task", "wait", task_id], env=cli_env(server),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert waiting.stdout is not None
+        first = await asyncio.to_thread(waiting.stdout.readline)
+        assert f"{task_id} pending" in first
+        waiting.send_signal(signal.SIGINT)
+        _, err = await asyncio.to_thread(waiting.communicate, timeout=30)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    assert (waiting.returncode, err) == (130, "")
+    status = await as_root(server, "task", "status", "--json", task_id)
+    assert json.loads(status.stdout)["taskId"] == task_id
+    assert json.loads(status.stdout)["runs"][0]["state"] == "pending"
+
+
+async def test_task_list_of_a_group_in_lines_and_json(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """`task list --group` reads listTaskGroup, every page of it."""
+    group = await create(http, server.api, definition("prov/listed", metadata={
+        "name": "the group's own", "description": "", "owner": "me@example.com",
+        "source": "https://example.com"}))
+    members = [await create(http, server.api, definition("prov/listed", taskGroupId=group))
+               for _ in range(3)]
+    listed = await as_root(server, "task", "list", "--group", group)
+    assert listed.returncode == 0, listed.stderr
+    ids = {line.split()[0] for line in listed.stdout.splitlines()}
+    assert ids == {group, *members}
+    assert any(line.split()[1] == "pending" and line.endswith("the group's own")
+               for line in listed.stdout.splitlines())
+    as_json = await as_root(server, "task", "list", "--group", group, "--json")
+    assert {json.loads(line)["status"]["taskId"] for line in as_json.stdout.splitlines()} == ids
+
+
+async def _offers(http: aiohttp.ClientSession, url: str) -> bool:
+    async with http.get(url) as r:
+        return not (r.status == 501 or r.status == 404
+                    and "no such API endpoint" in await r.text())
+
+
+@pytest.mark.parametrize("argv, path", [
+    (("queue", "list"), "task-queues"),
+    (("worker", "list", "--task-queue", "prov/lister"),
+     "provisioners/prov/worker-types/lister/workers"),
+    (("task", "list", "--task-queue", "prov/lister"), "task-queues/prov%2Flister/pending"),
+])
+async def test_listings_of_queues_workers_and_pending_tasks(
+        make_server: ServerFactory, http: aiohttp.ClientSession, argv: tuple[str, ...],
+        path: str) -> None:
+    """`queue list`, `worker list`, `task list --task-queue` call listTaskQueues,
+    listWorkers and listPendingTasks with the official client's shapes; a queue without
+    those endpoints is told in one line."""
+    server = await make_server(claim_work_wait=1.0)
+    task_id = await create(http, server.api, definition("prov/lister"))
+    async with running(shell_worker(server, "prov/lister", "lister-1")):
+        await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
+    pending = await create(http, server.api, definition("prov/lister"))
+    listed = await as_root(server, *argv)
+    if not await _offers(http, f"{server.api}/{path}"):
+        assert listed.returncode == 1
+        assert "does not offer this listing" in listed.stderr, listed.stderr
+        pytest.skip(f"this queue does not offer GET {path} yet")
+    assert listed.returncode == 0, listed.stderr
+    expected = {"queue": "prov/lister", "worker": "tests/lister-1", "task": pending}[argv[0]]
+    assert expected in listed.stdout
+    as_json = await as_root(server, *argv, "--json")
+    assert [json.loads(line) for line in as_json.stdout.splitlines()]
+
+
+def test_resolve_offers_exactly_the_resolvers_there_are() -> None:
+    """`azqueue resolve` lists the resolvers without importing them (for a fast --help):
+    the list must be the one the server runs."""
+    from azqueue.background import resolvers
+    from azqueue.cli import RESOLVERS
+
+    assert sorted(RESOLVERS) == sorted(resolvers.NAMES)
