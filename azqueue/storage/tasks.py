@@ -397,7 +397,11 @@ class TaskStore(TableStore):
                 held = None  # a message is held only by a running run
             outbox = [outbox_row(task_id, e) for e in events(before, after)] if events else []
             write_id = secrets.token_hex(8)
-            entity = to_entity(after, held, stored.tips, write_id)
+            # Every recorded tip was put in the queue of the priority the task had: with
+            # a new priority they are all stale, and forgetting them makes a claim of one
+            # a claim of a message that is not the task's tip (refused, then deleted).
+            tips = stored.tips if after.priority == before.priority else frozenset[str]()
+            entity = to_entity(after, held, tips, write_id)
             if before_write is not None:
                 await before_write(before, after)
             try:
@@ -416,6 +420,6 @@ class TaskStore(TableStore):
                 lost = (before, stored.held, write_id)
                 continue
             return Change(before, after, stored.held,
-                          Stored(after, str(etag), held, stored.tips, write_id))
+                          Stored(after, str(etag), held, tips, write_id))
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "
                            "updated; try again")
