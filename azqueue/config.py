@@ -137,9 +137,15 @@ def _load_clients(path: str) -> tuple[Client, ...]:
             '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
 
 
-DEFAULT_ANONYMOUS_SCOPES = ("queue:get-task:*", "queue:status:*", "queue:list-artifacts:*",
-                            "queue:get-artifact:public/*", "queue:list-dependent-tasks:*",
-                            "queue:list-task-group:*")
+# Reading tasks, public artifacts, task groups and what the queue knows of task queues
+# and workers (what the dashboard shows); nothing that changes anything.
+DEFAULT_ANONYMOUS_SCOPES = (
+    "queue:get-task:*", "queue:status:*", "queue:list-artifacts:*",
+    "queue:get-artifact:public/*", "queue:list-dependent-tasks:*", "queue:list-task-group:*",
+    "queue:list-provisioners", "queue:get-provisioner:*", "queue:list-worker-types:*",
+    "queue:get-worker-type:*", "queue:list-task-queues", "queue:get-task-queue:*",
+    "queue:list-workers:*", "queue:get-worker:*", "queue:pending-count:*",
+    "queue:claimed-count:*", "queue:pending-list:*", "queue:claimed-list:*")
 
 
 @dataclass(frozen=True, slots=True)

@@ -131,3 +131,22 @@ async def test_the_opening_form_leads_to_a_task(
                                      'header button[value="task"]')
     await asyncio.to_thread(button.click)
     await until(browser, lambda d: task_id in text_of("main dl")(d), "the task opened")
+
+
+async def test_task_queues_show_their_counts_pending_tasks_and_workers(
+        server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
+    """Anonymous, with the default anonymous scopes: the overview lists the task queue
+    with its counts, and its page lists pending tasks and the worker that claimed one."""
+    pending = [await create(http, server.api, definition("prov/dash-q")) for _ in range(2)]
+    claimed = await create(http, server.api, definition("prov/dash-q", priority="highest"))
+    code, body = await sas.post(http, f"{server.api}/claim-work/prov%2Fdash-q",
+                                {"workerGroup": "wg", "workerId": "dash-worker", "tasks": 1})
+    assert code == 200 and body["tasks"][0]["status"]["taskId"] == claimed
+    await asyncio.to_thread(browser.get, f"{server.root_url}/")
+    await until(browser, lambda d: "prov/dash-q" in text_of("main table")(d), "the task queue")
+    await asyncio.to_thread(browser.get, f"{server.root_url}/#/queue/prov%2Fdash-q")
+    await until(browser, lambda d: all(t in text_of("main")(d) for t in pending),
+                "the pending tasks")
+    await until(browser, lambda d: "wg/dash-worker" in text_of("main")(d)
+                and claimed in text_of("main")(d), "the worker and its recent task")
+    assert await console_errors(browser) == []

@@ -125,9 +125,9 @@ async function queuePage(taskQueueId) {
       `/provisioners/${enc(provisionerId)}/worker-types/${enc(workerType)}/workers/` +
       `${enc(w.workerGroup)}/${enc(w.workerId)}`)));
     out.push(table(["worker", "last seen", "quarantined until", "recent tasks"], list.map((w, i) => {
-      const recent = (details[i] && details[i].value && details[i].value.recentTasks) ||
-        (w.latestTask ? [w.latestTask] : []);
-      return [`${w.workerGroup}/${w.workerId}`, when(w.lastDateActive),
+      const detail = (details[i] && details[i].value) || {};
+      const recent = detail.recentTasks || (w.latestTask ? [w.latestTask] : []);
+      return [`${w.workerGroup}/${w.workerId}`, when(detail.lastDateActive || w.lastDateActive),
         w.quarantineUntil ? when(w.quarantineUntil) : "",
         el("span", {}, recent.slice(-5).reverse().map((t) => [taskLink(t.taskId), " "]))];
     })));
