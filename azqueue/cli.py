@@ -25,7 +25,7 @@ from azqueue import __version__, logs
 from azqueue.config import ConfigError
 
 # The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
-RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events")
+RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events", "groups")
 PRIORITIES = ["highest", "very-high", "high", "medium", "low", "very-low", "lowest", "normal"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 # `azqueue task wait`: how it ends, by the task's state (or by running out of time).
