@@ -121,6 +121,14 @@ def status_of(error: BaseException) -> int | None:
     return None
 
 
+def code_of(error: BaseException) -> str | None:
+    """The ``code`` of the queue's error answer behind an official-client failure (e.g.
+    ``WorkerQuarantined``), or None."""
+    body = getattr(error, "body", None)
+    code = body.get("code") if isinstance(body, dict) else None
+    return code if isinstance(code, str) else None
+
+
 def describe(error: BaseException) -> str:
     """One line about an expected failure: the queue's ``code: message`` when it answered
     one, else what the exception says."""

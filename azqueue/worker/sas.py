@@ -228,6 +228,12 @@ class SasSource:
                 log.info("claim of %s/%d refused (%d): %s; deleting its message", task_id, run_id,
                          status, e)
                 await self._delete(message, delete_template)
+            elif status == 403 and client.code_of(e) == "WorkerQuarantined":
+                # Not our credentials: the operator quarantined this worker. The queue
+                # made the tip visible to others; poll again only after a long while.
+                log.warning("claim of %s/%d refused: %s; waiting %.1f s before polling again",
+                            task_id, run_id, e, self.max_idle_sleep)
+                await asyncio.sleep(self.max_idle_sleep * random.uniform(0.75, 1.25))
             elif status in (401, 403):
                 # Our own credentials are wrong, not the task: leave the tip for a worker
                 # that may claim it, and slow down.

@@ -3,15 +3,19 @@ counts a provisioner reads, and the record of a worker's recent tasks."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
+import pytest
 
 from azqueue.model.priority import ORDER
+from azqueue.worker.client import Credentials
+from azqueue.worker.sas import SasSource
 from tests import sas
 from tests.integration.test_claim_work import claim_work
-from tests.servers import Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, iso, status
 from tests.waiting import eventually
 
@@ -227,3 +231,25 @@ async def test_expired_workers_and_task_queues_are_deleted_unless_quarantined(
     assert await info.workers.get(tq, "wg", "gone") is None
     assert await info.workers.get(tq, "wg", "held") is not None
     assert await info.task_queues.get_task_queue(tq) is None
+
+
+async def test_a_quarantined_sdk_sas_worker_says_so_and_waits_instead_of_blaming_its_credentials(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The SDK's SAS source, refused 403 WorkerQuarantined, leaves the tip (visible again
+    for others) and waits its longest idle sleep before polling again."""
+    server = await make_server()
+    tq = "prov/quarantine-sdk"
+    task_id = await create(http, server.api, definition(tq))
+    await _declare(http, server, tq, "w1")
+    await _quarantine(http, server, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, Credentials(ROOT.client_id,
+                           ROOT.access_token), tq, "wg", "w1", max_idle_sleep=0.5)
+        started = asyncio.get_running_loop().time()
+        assert await source.get(1, asyncio.Event()) == []
+        assert asyncio.get_running_loop().time() - started >= 0.3
+    assert any("is quarantined until" in r.getMessage() and r.levelname == "WARNING"
+               for r in caplog.records)
+    assert not any("credentials" in r.getMessage() for r in caplog.records)
+    assert (await status(http, server.api, task_id))["state"] == "pending"
