@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from azqueue.api.middleware import error_middleware
+from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api.auth import Authenticator
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
                                 dispatch)
@@ -62,7 +62,8 @@ def _quiet_malformed_requests() -> None:
 
 def create_app(settings: Settings) -> web.Application:
     _quiet_malformed_requests()
-    app = web.Application(middlewares=[error_middleware], client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[error_middleware, budget_middleware(
+        settings.request_budget, settings.claim_work_wait)], client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)

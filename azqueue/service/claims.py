@@ -22,7 +22,7 @@ from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import taskcreds, timeutil
 from azqueue.model.task import RunState, Task
-from azqueue.storage.errors import MessageGone
+from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.tasks import KEEP, HeldMessage, Stored, Keep
 
 if TYPE_CHECKING:
@@ -115,13 +115,17 @@ class Claims:
                 receipt = await core.queues.update(
                     queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
                     text=core.signer.tip(task_id, run_id + 1).encode())
+            except ReceiptLost:
+                # Rewritten as asked, most likely, by an attempt whose answer was lost: the
+                # claim holds no message (it reappears at takenUntil and is refused then).
+                receipt = ""
             except MessageGone:
                 raise errors.InputError(
                     f"`messageId` and `receipt` do not name a message you hold in the queue of "
                     f"task {task_id} ({current.task_queue_id}, {current.priority}): give the "
                     "MessageId and PopReceipt of the message this tip came from, as received"
                 ) from None
-            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt) if receipt else None
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
         except errors.Conflict:
@@ -263,6 +267,10 @@ class Claims:
                     receipt = await core.queues.update(held.queue_name, held.message_id,
                                                        held.pop_receipt, core.claim_timeout)
                     break
+                except ReceiptLost:
+                    # Pushed out as asked, most likely, by an attempt whose answer was lost:
+                    # the run holds the message no more (the claim resolver expires it).
+                    break
                 except MessageGone:
                     # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
                     stored, guess = await core.tasks.load(task_id), False
@@ -277,8 +285,9 @@ class Claims:
             else:
                 raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
                                        "concurrently; try again")
-        hold: HeldMessage | None | Keep = (replace(held, pop_receipt=receipt) if held is not None
-                                            else KEEP)
+        hold: HeldMessage | None | Keep = (KEEP if held is None else
+                                            replace(held, pop_receipt=receipt) if receipt
+                                            else None)
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
         except errors.Conflict:
