@@ -28,26 +28,38 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from email.utils import parsedate_to_datetime
 from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
 
 RETRIED_STATUS = frozenset({408, 500, 502, 503, 504})
 
-# The loop time by which the storage calls of the current client request must end.
-_deadline: ContextVar[float | None] = ContextVar("azqueue_storage_deadline", default=None)
+# The loop time by which the storage calls of the current client request must end, and
+# the task that serves the request. Tasks it starts inherit this context: those that work
+# for the request (a gather) keep to its budget, those that outlive it (a poller) do not.
+_deadline: ContextVar[tuple[float, asyncio.Task[Any] | None] | None] = ContextVar(
+    "azqueue_storage_deadline", default=None)
 
 
 @contextmanager
 def budget(seconds: float) -> Iterator[None]:
-    """Storage calls made inside this block end within ``seconds`` (or an enclosing
-    budget, if that ends sooner)."""
+    """Storage calls made inside this block (and by tasks it starts, while it lasts) end
+    within ``seconds``, or by an enclosing budget's end, if that comes sooner."""
     end = asyncio.get_running_loop().time() + seconds
-    outer = _deadline.get()
-    token = _deadline.set(end if outer is None else min(outer, end))
+    outer = _budget_end()
+    token = _deadline.set((end if outer is None else min(outer, end), asyncio.current_task()))
     try:
         yield
     finally:
         _deadline.reset(token)
+
+
+def _budget_end() -> float | None:
+    """The end of the budget of the request being served, if it still is."""
+    current = _deadline.get()
+    if current is None or (current[1] is not None and current[1].done()):
+        return None
+    return current[0]
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
@@ -85,7 +97,7 @@ class RetryPolicy:
     def deadline(self) -> float:
         """The loop time by which a call starting now must end."""
         own = asyncio.get_running_loop().time() + self.call_budget
-        request = _deadline.get()
+        request = _budget_end()
         return own if request is None else min(own, request)
 
     def timeout(self, deadline: float) -> float:

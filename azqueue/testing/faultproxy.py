@@ -32,7 +32,7 @@ import json
 import random
 import uuid
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
 
@@ -119,9 +119,7 @@ class FaultProxy:
             site = web.TCPSite(runner, "127.0.0.1", 0, backlog=1024)
             await site.start()
             self._runners.append(runner)
-            server = site._server
-            assert server is not None and server.sockets  # type: ignore[union-attr]
-            self.ports[service] = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+            self.ports[service] = int(runner.addresses[0][1])
 
     async def stop(self) -> None:
         for runner in self._runners:
@@ -138,7 +136,7 @@ class FaultProxy:
                 + "".join(f"{s.capitalize()}Endpoint={self.endpoint(s, account)};"
                           for s in self.ports))
 
-    def _handler(self, service: str) -> web.Handler:
+    def _handler(self, service: str) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             faults = self.faults
             draw = self._random.random
@@ -162,7 +160,7 @@ class FaultProxy:
                     self.counts[f"{service} dropped"] += 1
                     if request.transport is not None:
                         request.transport.close()
-                    raise ConnectionResetError("the proxy dropped the connection")
+                    return web.Response()  # written to nobody: the connection is closed
                 self.counts[f"{service} timed out"] += 1
                 return azure_error(service, 500, "OperationTimedOut")
             self.counts[f"{service} forwarded"] += 1

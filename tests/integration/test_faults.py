@@ -185,7 +185,7 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
 
         await asyncio.gather(*(limited(i) for i in range(TASKS)))
         await eventually(lambda: _completed(completed, created), what="every task completed",
-                         timeout=120, interval=0.5)
+                         timeout=60, interval=0.5)
     finally:
         done.set()
         await asyncio.gather(*workers, return_exceptions=True)
