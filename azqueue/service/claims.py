@@ -37,6 +37,10 @@ RECLAIM_RECEIPT_ATTEMPTS = 3
 # How long a claim waits for the task (or the record of its tip) that a createTask put
 # the tip of a moment ago.
 TIP_WAIT = timedelta(seconds=2)
+# How long a claim waits for the record of its tip when the task is stored already: the
+# record comes right after the tip's put (``queue_tip``). A tip put again after its
+# answer was lost is never recorded: its claim should not wait long to be refused.
+RECORD_WAIT = timedelta(seconds=0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,9 +166,11 @@ class Claims:
     async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool) -> Stored:
         """The task, once it is stored and (with ``need_record``) ``tip.message_id`` is
         known to be one of its tips; NotFound, or InputError (and a fresh tip for a pending
-        run) when that does not happen within ``TIP_WAIT``."""
+        run) when that does not happen within ``TIP_WAIT`` (``RECORD_WAIT`` once the task
+        is stored)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + TIP_WAIT.total_seconds()
+        record_give_up = loop.time() + RECORD_WAIT.total_seconds()
         while True:
             try:
                 stored: Stored | None = await self.core.tasks.load(
@@ -173,7 +179,7 @@ class Claims:
                 stored = None  # a createTask puts the tip just before the task
             if stored is not None and (not need_record or tip.message_id in stored.tips):
                 return stored
-            if loop.time() >= give_up:
+            if loop.time() >= (give_up if stored is None else record_give_up):
                 break
             await asyncio.sleep(0.1)
         if stored is None:

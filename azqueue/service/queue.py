@@ -174,14 +174,21 @@ class QueueService:
         # without it, nothing would ever resolve the task; without the task, the resolver
         # drops it), the group member, and the tip, so that its record is written with
         # the task. What a createTask that dies before the insert leaves is harmless.
+        loop = asyncio.get_running_loop()
+        tip_visible = loop.time()
+
+        async def put_tip() -> Message:
+            nonlocal tip_visible
+            message = await self._put_tip(task, 0)
+            tip_visible = loop.time()  # a worker may poll it from now on
+            return message
+
         _, _, tip = await asyncio.gather(
             self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
                             visible_in=min(task.deadline - now, self.repair_delay),
                             forever=True),
             self._add_to_group(task),
-            self._no_tip() if waiting else self._put_tip(task, 0))
-        loop = asyncio.get_running_loop()
-        tip_visible = loop.time()
+            self._no_tip() if waiting else put_tip())
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         stored = await self.tasks.insert(task, events.for_change if trigger else None,
                                          tips=(tip.message_id,) if tip else ())
