@@ -54,6 +54,11 @@ class SharedSession:
                 trust_env=proxied, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
                 connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS,
                                                keepalive_timeout=KEEPALIVE))
+            # aiohttp sends a GET, PUT or DELETE again, unseen, when a reused connection
+            # drops: every retry is ours (``storage.retry``), so that we know when an
+            # attempt may have been applied unanswered (an update of a message whose new
+            # receipt is then unknown). There is no public switch for it.
+            self._session._retry_connection = False
         return self._session
 
     async def close(self) -> None:

@@ -22,8 +22,9 @@ Key and SAS signatures hold. Use::
     ...
     await proxy.stop()
 
-``faults`` may be replaced while it runs (``proxy.faults = Faults()``); ``counts`` says
-what was done to how many requests.
+``faults`` may be replaced while it runs (``proxy.faults = Faults()``); ``once`` injects
+one fault into the next request that matches, whatever the rates; ``counts`` says what
+was done to how many requests.
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ class FaultProxy:
         self.ports: dict[str, int] = {}
         self._random = random.Random(seed)
         self._runners: list[web.AppRunner] = []
+        self._once: list[tuple[str, str, str]] = []
         self._session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
@@ -127,6 +129,19 @@ class FaultProxy:
         if self._session is not None:
             await self._session.close()
 
+    def once(self, method: str, path_contains: str, fault: str) -> None:
+        """Inject ``fault`` ("busy", "timed out" or "dropped") into the next request with
+        ``method`` whose path contains ``path_contains``."""
+        assert fault in ("busy", "timed out", "dropped")
+        self._once.append((method, path_contains, fault))
+
+    def _scripted(self, request: web.Request) -> str:
+        for i, (method, fragment, fault) in enumerate(self._once):
+            if request.method == method and fragment in request.path:
+                del self._once[i]
+                return fault
+        return ""
+
     def endpoint(self, service: str, account: str) -> str:
         return f"http://127.0.0.1:{self.ports[service]}/{account}"
 
@@ -140,7 +155,8 @@ class FaultProxy:
         async def handle(request: web.Request) -> web.StreamResponse:
             faults = self.faults
             draw = self._random.random
-            if faults.busy and draw() < faults.busy:
+            scripted = self._scripted(request)
+            if scripted == "busy" or (not scripted and faults.busy and draw() < faults.busy):
                 self.counts[f"{service} busy"] += 1
                 return azure_error(service, 503, "ServerBusy")
             body = await request.read()
@@ -154,9 +170,9 @@ class FaultProxy:
                                        "Accept")) as answer:
                 content = await answer.read()
                 status, answer_headers = answer.status, answer.headers
-            if faults.lost and is_write(request.method, request.path, request.query) and \
-                    draw() < faults.lost:
-                if draw() < faults.drop_share:
+            if scripted or (faults.lost and is_write(request.method, request.path, request.query)
+                            and draw() < faults.lost):
+                if scripted == "dropped" or (not scripted and draw() < faults.drop_share):
                     self.counts[f"{service} dropped"] += 1
                     if request.transport is not None:
                         request.transport.close()

@@ -10,6 +10,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
 from typing import Any
 
 import aiohttp
@@ -19,6 +20,7 @@ from aiohttp import web
 from azqueue.api.app import create_app
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.model import timeutil
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from tests import sas
 from tests.conftest import _delete_storage
@@ -231,3 +233,62 @@ async def test_a_pending_task_whose_tip_was_deleted_gets_another_within_the_repa
     code, claim = await sas.claim(http, server.api, again)
     assert code == 200, claim
     assert (await status(http, server.api, task_id))["state"] == "running"
+
+
+async def test_an_outage_is_answered_503_with_retry_after_and_resolvers_catch_up_after_it(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """Storage answering nothing but ServerBusy: a client is answered 503 with
+    Retry-After and a {code, message} body (not held, not a 500); the deadline resolver
+    keeps trying, and once storage is back resolves the task whose deadline passed
+    meanwhile."""
+    server = await faulty_servers(request_budget=1.0)
+    task_id = slugid()
+    body = definition("prov/outage", deadline=timedelta(seconds=2))
+    async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+        assert r.status == 200, await r.text()
+    deadline = timeutil.parse(body["deadline"])
+    proxy.faults = Faults(busy=1.0)
+    try:
+        async with http.get(f"{server.api}/task/{task_id}/status") as r:
+            answer = await r.json()
+            assert r.status == 503, answer
+            assert int(r.headers["Retry-After"]) > 0
+        assert answer["code"] == "StorageUnavailable" and "try again" in answer["message"]
+
+        async def now() -> datetime:
+            return timeutil.utcnow()
+
+        await eventually(now, lambda t: t > deadline + timedelta(seconds=1),
+                         what="the deadline passed during the outage")
+    finally:
+        proxy.faults = Faults()
+    final = await eventually(lambda: status(http, server.api, task_id),
+                             lambda s: s["state"] == "exception", what="deadline resolved")
+    assert final["runs"][0]["reasonResolved"] == "deadline-exceeded"
+
+
+@pytest.mark.parametrize("fault", ["timed out", "dropped"])
+async def test_a_claim_whose_rewrite_was_applied_but_not_answered_is_still_a_claim(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, fault: str) -> None:
+    """The tip's rewrite is applied and its answer lost: sent again, it is told the
+    receipt no longer matches. The claim goes on without holding the message (it
+    reappears at takenUntil and is refused then) instead of refusing the worker."""
+    server = await faulty_servers()
+    task_id = await _create(http, server, "prov/lostclaim")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "lostclaim")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    proxy.once("PUT", f"/messages/{message.message_id}", fault)
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200, claim
+    assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and done["status"]["state"] == "completed", done
+
+
+async def _create(http: aiohttp.ClientSession, server: Server, task_queue_id: str) -> str:
+    task_id = slugid()
+    async with http.put(f"{server.api}/task/{task_id}", json=definition(task_queue_id)) as r:
+        assert r.status == 200, await r.text()
+    return task_id
