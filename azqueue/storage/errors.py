@@ -42,6 +42,7 @@ def _failed(what: str, e: AzureError) -> StorageError:
                                   "try again in a moment")
     status = getattr(e, "status_code", None)
     code = getattr(e, "error_code", None) or getattr(e, "reason", None)
+    code = getattr(code, "value", code)  # the Tables SDK's codes are enums
     if status in RETRIED_STATUS:
         return StorageUnavailable(f"Azure Storage is busy or failing ({status} {code}) during "
                                   f"{what}; try again in a moment")
