@@ -29,6 +29,7 @@ was done to how many requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 import uuid
@@ -43,6 +44,8 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 SERVICES = ("blob", "queue", "table")
+# How long a "stalled" request waits before it is forwarded.
+STALL = 1.0
 # Hop-by-hop headers, and those aiohttp writes itself from the body.
 _NOT_FORWARDED = frozenset({"host", "content-length", "transfer-encoding", "connection",
                             "keep-alive"})
@@ -130,9 +133,10 @@ class FaultProxy:
             await self._session.close()
 
     def once(self, method: str, path_contains: str, fault: str) -> None:
-        """Inject ``fault`` ("busy", "timed out" or "dropped") into the next request with
-        ``method`` whose path contains ``path_contains``."""
-        assert fault in ("busy", "timed out", "dropped")
+        """Inject ``fault`` ("busy", "timed out", "dropped", or "stalled": forwarded after
+        ``STALL`` seconds) into the next request with ``method`` whose path contains
+        ``path_contains``."""
+        assert fault in ("busy", "timed out", "dropped", "stalled")
         self._once.append((method, path_contains, fault))
 
     def _scripted(self, request: web.Request) -> str:
@@ -156,6 +160,9 @@ class FaultProxy:
             faults = self.faults
             draw = self._random.random
             scripted = self._scripted(request)
+            if scripted == "stalled":
+                await asyncio.sleep(STALL)
+                scripted = ""
             if scripted == "busy" or (not scripted and faults.busy and draw() < faults.busy):
                 self.counts[f"{service} busy"] += 1
                 return azure_error(service, 503, "ServerBusy")

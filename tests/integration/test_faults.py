@@ -292,3 +292,29 @@ async def _create(http: aiohttp.ClientSession, server: Server, task_queue_id: st
     async with http.put(f"{server.api}/task/{task_id}", json=definition(task_queue_id)) as r:
         assert r.status == 200, await r.text()
     return task_id
+
+
+async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its_tip(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """aiohttp does not cancel a handler whose client went away: a createTask whose
+    client timed out while storage was slow finishes (task stored, tip claimable), so it
+    leaves no task behind without a tip."""
+    server = await faulty_servers()
+    task_id = slugid()
+    proxy.once("POST", "/messages", "stalled")  # the task's tip or its deadline message
+    with pytest.raises(TimeoutError):
+        async with http.put(f"{server.api}/task/{task_id}", json=definition("prov/gaveup"),
+                            timeout=aiohttp.ClientTimeout(total=0.2)) as r:
+            await r.read()
+
+    async def stored() -> int:
+        async with http.get(f"{server.api}/task/{task_id}/status") as r:
+            return r.status
+
+    await eventually(stored, lambda code: code == 200, what="the task stored")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "gaveup")
+    [message] = await eventually(lambda: sas.get_messages(http, urls["queues"][6]["signedPollUrl"]),
+                                 what="the task's tip")
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200 and claim["status"]["taskId"] == task_id, claim
