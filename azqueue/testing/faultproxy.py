@@ -134,14 +134,14 @@ class FaultProxy:
 
     def once(self, method: str, path_contains: str, fault: str) -> None:
         """Inject ``fault`` ("busy", "timed out", "dropped", or "stalled": forwarded after
-        ``STALL`` seconds) into the next request with ``method`` whose path contains
-        ``path_contains``."""
+        ``STALL`` seconds) into the next request with ``method`` ("*": any) whose path
+        contains ``path_contains``."""
         assert fault in ("busy", "timed out", "dropped", "stalled")
         self._once.append((method, path_contains, fault))
 
     def _scripted(self, request: web.Request) -> str:
         for i, (method, fragment, fault) in enumerate(self._once):
-            if request.method == method and fragment in request.path:
+            if method in ("*", request.method) and fragment in request.path:
                 del self._once[i]
                 return fault
         return ""

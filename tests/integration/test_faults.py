@@ -6,6 +6,7 @@ dropped connection). The rates default to 5% and 5%; set AZQUEUE_TEST_FAULTS="bu
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import xml.etree.ElementTree as ET
 from collections import Counter
@@ -15,6 +16,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import taskcluster.aio
 from aiohttp import web
 
 from azqueue.api.app import create_app
@@ -318,3 +320,32 @@ async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its
                                  what="the task's tip")
     code, claim = await sas.claim(http, server.api, message)
     assert code == 200 and claim["status"]["taskId"] == task_id, claim
+
+
+async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Storage answers ServerBusy to a score of requests in a row, more than one request's
+    retries: the server answers 503, and the unmodified official client, retrying 5xx as
+    it does, creates, claims and completes the task."""
+    server = await faulty_servers(run_resolvers=False)
+    credentials = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
+    async with taskcluster.aio.createSession() as session:
+        queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "credentials": credentials},
+                                      session=session)
+        task_id = slugid()
+        with caplog.at_level(logging.WARNING, logger="azqueue.api.middleware"):
+            for _ in range(20):  # more than the 5 attempts of each of createTask's requests
+                proxy.once("*", "", "busy")
+            created = await queue.createTask(task_id, definition("prov/official"))
+            assert created["status"]["state"] == "pending"
+            for _ in range(12):
+                proxy.once("*", "", "busy")
+            claim = await queue.claimTask(task_id, 0, {"workerGroup": "wg",
+                                                       "workerId": "official"})
+            assert claim["status"]["state"] == "running"
+        done = await queue.reportCompleted(task_id, 0)
+        assert [r["state"] for r in done["status"]["runs"]] == ["completed"]
+    answered = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+    assert any("/task/" in m and "PUT" in m for m in answered), answered
+    assert any("/claim" in m for m in answered), answered
