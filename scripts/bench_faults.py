@@ -6,7 +6,8 @@ of it, and two `azqueue serve` replicas whose storage is the proxy's (so the SAS
 hand out point at it too). Then, for each fault level (by default none; 3% ServerBusy and
 2% of writes applied then unanswered; 5% and 10%), creates N tasks from 16 concurrent
 clients spread over both replicas while 4 SAS workers and 4 claimWork workers (plain
-aiohttp, as documents 000/001/003 describe them) claim and complete them, and prints the
+aiohttp, as documents 000/001/003 describe them) claim them, reclaim each once, read its
+status and report it completed, and prints the
 p50, p99 and max of every endpoint's answer time as the clients saw it, with the count of
 5xx answers and of client time-outs (30 s). claimWork is a long poll: its times include
 waiting for work (those that found none, after 20 s, are a line of their own).
@@ -35,8 +36,8 @@ from benchlib import ACCOUNT, KEY, Azurite, QueueMessage, definition, signed_ses
 from azqueue.testing.faultproxy import FaultProxy, Faults
 
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
-ENDPOINTS = ("createTask", "pollTaskUrls", "claimTask", "reportCompleted", "claimWork",
-             "claimWork, no task")
+ENDPOINTS = ("createTask", "pollTaskUrls", "claimTask", "reclaimTask", "status",
+             "reportCompleted", "claimWork", "claimWork, no task")
 LEVEL_TIMEOUT = 300.0
 
 
@@ -85,6 +86,9 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
         clients = Clients(http)
 
         async def work(api: str, task_id: str, run_id: int) -> None:
+            await clients.call("reclaimTask", "POST",
+                               f"{api}/task/{task_id}/runs/{run_id}/reclaim")
+            await clients.call("status", "GET", f"{api}/task/{task_id}/status")
             code, _ = await clients.call("reportCompleted", "POST",
                                          f"{api}/task/{task_id}/runs/{run_id}/completed")
             if code == 200:

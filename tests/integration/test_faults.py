@@ -289,6 +289,25 @@ async def test_a_claim_whose_rewrite_was_applied_but_not_answered_is_still_a_cla
     assert code == 200 and done["status"]["state"] == "completed", done
 
 
+async def test_a_reclaim_whose_message_update_was_applied_but_not_answered_is_a_reclaim(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """reclaimTask pushes the held message out and its answer is lost: the reclaim is
+    answered all the same (takenUntil extended), and the run can be completed."""
+    server = await faulty_servers()
+    task_id = await _create(http, server, "prov/lostreclaim")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "lostreclaim")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200, claim
+    proxy.once("PUT", f"/messages/{message.message_id}", "timed out")
+    code, reclaim = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
+    assert code == 200, reclaim
+    assert reclaim["takenUntil"] >= claim["takenUntil"]
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and done["status"]["state"] == "completed", done
+
+
 async def _create(http: aiohttp.ClientSession, server: Server, task_queue_id: str) -> str:
     task_id = slugid()
     async with http.put(f"{server.api}/task/{task_id}", json=definition(task_queue_id)) as r:
