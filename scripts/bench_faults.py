@@ -7,9 +7,9 @@ hand out point at it too). Then, for each fault level (by default none; 3% Serve
 2% of writes applied then unanswered; 5% and 10%), creates N tasks from 16 concurrent
 clients spread over both replicas while 4 SAS workers and 4 claimWork workers (plain
 aiohttp, as documents 000/001/003 describe them) claim them, reclaim each once, read its
-status and report it completed, and prints the
-p50, p99 and max of every endpoint's answer time as the clients saw it, with the count of
-5xx answers and of client time-outs (30 s). claimWork is a long poll: its times include
+status and report it completed, and prints the p50, p99 and max of every endpoint's
+answer time as the clients saw it, with the count of 5xx answers and of client time-outs
+(30 s). claimWork is a long poll: its times include
 waiting for work (those that found none, after 20 s, are a line of their own).
 
 Usage: .venv/bin/python scripts/bench_faults.py [--tasks 300] [--levels 0/0,3/2,5/10]
