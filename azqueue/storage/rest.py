@@ -29,6 +29,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import ssl
 import time
 import xml.etree.ElementTree as ET
@@ -54,6 +55,8 @@ from azure.core.exceptions import (
 from azure.data.tables import EntityProperty
 
 from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, retry_after
+
+log = logging.getLogger(__name__)
 
 TABLE_VERSION = "2019-02-02"
 QUEUE_VERSION = "2021-12-02"
@@ -213,6 +216,9 @@ class RestClient:
             except (aiohttp.ClientError, TimeoutError) as e:
                 failure = e
                 lost = lost or not isinstance(e, aiohttp.ClientConnectorError)
+                if isinstance(e, TimeoutError):
+                    log.info("%s: no answer within %.1fs (attempt %d)", what, timeout,
+                             attempt + 1)
             wait = policy.pause(attempt, deadline, retry_after(answer[1]) if answer else None)
             if wait is None:
                 if answer is not None:
