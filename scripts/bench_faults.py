@@ -13,6 +13,7 @@ answer time as the clients saw it, with the count of 5xx answers and of client t
 waiting for work (those that found none, after 20 s, are a line of their own).
 
 Usage: .venv/bin/python scripts/bench_faults.py [--tasks 300] [--levels 0/0,3/2,5/10]
+                                               [--verbose]
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class Clients:
         self.times: dict[str, list[float]] = defaultdict(list)
         self.server_errors: Counter[str] = Counter()
         self.timeouts: Counter[str] = Counter()
+        self.slow: list[str] = []
 
     async def call(self, endpoint: str, method: str, url: str,
                    body: dict[str, Any] | None = None,
@@ -65,7 +67,11 @@ class Clients:
             return 0, {}
         if empty and status == 200 and not data.get("tasks"):
             endpoint = empty
-        self.times[endpoint].append(time.monotonic() - start)
+        took = time.monotonic() - start
+        self.times[endpoint].append(took)
+        if took > 2.0:
+            self.slow.append(f"{endpoint} {method} {url.split('/api/queue/v1')[-1]} "
+                             f"{took:.2f}s from {time.strftime('%H:%M:%S')}-{took:.0f}s")
         if status >= 500:
             self.server_errors[endpoint] += 1
         return status, data
@@ -77,7 +83,7 @@ def percentile(values: list[float], p: float) -> float:
 
 
 async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
-                name: str) -> None:
+                name: str, verbose: bool = False) -> None:
     queue_sas, queue_cw = f"bench/faults-sas-{name}", f"bench/faults-cw-{name}"
     completed: set[str] = set()
     done = asyncio.Event()
@@ -176,6 +182,10 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
           f"5xx to clients {sum(clients.server_errors.values())}, "
           f"client time-outs {sum(clients.timeouts.values())}; storage requests "
           + ", ".join(f"{k} {v}" for k, v in sorted(injected.items())))
+    if verbose:  # which calls took long, and when (to match with the servers' logs)
+        for line in clients.slow:
+            if not line.startswith("claimWork"):
+                print("  slow:", line)
     for endpoint in ENDPOINTS:
         values = clients.times.get(endpoint, [])
         if values:
@@ -198,7 +208,7 @@ async def main(args: argparse.Namespace) -> None:
         for spec in args.levels.split(","):
             busy, lost = (float(x) / 100 for x in spec.split("/"))
             await level([s.api for s in servers], proxy, Faults(busy=busy, lost=lost),
-                        args.tasks, spec.replace("/", "-"))
+                        args.tasks, spec.replace("/", "-"), args.verbose)
     finally:
         for server in servers:
             await server.stop()
@@ -211,6 +221,8 @@ if __name__ == "__main__":
     parser.add_argument("--tasks", type=int, default=300)
     parser.add_argument("--levels", default="0/0,3/2,5/10",
                         help="fault levels: percent ServerBusy / percent of writes lost")
+    parser.add_argument("--verbose", action="store_true",
+                        help="list the calls (but claimWork) that took more than 2 s")
     try:
         asyncio.run(main(parser.parse_args()))
     except benchlib.BenchError as e:

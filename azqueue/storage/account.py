@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -22,6 +23,8 @@ from azqueue.config import ConfigError, StorageSettings, connection_settings
 from azqueue.storage.errors import translate
 from azqueue.storage.rest import RestClient, Signer
 from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, retry_after
+
+log = logging.getLogger(__name__)
 
 # A user delegation key may last 7 days; ask for one a day, renew it when it has less
 # than the longest-lived SAS URL made from it (an hour is plenty) left.
@@ -103,6 +106,8 @@ class CountingTransport(AioHttpTransport):  # type: ignore[misc]
                     response = await super().send(request, **kwargs)
             except TimeoutError as e:
                 failure = ServiceResponseError(f"no answer within {timeout:.1f}s", error=e)
+                log.info("%s %s: no answer within %.1fs (attempt %d)", request.method,
+                         request.url.split("?")[0], timeout, attempt + 1)
             except (ServiceRequestError, ServiceResponseError) as e:
                 failure = e
             else:

@@ -24,7 +24,8 @@ Key and SAS signatures hold. Use::
 
 ``faults`` may be replaced while it runs (``proxy.faults = Faults()``); ``once`` injects
 one fault into the next request that matches, whatever the rates; ``counts`` says what
-was done to how many requests.
+was done to how many requests (and how many took Azurite itself more than ``SLOW``
+seconds to answer).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from multidict import CIMultiDict
 SERVICES = ("blob", "queue", "table")
 # How long a "stalled" request waits before it is forwarded.
 STALL = 1.0
+# An answer of the storage behind that takes longer is counted as "slow upstream".
+SLOW = 2.0
 # Hop-by-hop headers, and those aiohttp writes itself from the body.
 _NOT_FORWARDED = frozenset({"host", "content-length", "transfer-encoding", "connection",
                             "keep-alive"})
@@ -171,12 +174,15 @@ class FaultProxy:
                        if k.lower() not in _NOT_FORWARDED}
             url = yarl.URL(self.upstream[service] + request.raw_path, encoded=True)
             assert self._session is not None
+            started = asyncio.get_running_loop().time()
             async with self._session.request(
                     request.method, url, headers=headers, data=body if body else None,
                     skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type",
                                        "Accept")) as answer:
                 content = await answer.read()
                 status, answer_headers = answer.status, answer.headers
+            if asyncio.get_running_loop().time() - started > SLOW:
+                self.counts[f"{service} slow upstream"] += 1
             if scripted or (faults.lost and is_write(request.method, request.path, request.query)
                             and draw() < faults.lost):
                 if scripted == "dropped" or (not scripted and draw() < faults.drop_share):
