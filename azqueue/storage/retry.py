@@ -88,7 +88,7 @@ class RetryPolicy:
     made outside a client request may take in all, retries included.
     """
 
-    attempts: int = 5
+    attempts: int = 8
     first_backoff: float = 0.05
     max_backoff: float = 1.0
     attempt_timeout: float = 5.0

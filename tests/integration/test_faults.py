@@ -354,11 +354,11 @@ async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
                                       session=session)
         task_id = slugid()
         with caplog.at_level(logging.WARNING, logger="azqueue.api.middleware"):
-            for _ in range(20):  # more than the 5 attempts of each of createTask's requests
+            for _ in range(30):  # more than the 8 attempts of each of createTask's requests
                 proxy.once("*", "", "busy")
             created = await queue.createTask(task_id, definition("prov/official"))
             assert created["status"]["state"] == "pending"
-            for _ in range(12):
+            for _ in range(20):
                 proxy.once("*", "", "busy")
             claim = await queue.claimTask(task_id, 0, {"workerGroup": "wg",
                                                        "workerId": "official"})
