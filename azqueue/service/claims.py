@@ -275,7 +275,9 @@ class Claims:
                     break
                 except ReceiptLost:
                     # Pushed out as asked, most likely, by an attempt whose answer was lost:
-                    # the run holds the message no more (the claim resolver expires it).
+                    # the run holds the message no more. It reappears at this takenUntil and
+                    # expires the run then, unless a later reclaim was made (then it is
+                    # refused; the claim resolver expires the run when its time comes).
                     break
                 except MessageGone:
                     # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
