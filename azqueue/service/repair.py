@@ -30,6 +30,19 @@ did (one read and the message's delete, now instead of at the deadline); a task 
 runs longer costs one read and one update per claim period; a pending one, a tip now
 and then. A running run past ``takenUntil`` by the repair delay (its claim was never
 indexed: the replica died) is expired here, which queues its retry's tip.
+
+Whether the pending run's tip is alive cannot be asked of Azure (a message cannot be
+read by its id), so a look does not know it; the alternatives weighed were:
+
+* asking it anyway, with the pop receipt the tip's put returned (stored with its record,
+  free): an update of the message with that receipt succeeds only if nobody received
+  the tip since. It saves the duplicate for a run that waits in a backlog, and costs a
+  message update and a write of the new receipt at every look; where the tip was
+  received (the very case that can lose it) it knows nothing more;
+* a trigger of its own for each run made pending (a retry, a scheduled dependent): an
+  extra message put on those paths, and a trigger per task besides the deadline's.
+
+A duplicate at a look spaced as long as the run has waited costs less than either.
 """
 
 from __future__ import annotations
