@@ -177,6 +177,11 @@ class Settings:
     dependency_resolver_interval: float = 5.0
     # Expiry: how often expired artifacts and tasks are looked for (a scan of the tasks table).
     expiry_interval: float = 3600.0
+    # How long the storage calls of one client request may take in all, retries included
+    # (claimWork: on top of its wait); then the request is answered 503 with Retry-After.
+    request_budget: float = 10.0
+    # A pending run that has had no live tip for this long gets a new one (see README).
+    tip_repair_delay: float = 180.0
     # Test-only fault injection: exit the process right after a state change is stored,
     # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
     crash_after_commit: bool = False
@@ -259,6 +264,8 @@ _SECONDS_VARIABLES = {
     "dependencies_recovery_delay": "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY",
     "dependency_resolver_interval": "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
     "expiry_interval": "AZQUEUE_EXPIRY_INTERVAL",
+    "request_budget": "AZQUEUE_REQUEST_BUDGET",
+    "tip_repair_delay": "AZQUEUE_TIP_REPAIR_DELAY",
 }
 
 

@@ -14,6 +14,7 @@ or an outage, answered 500 with an incident id and logged with its traceback.
     │   ├── ETagMismatch             a conditional write lost a race (412): re-read, decide again
     │   ├── TransactionConflict      a batch failed on an ETag (412) or an existing entity (409)
     │   └── MessageGone              the queue message is gone or our pop receipt is stale
+    │       └── ReceiptLost          ...after our own update whose answer was lost
     └── QueueError                   an answer to a client, with its code and HTTP status
         ├── InputError               400 InputValidationError  a body or parameter breaks a rule
         ├── InvalidJson              400 MalformedPayload      the request body is not JSON
@@ -31,6 +32,7 @@ or an outage, answered 500 with an incident id and logged with its traceback.
         ├── Unsupported              501 NotImplemented        a Queue API method this service lacks
         ├── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
         └── StorageError             500 InternalServerError   Azure failed in a way we did not expect
+            └── StorageUnavailable   503 StorageUnavailable    Azure stayed busy or silent: try again
 
 Errors raised by the Azure SDK never leave ``azqueue.storage``: ``storage/errors.py``
 translates them into the ``StorageCondition``s and ``StorageError``; ``events/publisher.py``
@@ -88,6 +90,12 @@ class MessageGone(StorageCondition):
     Azurite answers a stale receipt with 400 PopReceiptMismatch, Azure often with
     404 MessageNotFound; both mean the same to us.
     """
+
+
+class ReceiptLost(MessageGone):
+    """An update of the message was retried after its answer was lost, and the retry was
+    told the receipt no longer matches: most likely the lost attempt was applied (the
+    message changed as asked) and handed out a receipt nobody heard of."""
 
 
 class QueueError(AzqueueError):
@@ -177,6 +185,16 @@ class NotConfigured(QueueError):
 class StorageError(QueueError):
     code = "InternalServerError"
     status = 500
+
+
+class StorageUnavailable(StorageError):
+    """Azure Storage stayed busy (503 ServerBusy), failing or silent through every retry
+    the request's time allowed (``storage.retry``); nothing is wrong with the request.
+    Answered 503 with ``Retry-After``: the client tries again (the official client does)."""
+
+    code = "StorageUnavailable"
+    status = 503
+    retry_after = 2
 
 
 TRANSIENT: tuple[type[AzqueueError], ...] = (StorageError, BrokerError)

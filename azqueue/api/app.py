@@ -16,7 +16,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from azqueue.api import artifact_routes  # declares its routes; receives uploads
 from azqueue.api import task_routes  # noqa: F401  (declares its routes)
 from azqueue.api import worker_routes  # noqa: F401  (declares its routes)
-from azqueue.api.middleware import error_middleware
+from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
@@ -68,8 +68,8 @@ def _quiet_malformed_requests() -> None:
 
 def create_app(settings: Settings) -> web.Application:
     _quiet_malformed_requests()
-    app = web.Application(middlewares=[observe_middleware, error_middleware],
-                          client_max_size=MAX_BODY)
+    app = web.Application(middlewares=[observe_middleware, error_middleware, budget_middleware(
+        settings.request_budget, settings.claim_work_wait)], client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)

@@ -1,5 +1,7 @@
 """Errors rendered at the boundary: ours as Taskcluster's ``{code, message, requestInfo}``,
-anything unexpected as a 500 with an incident id that is also in the log."""
+anything unexpected as a 500 with an incident id that is also in the log; and the time
+budget of each request's storage calls (``storage.retry``): when Azure Storage stays
+busy or silent through it, the answer is a prompt 503 with ``Retry-After``."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from aiohttp import web
 
 from azqueue import errors
 from azqueue.model import timeutil
+from azqueue.storage.retry import budget
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +42,13 @@ def error_response(request: web.Request, status: int, code: str, message: str) -
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
+    except errors.StorageUnavailable as e:
+        # An outage, not a bug: one line, no incident; the client tries again.
+        log.warning("%s %s answered 503: %s", request.method, request.path, e.message)
+        response = error_response(request, e.status, e.code,
+                                  f"{e.message}; retry after {e.retry_after}s")
+        response.headers["Retry-After"] = str(e.retry_after)
+        return response
     except errors.QueueError as e:
         if e.status >= 500 and not isinstance(e, errors.NotConfigured):
             # NotConfigured is the deployment's choice, announced at start-up: no incident.
@@ -59,3 +69,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         return error_response(request, 500, "InternalServerError",
                               f"the server failed on this request; the operators can find it in "
                               f"the log as incident {incident}")
+
+
+def budget_middleware(seconds: float, long_poll: float) -> Any:
+    """A middleware giving each request's storage calls ``seconds`` in all (claimWork,
+    which first waits for work up to ``long_poll`` seconds, that much more)."""
+
+    @web.middleware
+    async def storage_budget(request: web.Request, handler: Handler) -> web.StreamResponse:
+        extra = long_poll if "/claim-work/" in request.path else 0.0
+        with budget(seconds + extra):
+            return await handler(request)
+
+    return storage_budget

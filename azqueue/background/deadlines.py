@@ -1,11 +1,14 @@
 """The deadline resolver: resolves unresolved runs exception/deadline-exceeded.
 
 createTask puts a message into the internal deadline queue, invisible until the task's
-deadline (at most 5 days ahead, under Azure's 7-day limit). This loop receives the due
+deadline (at most 5 days ahead, under Azure's 7-day limit) or, first, until the tip
+repair delay (``service.repair``: before the deadline, each time it surfaces, a missing
+tip is repaired and the message postponed to the next look). This loop receives the due
 messages every ``interval`` seconds, resolves the task's unresolved run through the
 model's ``resolve_deadline`` transition, settles its message and deletes the trigger. A
-message received but not finished reappears after ``INVISIBLE_FOR`` and is handled again
-(the transition is idempotent).
+message received but not finished (its process died, or storage failed while handling
+it: the others are handled meanwhile) reappears after ``INVISIBLE_FOR`` and is handled
+again (the transition is idempotent).
 """
 
 from __future__ import annotations

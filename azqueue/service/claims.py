@@ -22,7 +22,7 @@ from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import taskcreds, timeutil
 from azqueue.model.task import RunState, Task
-from azqueue.storage.errors import MessageGone
+from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.tasks import KEEP, HeldMessage, Stored, Keep
 
 if TYPE_CHECKING:
@@ -37,6 +37,10 @@ RECLAIM_RECEIPT_ATTEMPTS = 3
 # How long a claim waits for the task (or the record of its tip) that a createTask put
 # the tip of a moment ago.
 TIP_WAIT = timedelta(seconds=2)
+# How long a claim waits for the record of its tip when the task is stored already: the
+# record comes right after the tip's put (``queue_tip``). A tip put again after its
+# answer was lost is never recorded: its claim should not wait long to be refused.
+RECORD_WAIT = timedelta(seconds=0.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +121,10 @@ class Claims:
                 receipt = await core.queues.update(
                     queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
                     text=core.signer.tip(task_id, run_id + 1).encode())
+            except ReceiptLost:
+                # Rewritten as asked, most likely, by an attempt whose answer was lost: the
+                # claim holds no message (it reappears at takenUntil and is refused then).
+                receipt = ""
             except MessageGone:
                 # The receipt is stale: this claim was sent before and its first attempt
                 # rewrote the message and died before storing the claim (the retry of an
@@ -125,8 +133,8 @@ class Claims:
                 # rewritten one, when it reappears, is a tip like any other.
                 log.info("task %s run %d: claiming without the message, whose receipt is stale",
                          task_id, run_id)
-            else:
-                hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+                receipt = ""
+            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt) if receipt else None
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
         except errors.Conflict:
@@ -181,9 +189,11 @@ class Claims:
     async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool) -> Stored:
         """The task, once it is stored and (with ``need_record``) ``tip.message_id`` is
         known to be one of its tips; NotFound, or InputError (and a fresh tip for a pending
-        run) when that does not happen within ``TIP_WAIT``."""
+        run) when that does not happen within ``TIP_WAIT`` (``RECORD_WAIT`` once the task
+        is stored)."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + TIP_WAIT.total_seconds()
+        record_give_up = loop.time() + RECORD_WAIT.total_seconds()
         while True:
             try:
                 stored: Stored | None = await self.core.tasks.load(
@@ -192,7 +202,7 @@ class Claims:
                 stored = None  # a createTask puts the tip just before the task
             if stored is not None and (not need_record or tip.message_id in stored.tips):
                 return stored
-            if loop.time() >= give_up:
+            if loop.time() >= (give_up if stored is None else record_give_up):
                 break
             await asyncio.sleep(0.1)
         if stored is None:
@@ -300,6 +310,12 @@ class Claims:
                     receipt = await core.queues.update(held.queue_name, held.message_id,
                                                        held.pop_receipt, core.claim_timeout)
                     break
+                except ReceiptLost:
+                    # Pushed out as asked, most likely, by an attempt whose answer was lost:
+                    # the run holds the message no more. It reappears at this takenUntil and
+                    # expires the run then, unless a later reclaim was made (then it is
+                    # refused; the claim resolver expires the run when its time comes).
+                    break
                 except MessageGone:
                     # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
                     stored, guess = await core.tasks.load(task_id), False
@@ -314,8 +330,9 @@ class Claims:
             else:
                 raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
                                        "concurrently; try again")
-        hold: HeldMessage | None | Keep = (replace(held, pop_receipt=receipt) if held is not None
-                                            else KEEP)
+        hold: HeldMessage | None | Keep = (KEEP if held is None else
+                                            replace(held, pop_receipt=receipt) if receipt
+                                            else None)
         try:
             change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
         except errors.Conflict:

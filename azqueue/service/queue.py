@@ -16,6 +16,8 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   (a claim answers 404 and the worker deletes it), never a task without a tip. A claim
   waits up to ``claims.TIP_WAIT`` for the task; a task stored later than half that after
   its tip gets another tip. A repeated createTask of a pending run 0 adds a tip again.
+  What a request that dies part-way leaves without a tip, the task's deadline message
+  (first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
   ``{taskId, r + 1}`` and invisible until ``takenUntil``; the task entity itself holds
   the messageId and the current pop receipt (``held``), written with the claim.
@@ -124,6 +126,8 @@ class QueueService:
         self.groups = GroupStore(account)
         self.cache = TaskCache()
         self.claim_timeout = timedelta(seconds=settings.claim_timeout)
+        # The deadline message first surfaces then, to repair a missing tip (``repair``).
+        self.repair_delay = timedelta(seconds=settings.tip_repair_delay)
         self.deadline_queue = account.queue_name("deadline")
         root = settings.root
         self.issuer = credentials.Principal(root.client_id, root.access_token, root.scopes)
@@ -185,13 +189,21 @@ class QueueService:
         # without it, nothing would ever resolve the task; without the task, the resolver
         # drops it), the group member, and the tip, so that its record is written with
         # the task. What a createTask that dies before the insert leaves is harmless.
-        _, _, tip = await asyncio.gather(
-            self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
-                            visible_in=task.deadline - now, forever=True),
-            self._add_to_group(task),
-            self._no_tip() if waiting else self._put_tip(task, 0))
         loop = asyncio.get_running_loop()
         tip_visible = loop.time()
+
+        async def put_tip() -> Message:
+            nonlocal tip_visible
+            message = await self._put_tip(task, 0)
+            tip_visible = loop.time()  # a worker may poll it from now on
+            return message
+
+        _, _, tip = await asyncio.gather(
+            self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
+                            visible_in=min(task.deadline - now, self.repair_delay),
+                            forever=True),
+            self._add_to_group(task),
+            self._no_tip() if waiting else put_tip())
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         stored = await self.tasks.insert(task, events.for_change if trigger else None,
                                          tips=(tip.message_id,) if tip else ())

@@ -19,7 +19,8 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.storage.claims import ClaimRecord
-from azqueue.storage.queues import decode_json
+from azqueue.service.repair import repair
+from azqueue.storage.queues import Message, decode_json
 
 if TYPE_CHECKING:
     from azqueue.service.queue import QueueService
@@ -91,30 +92,48 @@ class Resolution:
         return True
 
     async def resolve_deadlines(self, invisible_for: timedelta) -> int:
-        """Handle the deadline messages that are due; the number of messages handled."""
+        """Handle the deadline messages that are due; the number of messages handled. A
+        message that fails for a storage outage is left to reappear after
+        ``invisible_for``; the others are handled meanwhile."""
         core = self.core
         messages = await core.queues.receive(core.deadline_queue, invisible_for)
         for message in messages:
-            now = timeutil.utcnow()
             try:
-                task_id = str(decode_json(message.text)["taskId"])
-            except (ValueError, KeyError):
-                log.error("dropping malformed message %s from %s", message.message_id,
-                          core.deadline_queue)
-                await core.queues.drop(core.deadline_queue, message.message_id,
-                                       message.pop_receipt)
-                continue
-            try:
-                change = await core.change(task_id, lambda t: model.resolve_deadline(t, now))
-            except errors.NotFound:
-                pass  # the task was never written, or has expired
-            else:
-                if change.after.deadline > now:
+                await self._deadline_message(message)
+            except errors.TRANSIENT as e:
+                log.warning("could not handle deadline message %s (%s); it comes back in %ds",
+                            message.message_id, e, invisible_for.total_seconds())
+        return len(messages)
+
+    async def _deadline_message(self, message: Message) -> None:
+        """A deadline message that surfaced: before the task's deadline it is the task's
+        tip repair check (``repair``), and is postponed to the next one; at the deadline
+        it resolves the task."""
+        core = self.core
+        now = timeutil.utcnow()
+        try:
+            task_id = str(decode_json(message.text)["taskId"])
+        except (ValueError, KeyError):
+            log.error("dropping malformed message %s from %s", message.message_id,
+                      core.deadline_queue)
+            await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)
+            return
+        try:
+            stored = await core.tasks.load(task_id)
+        except errors.NotFound:
+            pass  # the task was never written, or has expired
+        else:
+            deadline = stored.task.deadline
+            if deadline > now:
+                check = await repair(core, stored, now)
+                if check is not None:
                     await core.queues.postpone(message.queue_name, message.message_id,
-                                               message.pop_receipt, change.after.deadline - now)
-                    continue
+                                               message.pop_receipt, min(check, deadline) - now)
+                    return
+            else:
+                change = await core.change(task_id, lambda t: model.resolve_deadline(t, now),
+                                           stored)
                 if change.changed:
                     log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
                 await core.settle(change, len(change.after.runs) - 1)
-            await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)
-        return len(messages)
+        await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import aiohttp
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.data.tables.aio import TableServiceClient
 from azure.identity.aio import DefaultAzureCredential
@@ -20,6 +22,9 @@ from azure.storage.queue.aio import QueueServiceClient
 from azqueue.config import ConfigError, StorageSettings, connection_settings
 from azqueue.storage.errors import translate
 from azqueue.storage.rest import RestClient, Signer
+from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, retry_after
+
+log = logging.getLogger(__name__)
 
 # A user delegation key may last 7 days; ask for one a day, renew it when it has less
 # than the longest-lived SAS URL made from it (an hour is plenty) left.
@@ -52,6 +57,11 @@ class SharedSession:
                 trust_env=proxied, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
                 connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS,
                                                keepalive_timeout=KEEPALIVE))
+            # aiohttp sends a GET, PUT or DELETE again, unseen, when a reused connection
+            # drops: every retry is ours (``storage.retry``), so that we know when an
+            # attempt may have been applied unanswered (an update of a message whose new
+            # receipt is then unknown). There is no public switch for it.
+            self._session._retry_connection = False
         return self._session
 
     async def close(self) -> None:
@@ -61,14 +71,16 @@ class SharedSession:
 
 class CountingTransport(AioHttpTransport):  # type: ignore[misc]
     """The SDK's aiohttp transport on the shared session, counting every HTTP request it
-    sends (retries too)."""
+    sends, and retrying as ``storage.retry`` says (the SDK clients' own retry policies
+    are switched off: one policy for every storage request)."""
 
     def __init__(self, counter: Counter[str], service: str, shared: SharedSession,
-                 **kwargs: Any) -> None:
+                 policy: RetryPolicy = DEFAULT, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._counter = counter
         self._service = service
         self._shared = shared
+        self._policy = policy
 
     async def open(self) -> None:
         if self.session is None:
@@ -77,8 +89,40 @@ class CountingTransport(AioHttpTransport):  # type: ignore[misc]
         await super().open()
 
     async def send(self, request: Any, **kwargs: Any) -> Any:
-        self._counter[f"{self._service} {request.method}"] += 1
-        return await super().send(request, **kwargs)
+        """Send the request as signed (a signature holds for 15 minutes), again while the
+        policy allows; the last answer, or the last failure raised."""
+        policy = self._policy
+        deadline = policy.deadline()
+        attempt = 0
+        while True:
+            timeout = policy.timeout(deadline)
+            if timeout <= 0:
+                raise ServiceRequestError("no time left to ask Azure Storage")
+            self._counter[f"{self._service} {request.method}"] += 1
+            response: Any = None
+            failure: Exception | None = None
+            try:
+                async with asyncio.timeout(timeout):
+                    response = await super().send(request, **kwargs)
+            except TimeoutError as e:
+                failure = ServiceResponseError(f"no answer within {timeout:.1f}s", error=e)
+                log.info("%s %s: no answer within %.1fs (attempt %d)", request.method,
+                         request.url.split("?")[0], timeout, attempt + 1)
+            except (ServiceRequestError, ServiceResponseError) as e:
+                failure = e
+            else:
+                if response.status_code not in RETRIED_STATUS:
+                    return response
+            wait = policy.pause(attempt, deadline,
+                                retry_after(response.headers) if response is not None else None)
+            if wait is None:
+                if failure is not None:
+                    raise failure
+                return response
+            if response is not None and kwargs.get("stream"):
+                response.internal_response.close()  # a body nobody will read
+            await asyncio.sleep(wait)
+            attempt += 1
 
 
 def service_endpoint(conn: dict[str, str], service: str) -> str:
@@ -115,6 +159,8 @@ class StorageAccount:
         def transport(service: str) -> CountingTransport:
             return CountingTransport(self.requests, service, self._session, **options)
 
+        # The clients are made with ``retry_total=0``: no retries of the SDK's own, the
+        # transport retries (see CountingTransport).
         self._own_credential: Any = None
         credential: Any = None
         self._delegation_key: UserDelegationKey | None = None
@@ -134,20 +180,20 @@ class StorageAccount:
             if credential is None:
                 credential = self._own_credential = DefaultAzureCredential()
             self.tables = TableServiceClient(url["table"], credential=credential,
-                                             transport=transport("table"))
+                                             transport=transport("table"), retry_total=0)
             self.queues = QueueServiceClient(url["queue"], credential=credential,
-                                             transport=transport("queue"))
+                                             transport=transport("queue"), retry_total=0)
             self.blobs = BlobServiceClient(url["blob"], credential=credential,
-                                           transport=transport("blob"))
+                                           transport=transport("blob"), retry_total=0)
             self.account_name: str = parts.get("accountname") or self.queues.account_name or ""
             self.account_key: str | None = None
         else:
             self.tables = TableServiceClient.from_connection_string(
-                conn, transport=transport("table"))
+                conn, transport=transport("table"), retry_total=0)
             self.queues = QueueServiceClient.from_connection_string(
-                conn, transport=transport("queue"))
+                conn, transport=transport("queue"), retry_total=0)
             self.blobs = BlobServiceClient.from_connection_string(
-                conn, transport=transport("blob"))
+                conn, transport=transport("blob"), retry_total=0)
             self.account_name = self.queues.account_name or ""
             self.account_key = getattr(self.queues.credential, "account_key", None)
         if not self.account_name:

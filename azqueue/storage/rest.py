@@ -14,12 +14,12 @@ created) stays with the SDK. What is done here is what the SDK does on the wire:
 * Queues: the XML bodies of Put, Update, Get and Delete Message;
 * errors raised as the SDK raises them (``azure.core.exceptions`` with ``status_code`` and
   ``error_code``), so that ``storage.errors.translate`` maps both the same way;
-* retries: a request that fails to connect, has no answer within 10 s or answers 500,
-  502, 503 or 504 is sent again twice, after about 0.1 and 0.4 s; receiving and updating
-  queue messages (which hand out new pop receipts) only when they cannot have been
-  applied (no connection, or 503 ServerBusy). A write retried after a lost answer may find
-  its own effect (an insert "exists", a replace 412): the callers decide on the stored task
-  again, which makes that harmless.
+* retries: as ``storage.retry`` says for every storage request (attempts, backoff with
+  jitter, Retry-After, the time left to the client's request). A write retried after an
+  answer that was lost may find its own effect (an insert "exists", a replace 412, a
+  receipt that no longer matches): the error it raises then carries
+  ``after_lost_answer``, and the callers decide on the stored state again, which makes
+  that harmless.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import base64
 import hashlib
 import hmac
 import json
-import random
+import logging
 import ssl
 import time
 import xml.etree.ElementTree as ET
@@ -54,16 +54,14 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import EntityProperty
 
+from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, retry_after
+
+log = logging.getLogger(__name__)
+
 TABLE_VERSION = "2019-02-02"
 QUEUE_VERSION = "2021-12-02"
 TOKEN_SCOPE = "https://storage.azure.com/.default"
 TOKEN_MARGIN = 300
-ATTEMPTS = 3
-BACKOFF = 0.1
-# Each of these requests takes milliseconds; one that has no answer after this long was
-# lost (a connection the other side closed just then), and is sent again.
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=10)
-RETRIED_STATUS = frozenset({500, 502, 503, 504})
 JSON = "application/json"
 JSON_ACCEPT = "application/json;odata=minimalmetadata"
 
@@ -131,7 +129,8 @@ class Signer:
         return f"SharedKey {self.account_name}:{self._sign(text)}"
 
 
-def _error(status: int, code: str, what: str) -> HttpResponseError:
+def _error(status: int, code: str, what: str, after_lost_answer: bool = False
+           ) -> HttpResponseError:
     message = f"{what}: {status} {code}"
     error: HttpResponseError
     if status == 404:
@@ -145,6 +144,8 @@ def _error(status: int, code: str, what: str) -> HttpResponseError:
     error.status_code = status
     error.error_code = code  # type: ignore[attr-defined]
     error.reason = code
+    # An attempt before this answer may have been applied, its answer lost.
+    error.after_lost_answer = after_lost_answer  # type: ignore[attr-defined]
     return error
 
 
@@ -152,7 +153,8 @@ class RestClient:
     """The few Table and Queue requests of the hot path, counted in ``requests``."""
 
     def __init__(self, session: Any, signer: Signer, table_endpoint: str, queue_endpoint: str,
-                 requests: Counter[str], ca_file: str | None = None) -> None:
+                 requests: Counter[str], ca_file: str | None = None,
+                 policy: RetryPolicy = DEFAULT) -> None:
         self._session = session  # a SharedSession: the aiohttp session is made on first use
         self._signer = signer
         tables, queues = urlsplit(table_endpoint.rstrip("/")), urlsplit(queue_endpoint.rstrip("/"))
@@ -161,19 +163,26 @@ class RestClient:
         self._requests = requests
         self._ssl: ssl.SSLContext | bool = (ssl.create_default_context(cafile=ca_file)
                                             if ca_file else True)
+        self._policy = policy
 
     async def _send(self, service: str, method: str, origin: str, path: str,
                     query: dict[str, str], headers: dict[str, str], body: bytes | None,
-                    what: str, replayable: bool = True) -> tuple[int, Mapping[str, str], bytes]:
-        """Send, retrying as the module docstring says; a request that is not
-        ``replayable`` (it hands out or changes a pop receipt) is sent again only when it
-        cannot have been applied: its connection failed, or the answer was 503."""
+                    what: str) -> tuple[int, Mapping[str, str], bytes, bool]:
+        """Send, retrying as ``storage.retry`` says; the status, headers and body of the
+        last answer, and whether an attempt before it may have been applied unanswered."""
         # Sent exactly as signed: the path is encoded here, the query values too.
         parts = [f"{k}={quote(v, safe='')}" for k, v in query.items()]
         if self._signer.sas:
             parts.append(self._signer.sas)
         url = yarl.URL(origin + path + ("?" + "&".join(parts) if parts else ""), encoded=True)
-        for attempt in range(ATTEMPTS):
+        policy = self._policy
+        deadline = policy.deadline()
+        lost = False
+        attempt = 0
+        while True:
+            timeout = policy.timeout(deadline)
+            if timeout <= 0:
+                raise ServiceRequestError(f"{what}: no time left to ask Azure Storage")
             request_headers = {**headers, "x-ms-date": formatdate(usegmt=True),
                                "x-ms-version": TABLE_VERSION if service == "table" else QUEUE_VERSION}
             if body is not None or method in ("PUT", "POST", "PATCH"):
@@ -192,23 +201,35 @@ class RestClient:
                 request_headers["Authorization"] = self._signer.queue(method, path, query,
                                                                       request_headers)
             self._requests[f"{service} {method}"] += 1
+            answer: tuple[int, Mapping[str, str], bytes] | None = None
+            failure: Exception | None = None
             try:
                 async with self._session.get().request(
-                        method, url, headers=request_headers, data=body,
-                        ssl=self._ssl, timeout=REQUEST_TIMEOUT) as r:
+                        method, url, headers=request_headers, data=body, ssl=self._ssl,
+                        timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     content = await r.read()
-                    retried = RETRIED_STATUS if replayable else frozenset({503})
-                    if r.status not in retried or attempt == ATTEMPTS - 1:
-                        return r.status, CIMultiDict(r.headers), content
+                    if r.status not in RETRIED_STATUS:
+                        return r.status, CIMultiDict(r.headers), content, lost
+                    answer = (r.status, CIMultiDict(r.headers), content)
+                    # 503 (ServerBusy) was refused; any other 5xx may have been applied.
+                    lost = lost or r.status != 503
             except (aiohttp.ClientError, TimeoutError) as e:
-                unsent = isinstance(e, aiohttp.ClientConnectorError)
-                if attempt == ATTEMPTS - 1 or not (replayable or unsent):
-                    raise ServiceRequestError(f"{what}: {type(e).__name__}: {e}") from e
-            await asyncio.sleep(BACKOFF * 4 ** attempt * random.uniform(0.5, 1.5))
-        raise AssertionError("unreachable")
+                failure = e
+                lost = lost or not isinstance(e, aiohttp.ClientConnectorError)
+                if isinstance(e, TimeoutError):
+                    log.info("%s: no answer within %.1fs (attempt %d)", what, timeout,
+                             attempt + 1)
+            wait = policy.pause(attempt, deadline, retry_after(answer[1]) if answer else None)
+            if wait is None:
+                if answer is not None:
+                    return (*answer, lost)
+                raise ServiceRequestError(f"{what}: {type(failure).__name__}: {failure}") \
+                    from failure
+            await asyncio.sleep(wait)
+            attempt += 1
 
     def _check(self, status: int, headers: Mapping[str, str], content: bytes, ok: tuple[int, ...],
-               what: str) -> None:
+               what: str, lost: bool = False) -> None:
         if status in ok:
             return
         code = headers.get("x-ms-error-code", "")
@@ -217,7 +238,7 @@ class RestClient:
                 code = str(json.loads(content)["odata.error"]["code"])
             except (ValueError, KeyError, TypeError):
                 code = ""
-        raise _error(status, code or str(status), what)
+        raise _error(status, code or str(status), what, lost)
 
     # -- tables ----------------------------------------------------------------------
 
@@ -231,9 +252,9 @@ class RestClient:
                      ) -> tuple[Mapping[str, str], bytes]:
         if body is not None:
             headers = {**headers, "DataServiceVersion": "3.0"}
-        status, answer, content = await self._send("table", method, self._table_origin, path, {},
-                                                    headers, body, what)
-        self._check(status, answer, content, ok, what)
+        status, answer, content, lost = await self._send(
+            "table", method, self._table_origin, path, {}, headers, body, what)
+        self._check(status, answer, content, ok, what, lost)
         return answer, content
 
     async def get_entity(self, table: str, partition: str, row: str) -> Entity:
@@ -270,12 +291,13 @@ class RestClient:
                      ) -> tuple[Mapping[str, str], bytes]:
         path = f"{self._queue_path}/{name}/messages{suffix}"
         headers = {"Content-Type": "application/xml"} if body is not None else {}
-        # Receiving and updating hand out new pop receipts: a replay after a lost answer
-        # would leave messages invisible with receipts nobody holds.
-        status, answer, content = await self._send("queue", method, self._queue_origin, path,
-                                                   query, headers, body, what,
-                                                   replayable=method not in ("GET", "PUT"))
-        self._check(status, answer, content, ok, what)
+        # Receiving and updating hand out new pop receipts. Received again after a lost
+        # answer, the messages of the lost one stay invisible until their timeout (then
+        # they are received again); updated again, the message answers that the receipt
+        # no longer matches (``after_lost_answer``: the caller holds it no more).
+        status, answer, content, lost = await self._send(
+            "queue", method, self._queue_origin, path, query, headers, body, what)
+        self._check(status, answer, content, ok, what, lost)
         return answer, content
 
     async def put_message(self, name: str, text: str, visibility: int | None,

@@ -205,9 +205,11 @@ class TaskStore(TableStore):
                      tips: tuple[str, ...] = ()) -> Stored | None:
         """Store a new task with the records of the tip messages already put for it (and
         the outbox rows of its events, in one transaction); None if a task with this
-        taskId already exists (then nothing was written)."""
+        taskId already exists (then nothing was written), unless that task is this very
+        insert, applied by an attempt whose answer was lost."""
         outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
-        entity = to_entity(task, None, frozenset(tips))
+        write_id = secrets.token_hex(8)
+        entity = to_entity(task, None, frozenset(tips), write_id)
         try:
             with translate(f"inserting task {task.task_id}"):
                 if outbox:
@@ -217,8 +219,14 @@ class TaskStore(TableStore):
                 else:
                     etag = (await self._rest.create_entity(self.name, entity))["etag"]
         except (EntityExists, TransactionConflict):
-            return None
-        return Stored(task, str(etag), None, frozenset(tips))
+            # Perhaps our own insert, sent again after its answer was lost (the write
+            # names itself, as in ``modify``): then it is stored as we wrote it.
+            try:
+                existing = await self.load(task.task_id)
+            except NotFound:
+                return None
+            return existing if existing.write_id == write_id else None
+        return Stored(task, str(etag), None, frozenset(tips), write_id)
 
     async def load(self, task_id: str, tip: str | None = None) -> Stored:
         """The task as stored; with ``tip``, a messageId not recorded on the task, also
@@ -378,6 +386,10 @@ class TaskStore(TableStore):
             stored = loaded or await self.load(task_id)
             guess, loaded = speculative and loaded is not None, None
             before = stored.task
+            if lost is not None and stored.write_id == lost[2]:
+                # It was: report it as the change it was (before ``fn`` decides again: a
+                # transition may refuse to be applied twice).
+                return Change(lost[0], before, lost[1], stored)
             try:
                 after = fn(before)
             except Exception:
@@ -387,9 +399,6 @@ class TaskStore(TableStore):
             if after is before:
                 if guess:
                     continue
-                if lost is not None and stored.write_id == lost[2]:
-                    # It was: report it as the change it was.
-                    return Change(lost[0], before, lost[1], stored)
                 return Change(before, after, stored.held, stored)
             held = stored.held if isinstance(hold, Keep) else hold
             if held is not None and (held.run_id >= len(after.runs) or

@@ -1,0 +1,1 @@
+"""Tools for testing azqueue against real services: a fault-injecting storage proxy."""

@@ -1,0 +1,229 @@
+#!/usr/bin/env python3
+"""Benchmark: what clients see when Azure Storage throttles and loses answers.
+
+Starts one in-memory Azurite, the fault proxy (``azqueue.testing.faultproxy``) in front
+of it, and two `azqueue serve` replicas whose storage is the proxy's (so the SAS URLs they
+hand out point at it too). Then, for each fault level (by default none; 3% ServerBusy and
+2% of writes applied then unanswered; 5% and 10%), creates N tasks from 16 concurrent
+clients spread over both replicas while 4 SAS workers and 4 claimWork workers (plain
+aiohttp, as documents 000/001/003 describe them) claim them, reclaim each once, read its
+status and report it completed, and prints the p50, p99 and max of every endpoint's
+answer time as the clients saw it, with the count of 5xx answers and of client time-outs
+(30 s). claimWork is a long poll: its times include
+waiting for work (those that found none, after 20 s, are a line of their own).
+
+Usage: .venv/bin/python scripts/bench_faults.py [--tasks 300] [--levels 0/0,3/2,5/10]
+                                               [--verbose]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import slugid
+
+import benchlib
+from benchlib import ACCOUNT, KEY, Azurite, QueueMessage, definition, signed_session
+
+from azqueue.testing.faultproxy import FaultProxy, Faults
+
+CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
+ENDPOINTS = ("createTask", "pollTaskUrls", "claimTask", "reclaimTask", "status",
+             "reportCompleted", "claimWork", "claimWork, no task")
+LEVEL_TIMEOUT = 300.0
+
+
+class Clients:
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self.http = http
+        self.times: dict[str, list[float]] = defaultdict(list)
+        self.server_errors: Counter[str] = Counter()
+        self.timeouts: Counter[str] = Counter()
+        self.slow: list[str] = []
+
+    async def call(self, endpoint: str, method: str, url: str,
+                   body: dict[str, Any] | None = None,
+                   empty: str = "") -> tuple[int, dict[str, Any]]:
+        """Call and time; a claimWork answered with no task is timed as ``empty``."""
+        start = time.monotonic()
+        try:
+            async with self.http.request(method, url, json=body, timeout=CLIENT_TIMEOUT) as r:
+                data = await r.json()
+                status = r.status
+        except TimeoutError:
+            self.timeouts[endpoint] += 1
+            return 0, {}
+        except aiohttp.ClientError:
+            self.server_errors[endpoint] += 1
+            return 0, {}
+        if empty and status == 200 and not data.get("tasks"):
+            endpoint = empty
+        took = time.monotonic() - start
+        self.times[endpoint].append(took)
+        if took > 2.0:
+            self.slow.append(f"{endpoint} {method} {url.split('/api/queue/v1')[-1]} "
+                             f"{took:.2f}s from {time.strftime('%H:%M:%S')}-{took:.0f}s")
+        if status >= 500:
+            self.server_errors[endpoint] += 1
+        return status, data
+
+
+def percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
+
+
+async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
+                name: str, verbose: bool = False) -> None:
+    queue_sas, queue_cw = f"bench/faults-sas-{name}", f"bench/faults-cw-{name}"
+    completed: set[str] = set()
+    done = asyncio.Event()
+    proxy.counts.clear()
+    async with signed_session(100) as http:
+        clients = Clients(http)
+
+        async def work(api: str, task_id: str, run_id: int) -> None:
+            await clients.call("reclaimTask", "POST",
+                               f"{api}/task/{task_id}/runs/{run_id}/reclaim")
+            await clients.call("status", "GET", f"{api}/task/{task_id}/status")
+            code, _ = await clients.call("reportCompleted", "POST",
+                                         f"{api}/task/{task_id}/runs/{run_id}/completed")
+            if code == 200:
+                completed.add(task_id)
+
+        async def sas_worker(i: int) -> None:
+            api = apis[i % len(apis)]
+            urls: dict[str, Any] = {}
+            while not done.is_set():
+                if not urls:
+                    code, urls = await clients.call(
+                        "pollTaskUrls", "GET", f"{api}/poll-task-url/{queue_sas}")
+                    if code != 200:
+                        urls = {}
+                        continue
+                queue = urls["queues"][6]
+                try:
+                    messages = await benchlib.get_messages(
+                        http, f"{queue['signedPollUrl']}&visibilitytimeout=10", 4)
+                except (RuntimeError, aiohttp.ClientError):
+                    await asyncio.sleep(0.1)  # throttled: poll again
+                    continue
+                if not messages:
+                    await asyncio.sleep(0.2)
+                for m in messages:
+                    await claim(api, queue, m, i)
+
+        async def claim(api: str, queue: dict[str, str], m: QueueMessage, i: int) -> None:
+            tip = m.tip
+            code, body = await clients.call(
+                "claimTask", "POST", f"{api}/task/{tip['taskId']}/runs/{tip['runId']}/claim",
+                {"workerGroup": "bench", "workerId": f"sas{i}", "messageId": m.message_id,
+                 "receipt": m.pop_receipt, "signature": tip["signature"]})
+            if code == 200:
+                await work(api, tip["taskId"], body["runId"])
+            elif 400 <= code < 500:
+                url = (queue["signedDeleteUrl"].replace("{{messageId}}", m.message_id)
+                       .replace("{{popReceipt}}", aiohttp.helpers.quote(m.pop_receipt, safe="")))
+                try:
+                    async with http.delete(url) as r:
+                        await r.read()
+                except aiohttp.ClientError:
+                    pass
+
+        async def claim_work_worker(i: int) -> None:
+            api = apis[i % len(apis)]
+            while not done.is_set():
+                code, body = await clients.call(
+                    "claimWork", "POST", f"{api}/claim-work/{queue_cw.replace('/', '%2F')}",
+                    {"workerGroup": "bench", "workerId": f"cw{i}", "tasks": 4},
+                    empty="claimWork, no task")
+                if code == 200:
+                    for c in body["tasks"]:
+                        await work(api, c["status"]["taskId"], c["runId"])
+
+        created: list[str] = []
+        limit = asyncio.Semaphore(16)
+
+        async def create(i: int) -> None:
+            async with limit:
+                task_id = str(slugid.nice())
+                code, _ = await clients.call(
+                    "createTask", "PUT", f"{apis[i % len(apis)]}/task/{task_id}",
+                    definition(queue_sas if i % 2 else queue_cw))
+                if code == 200:
+                    created.append(task_id)
+
+        proxy.faults = faults
+        start = time.monotonic()
+        workers = [asyncio.create_task(sas_worker(i)) for i in range(4)] + \
+                  [asyncio.create_task(claim_work_worker(i)) for i in range(4)]
+        await asyncio.gather(*(create(i) for i in range(tasks)))
+        while time.monotonic() - start < LEVEL_TIMEOUT and not set(created) <= completed:
+            await asyncio.sleep(0.2)
+        took = time.monotonic() - start
+        done.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+        proxy.faults = Faults()
+    injected = Counter()
+    for key, n in proxy.counts.items():
+        injected[key.split(" ", 1)[1]] += n
+    print(f"\nfaults {faults.busy:.0%} ServerBusy, {faults.lost:.0%} of writes applied then "
+          f"unanswered: {len(created)}/{tasks} tasks created, "
+          f"{len(completed & set(created))} completed in {took:.1f}s; "
+          f"5xx to clients {sum(clients.server_errors.values())}, "
+          f"client time-outs {sum(clients.timeouts.values())}; storage requests "
+          + ", ".join(f"{k} {v}" for k, v in sorted(injected.items())))
+    if verbose:  # which calls took long, and when (to match with the servers' logs)
+        for line in clients.slow:
+            if not line.startswith("claimWork"):
+                print("  slow:", line)
+    for endpoint in ENDPOINTS:
+        values = clients.times.get(endpoint, [])
+        if values:
+            print(f"  {endpoint:16} n={len(values):5}  p50 {statistics.median(values):6.3f}s  "
+                  f"p99 {percentile(values, 99):6.3f}s  max {max(values):6.3f}s")
+
+
+async def main(args: argparse.Namespace) -> None:
+    azurite = await Azurite.start()
+    proxy = FaultProxy({s: f"http://127.0.0.1:{azurite.ports[s]}" for s in benchlib.SERVICES})
+    await proxy.start()
+    logdir = Path(tempfile.mkdtemp(prefix="azqueue-bench-faults-"))
+    servers = []
+    try:
+        for i in range(2):
+            servers.append(await benchlib.start_server(
+                proxy.connection_string(ACCOUNT, KEY), logdir / f"server{i}.log"))
+        print(f"azqueue fault benchmark: {args.tasks} tasks a level, 2 replicas, 4 SAS and "
+              f"4 claimWork workers, 16 creating clients; server logs in {logdir}")
+        for spec in args.levels.split(","):
+            busy, lost = (float(x) / 100 for x in spec.split("/"))
+            await level([s.api for s in servers], proxy, Faults(busy=busy, lost=lost),
+                        args.tasks, spec.replace("/", "-"), args.verbose)
+    finally:
+        for server in servers:
+            await server.stop()
+        await proxy.stop()
+        await azurite.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tasks", type=int, default=300)
+    parser.add_argument("--levels", default="0/0,3/2,5/10",
+                        help="fault levels: percent ServerBusy / percent of writes lost")
+    parser.add_argument("--verbose", action="store_true",
+                        help="list the calls (but claimWork) that took more than 2 s")
+    try:
+        asyncio.run(main(parser.parse_args()))
+    except benchlib.BenchError as e:
+        sys.exit(f"bench_faults: {e}")

@@ -1,0 +1,370 @@
+"""Azure's own failures, injected by a proxy in front of the test Azurite: throttling
+(503 ServerBusy) and writes applied whose answer is lost (500 OperationTimedOut, or a
+dropped connection). The rates default to 5% and 5%; set AZQUEUE_TEST_FAULTS="busy,lost"
+(shares, e.g. "0.05,0.10") to change them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import xml.etree.ElementTree as ET
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timedelta
+from typing import Any
+
+import aiohttp
+import pytest
+import taskcluster.aio
+from aiohttp import web
+
+from azqueue.api.app import create_app
+from azqueue.config import Settings, StorageSettings
+from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.model import timeutil
+from azqueue.testing.faultproxy import FaultProxy, Faults
+from tests import sas
+from tests.conftest import _delete_storage
+from tests.servers import ROOT, Server
+from tests.tasks import definition, slugid, status
+from tests.waiting import eventually
+
+BUSY, LOST = (float(x) for x in os.environ.get("AZQUEUE_TEST_FAULTS", "0.05,0.05").split(","))
+TASKS = 240
+# Short, so that the test sees a repair: in production it is minutes.
+REPAIR_DELAY = 3.0
+CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
+
+
+@pytest.fixture
+async def proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
+    proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
+                        "queue": f"http://127.0.0.1:{azurite.queue_port}",
+                        "table": f"http://127.0.0.1:{azurite.table_port}"})
+    await proxy.start()
+    yield proxy
+    await proxy.stop()
+
+
+@pytest.fixture
+async def faulty_servers(azurite: Azurite, proxy: FaultProxy, storage_prefix: str
+                         ) -> AsyncIterator[Callable[..., Awaitable[Server]]]:
+    """Start replicas whose storage is behind the fault proxy."""
+    runners: list[web.AppRunner] = []
+
+    async def start(**overrides: Any) -> Server:
+        port = free_port()
+        settings = Settings(
+            storage=StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix),
+            tip_secrets=("test-secret-0123456789abcdef",), root=ROOT, host="127.0.0.1",
+            port=port, tip_repair_delay=REPAIR_DELAY, deadline_resolver_interval=0.5,
+            claim_resolver_interval=0.5).with_(**overrides)
+        runner = web.AppRunner(create_app(settings), access_log=None)
+        await runner.setup()
+        runners.append(runner)
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        return Server(settings.public_root_url, runner.app, settings)
+
+    yield start
+    proxy.faults = Faults()
+    for runner in reversed(runners):
+        await runner.cleanup()
+    await _delete_storage(azurite.connection_string, storage_prefix)
+
+
+class Clients:
+    """What the clients saw: every answer of the queue API by endpoint and status, and
+    the requests that got no answer in time."""
+
+    def __init__(self, http: aiohttp.ClientSession) -> None:
+        self.http = http
+        self.answers: Counter[tuple[str, int]] = Counter()
+        self.failures: list[str] = []
+
+    async def call(self, endpoint: str, method: str, url: str,
+                   body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+        try:
+            async with self.http.request(method, url, json=body, timeout=CLIENT_TIMEOUT) as r:
+                data = await r.json()
+                self.answers[(endpoint, r.status)] += 1
+                if r.status >= 500:
+                    self.failures.append(f"{endpoint} answered {r.status}: {data}")
+                return r.status, data
+        except (TimeoutError, aiohttp.ClientError) as e:
+            self.failures.append(f"{endpoint}: {type(e).__name__}: {e}")
+            return 0, {}
+
+
+async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactly_once(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """A few hundred tasks through two replicas, SAS and claimWork workers, with storage
+    throttled and losing answers: no 5xx and no time-out for any client, every task
+    claimed once and completed once (one run), none left pending without a tip."""
+    replicas = [await faulty_servers(), await faulty_servers()]
+    proxy.faults = Faults(busy=BUSY, lost=LOST)
+    clients = Clients(http)
+    claimed: Counter[str] = Counter()
+    completed: Counter[str] = Counter()
+    created: list[str] = []
+    done = asyncio.Event()
+
+    async def create(i: int, queue: str) -> None:
+        task_id = slugid()
+        code, body = await clients.call("createTask", "PUT",
+                                        f"{replicas[i % 2].api}/task/{task_id}",
+                                        definition(queue))
+        assert code == 200 or code == 0 or code >= 500, body
+        if code == 200:
+            created.append(task_id)
+
+    async def work(api: str, task_id: str, run_id: int) -> None:
+        claimed[task_id] += 1
+        code, body = await clients.call("reportCompleted", "POST",
+                                        f"{api}/task/{task_id}/runs/{run_id}/completed")
+        if code == 200:
+            completed[task_id] += 1
+
+    async def sas_worker(i: int) -> None:
+        api = replicas[i % 2].api
+        urls: dict[str, Any] = {}
+        while not done.is_set():
+            if not urls:
+                code, urls = await clients.call("pollTaskUrls", "GET",
+                                                f"{api}/poll-task-url/prov/faults-sas")
+                if code != 200:
+                    urls = {}
+                    continue
+            queue = urls["queues"][6]
+            try:
+                async with http.get(f"{queue['signedPollUrl']}&numofmessages=4"
+                                    "&visibilitytimeout=5") as r:
+                    text = await r.text()
+                    if r.status != 200:  # throttled: poll again, as a worker does
+                        await asyncio.sleep(0.1)
+                        continue
+            except aiohttp.ClientError:
+                continue
+            messages = [sas.QueueMessage(m.findtext("MessageId", ""),
+                                         m.findtext("PopReceipt", ""), 0,
+                                         m.findtext("MessageText", ""))
+                        for m in ET.fromstring(text).findall("QueueMessage")]
+            if not messages:
+                await asyncio.sleep(0.2)
+            for m in messages:
+                tip = m.tip
+                code, claim = await clients.call(
+                    "claimTask", "POST", f"{api}/task/{tip['taskId']}/runs/{tip['runId']}/claim",
+                    {"workerGroup": "wg", "workerId": f"sas{i}", "messageId": m.message_id,
+                     "receipt": m.pop_receipt, "signature": tip["signature"]})
+                if code == 200:
+                    await work(api, tip["taskId"], claim["runId"])
+                elif 400 <= code < 500:  # not ours: delete the tip (document 000)
+                    try:
+                        async with http.delete(sas.delete_url(queue["signedDeleteUrl"], m)) as r:
+                            await r.read()
+                    except aiohttp.ClientError:
+                        pass
+
+    async def claim_work_worker(i: int) -> None:
+        api = replicas[i % 2].api
+        while not done.is_set():
+            code, body = await clients.call(
+                "claimWork", "POST", f"{api}/claim-work/prov%2Ffaults-cw",
+                {"workerGroup": "wg", "workerId": f"cw{i}", "tasks": 4})
+            if code != 200:
+                continue
+            for claim in body["tasks"]:
+                await work(api, claim["status"]["taskId"], claim["runId"])
+
+    workers = [asyncio.create_task(sas_worker(i)) for i in range(4)] + \
+              [asyncio.create_task(claim_work_worker(i)) for i in range(4)]
+    try:
+        limit = asyncio.Semaphore(16)
+
+        async def limited(i: int) -> None:
+            async with limit:
+                await create(i, "prov/faults-sas" if i % 2 else "prov/faults-cw")
+
+        await asyncio.gather(*(limited(i) for i in range(TASKS)))
+        await eventually(lambda: _completed(completed, created), what="every task completed",
+                         timeout=60, interval=0.5)
+    finally:
+        done.set()
+        await asyncio.gather(*workers, return_exceptions=True)
+    proxy.faults = Faults()
+
+    assert clients.failures == [], clients.failures[:10]
+    assert len(created) == TASKS
+    assert claimed == Counter({t: 1 for t in created}), "a run was claimed twice"
+    assert completed == Counter({t: 1 for t in created})
+    for task_id in created[::8]:
+        final = await status(http, replicas[0].api, task_id)
+        assert [r["state"] for r in final["runs"]] == ["completed"], final
+    # The faults happened (else this test proves nothing).
+    counts = proxy.counts
+    assert sum(v for k, v in counts.items() if k.endswith("busy")) > 0, counts
+    assert sum(v for k, v in counts.items() if k.endswith(("dropped", "timed out"))) > 0, counts
+
+
+async def _completed(completed: Counter[str], created: list[str]) -> int:
+    return all(completed[t] for t in created) and len(created) == TASKS
+
+
+async def test_a_pending_task_whose_tip_was_deleted_gets_another_within_the_repair_delay(
+        faulty_servers: Callable[..., Awaitable[Server]], http: aiohttp.ClientSession) -> None:
+    """A worker deletes a tip it was refused (document 000), here as when its claim gave
+    up waiting for a task stored late; the pending task is left with no tip. The deadline
+    message, first visible the repair delay after createTask, gives it another."""
+    server = await faulty_servers()
+    task_id = slugid()
+    async with http.put(f"{server.api}/task/{task_id}", json=definition("prov/repair")) as r:
+        assert r.status == 200, await r.text()
+    urls = await sas.poll_task_urls(http, server.api, "prov", "repair")
+    queue = urls["queues"][6]
+    [message] = await sas.get_messages(http, queue["signedPollUrl"])
+    assert message.tip["taskId"] == task_id
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], message) == 204
+
+    async def poll() -> list[sas.QueueMessage]:
+        return await sas.get_messages(http, queue["signedPollUrl"])
+
+    [again] = await eventually(poll, what="another tip for the pending task", timeout=30)
+    assert again.tip == {**again.tip, "taskId": task_id, "runId": 0}
+    code, claim = await sas.claim(http, server.api, again)
+    assert code == 200, claim
+    assert (await status(http, server.api, task_id))["state"] == "running"
+
+
+async def test_an_outage_is_answered_503_with_retry_after_and_resolvers_catch_up_after_it(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """Storage answering nothing but ServerBusy: a client is answered 503 with
+    Retry-After and a {code, message} body (not held, not a 500); the deadline resolver
+    keeps trying, and once storage is back resolves the task whose deadline passed
+    meanwhile."""
+    server = await faulty_servers(request_budget=1.0)
+    task_id = slugid()
+    body = definition("prov/outage", deadline=timedelta(seconds=2))
+    async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+        assert r.status == 200, await r.text()
+    deadline = timeutil.parse(body["deadline"])
+    proxy.faults = Faults(busy=1.0)
+    try:
+        async with http.get(f"{server.api}/task/{task_id}/status") as r:
+            answer = await r.json()
+            assert r.status == 503, answer
+            assert int(r.headers["Retry-After"]) > 0
+        assert answer["code"] == "StorageUnavailable" and "try again" in answer["message"]
+
+        async def now() -> datetime:
+            return timeutil.utcnow()
+
+        await eventually(now, lambda t: t > deadline + timedelta(seconds=1),
+                         what="the deadline passed during the outage")
+    finally:
+        proxy.faults = Faults()
+    final = await eventually(lambda: status(http, server.api, task_id),
+                             lambda s: s["state"] == "exception", what="deadline resolved")
+    assert final["runs"][0]["reasonResolved"] == "deadline-exceeded"
+
+
+@pytest.mark.parametrize("fault", ["timed out", "dropped"])
+async def test_a_claim_whose_rewrite_was_applied_but_not_answered_is_still_a_claim(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, fault: str) -> None:
+    """The tip's rewrite is applied and its answer lost: sent again, it is told the
+    receipt no longer matches. The claim goes on without holding the message (it
+    reappears at takenUntil and is refused then) instead of refusing the worker."""
+    server = await faulty_servers()
+    task_id = await _create(http, server, "prov/lostclaim")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "lostclaim")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    proxy.once("PUT", f"/messages/{message.message_id}", fault)
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200, claim
+    assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and done["status"]["state"] == "completed", done
+
+
+async def test_a_reclaim_whose_message_update_was_applied_but_not_answered_is_a_reclaim(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """reclaimTask pushes the held message out and its answer is lost: the reclaim is
+    answered all the same (takenUntil extended), and the run can be completed."""
+    server = await faulty_servers()
+    task_id = await _create(http, server, "prov/lostreclaim")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "lostreclaim")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200, claim
+    proxy.once("PUT", f"/messages/{message.message_id}", "timed out")
+    code, reclaim = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
+    assert code == 200, reclaim
+    assert reclaim["takenUntil"] >= claim["takenUntil"]
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and done["status"]["state"] == "completed", done
+
+
+async def _create(http: aiohttp.ClientSession, server: Server, task_queue_id: str) -> str:
+    task_id = slugid()
+    async with http.put(f"{server.api}/task/{task_id}", json=definition(task_queue_id)) as r:
+        assert r.status == 200, await r.text()
+    return task_id
+
+
+async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its_tip(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """aiohttp does not cancel a handler whose client went away: a createTask whose
+    client timed out while storage was slow finishes (task stored, tip claimable), so it
+    leaves no task behind without a tip."""
+    server = await faulty_servers()
+    task_id = slugid()
+    proxy.once("POST", "/messages", "stalled")  # the task's tip or its deadline message
+    with pytest.raises(TimeoutError):
+        async with http.put(f"{server.api}/task/{task_id}", json=definition("prov/gaveup"),
+                            timeout=aiohttp.ClientTimeout(total=0.2)) as r:
+            await r.read()
+
+    async def stored() -> int:
+        async with http.get(f"{server.api}/task/{task_id}/status") as r:
+            return r.status
+
+    await eventually(stored, lambda code: code == 200, what="the task stored")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "gaveup")
+    [message] = await eventually(lambda: sas.get_messages(http, urls["queues"][6]["signedPollUrl"]),
+                                 what="the task's tip")
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200 and claim["status"]["taskId"] == task_id, claim
+
+
+async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Storage answers ServerBusy to a score of requests in a row, more than one request's
+    retries: the server answers 503, and the unmodified official client, retrying 5xx as
+    it does, creates, claims and completes the task."""
+    server = await faulty_servers(run_resolvers=False)
+    credentials = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
+    async with taskcluster.aio.createSession() as session:
+        queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "credentials": credentials},
+                                      session=session)
+        task_id = slugid()
+        with caplog.at_level(logging.WARNING, logger="azqueue.api.middleware"):
+            for _ in range(30):  # more than the 8 attempts of each of createTask's requests
+                proxy.once("*", "", "busy")
+            created = await queue.createTask(task_id, definition("prov/official"))
+            assert created["status"]["state"] == "pending"
+            for _ in range(20):
+                proxy.once("*", "", "busy")
+            claim = await queue.claimTask(task_id, 0, {"workerGroup": "wg",
+                                                       "workerId": "official"})
+            assert claim["status"]["state"] == "running"
+        done = await queue.reportCompleted(task_id, 0)
+        assert [r["state"] for r in done["status"]["runs"]] == ["completed"]
+    answered = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
+    assert any("/task/" in m and "PUT" in m for m in answered), answered
+    assert any("/claim" in m for m in answered), answered
