@@ -175,6 +175,8 @@ class Settings:
     # Dependencies: when a resolution that its process did not pass on is recovered.
     dependencies_recovery_delay: float = 30.0
     dependency_resolver_interval: float = 5.0
+    # How often the rest of a large cancelTaskGroup / changeTaskGroupPriority is looked for.
+    group_resolver_interval: float = 5.0
     # Expiry: how often expired artifacts and tasks are looked for (a scan of the tasks table).
     expiry_interval: float = 3600.0
     # How long the storage calls of one client request may take in all, retries included
@@ -263,6 +265,7 @@ _SECONDS_VARIABLES = {
     "events_resolver_interval": "AZQUEUE_EVENTS_RESOLVER_INTERVAL",
     "dependencies_recovery_delay": "AZQUEUE_DEPENDENCIES_RECOVERY_DELAY",
     "dependency_resolver_interval": "AZQUEUE_DEPENDENCY_RESOLVER_INTERVAL",
+    "group_resolver_interval": "AZQUEUE_GROUP_RESOLVER_INTERVAL",
     "expiry_interval": "AZQUEUE_EXPIRY_INTERVAL",
     "request_budget": "AZQUEUE_REQUEST_BUDGET",
     "tip_repair_delay": "AZQUEUE_TIP_REPAIR_DELAY",

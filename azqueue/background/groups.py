@@ -2,8 +2,9 @@
 
 A call handles the first ``GROUP_BATCH`` members of a large group and leaves a trigger
 for the rest in ``<prefix>-group-passes`` (see ``service.groups``). This loop takes the
-due triggers every ``INTERVAL`` seconds and handles one batch of each, until none is
-left; a trigger it took and did not finish reappears after ``PASS_HOLD`` for any replica.
+due triggers every ``AZQUEUE_GROUP_RESOLVER_INTERVAL`` seconds and handles one batch of
+each, until none is left; a trigger it took and did not finish reappears after
+``PASS_HOLD`` for any replica.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ import asyncio
 from azqueue.background import every
 from azqueue.service.groups import TaskGroups
 
-INTERVAL = 1.0
-
-
 async def finish_due_passes(groups: TaskGroups) -> int:
     """Handle batches until no trigger is due; how many batches were handled."""
     total = 0
@@ -24,5 +22,5 @@ async def finish_due_passes(groups: TaskGroups) -> int:
     return total
 
 
-async def run(groups: TaskGroups, stop: asyncio.Event) -> None:
-    await every(INTERVAL, lambda: finish_due_passes(groups), stop, "group-passes resolver")
+async def run(groups: TaskGroups, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: finish_due_passes(groups), stop, "group-passes resolver")

@@ -37,7 +37,8 @@ _LOOPS: dict[str, Callable[[Services, Settings, asyncio.Event], Loop | None]] = 
         services.queue, services.artifacts, settings.expiry_interval, stop),
     "events": lambda services, settings, stop: None if services.outbox is None else events.run(
         services.outbox, settings.events_resolver_interval, stop),
-    "groups": lambda services, settings, stop: group_passes.run(services.groups, stop),
+    "groups": lambda services, settings, stop: group_passes.run(
+        services.groups, settings.group_resolver_interval, stop),
 }
 NAMES: tuple[str, ...] = tuple(_LOOPS)
 

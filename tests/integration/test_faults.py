@@ -358,8 +358,8 @@ async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
                 proxy.once("*", "", "busy")
             created = await queue.createTask(task_id, definition("prov/official"))
             assert created["status"]["state"] == "pending"
-            for _ in range(20):
-                proxy.once("*", "", "busy")
+            for _ in range(20):  # on the task's entity only, which background work spares
+                proxy.once("*", task_id, "busy")
             claim = await queue.claimTask(task_id, 0, {"workerGroup": "wg",
                                                        "workerId": "official"})
             assert claim["status"]["state"] == "running"

@@ -148,7 +148,7 @@ async def test_cancel_task_group_past_one_calls_bound_is_finished_in_the_backgro
         make_server: ServerFactory, http: aiohttp.ClientSession, small_batches: int) -> None:
     """cancelTaskGroup 'will cancel all unresolved tasks': a call cancels one batch and
     the group-passes resolver cancels the rest; a running member's worker is told (409)."""
-    server = await make_server()
+    server = await make_server(group_resolver_interval=0.5)
     group, members = await _group(http, server, 3 * small_batches + 2)
     running = members[-1]
     code, _ = await sas.post(http, f"{server.api}/task/{running}/runs/0/claim",
@@ -176,7 +176,7 @@ async def test_cancel_task_group_past_one_calls_bound_is_finished_in_the_backgro
 
 async def test_change_task_group_priority_past_one_calls_bound_reaches_every_member(
         make_server: ServerFactory, http: aiohttp.ClientSession, small_batches: int) -> None:
-    server = await make_server()
+    server = await make_server(group_resolver_interval=0.5)
     group, members = await _group(http, server, 2 * small_batches + 1)
     code, answer = await sas.post(http, f"{server.api}/task-group/{group}/priority",
                                   {"newPriority": "medium"})
