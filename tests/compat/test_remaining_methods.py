@@ -59,3 +59,26 @@ def test_every_method_of_the_official_client_is_driven_by_a_compatibility_test()
     undriven = [name for name in taskcluster.Queue.funcinfo
                 if not re.search(rf"\.{name}\b|\"{name}\"", sources)]
     assert undriven == []
+
+
+class QueueWithPollTaskUrls(taskcluster.Queue):  # type: ignore[misc]
+    """README's example: the official client, taught pollTaskUrls the way it declares
+    every method (a ``funcinfo`` entry, signed by the client like any call)."""
+
+    funcinfo = {**taskcluster.Queue.funcinfo, "pollTaskUrls": {
+        "args": ["provisionerId", "workerType"], "method": "get", "name": "pollTaskUrls",
+        "route": "/poll-task-url/<provisionerId>/<workerType>", "stability": "stable"}}
+
+    def pollTaskUrls(self, *args: Any, **kwargs: Any) -> Any:
+        return self._makeApiCall(self.funcinfo["pollTaskUrls"], *args, **kwargs)
+
+
+async def test_the_official_client_calls_poll_task_urls_as_readme_shows(server: Server) -> None:
+    """pollTaskUrls is not among the modern client's methods; README shows how to call it
+    with the client's own signing."""
+    assert "pollTaskUrls" not in taskcluster.Queue.funcinfo
+    q = QueueWithPollTaskUrls({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+    urls = await asyncio.to_thread(q.pollTaskUrls, "prov", "compat-poll")
+    assert len(urls["queues"]) == 7 and "expires" in urls
+    assert all({"signedPollUrl", "signedDeleteUrl"} <= set(u) for u in urls["queues"])
