@@ -18,7 +18,7 @@ from azqueue.server_commands import DEV_STATE
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.signing import hawk_signer
 from tests.tasks import definition, slugid
-from tests.worker.helpers import AZQUEUE, eventually, running
+from tests.worker.helpers import AZQUEUE, alive, eventually, running
 
 BANNER_TIMEOUT = 120.0
 
@@ -57,14 +57,6 @@ class Dev:
         return err
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
         tmp_path: Path) -> None:
     """A task created before a restart is still pending after it, and its tip (signed
@@ -86,7 +78,7 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
         err = await asyncio.to_thread(first.stop, signal.SIGHUP)
         assert first.process.returncode == 0, err
         assert "Traceback" not in err
-        assert not _alive(azurite_pid), "Azurite outlived `azqueue dev` after SIGHUP"
+        assert not alive(azurite_pid), "Azurite outlived `azqueue dev` after SIGHUP"
     finally:
         if first.process.poll() is None:
             first.stop(signal.SIGKILL)

@@ -20,15 +20,8 @@ from azqueue.worker import Credentials, QueueRefused, Worker, WorkerConfig, Work
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
-from tests.worker.helpers import cli_env, config, eventually, finish, running, spawn, wait_status
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
+from tests.worker.helpers import (alive, cli_env, config, eventually, finish, running, spawn,
+                                  wait_status)
 
 
 async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
@@ -50,7 +43,7 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
         assert canceled.returncode == 0, canceled.stderr
         # The child sleeps ten minutes and the claim has twenty: gone well before that
         # means the status check found the cancel and the process group was killed.
-        await eventually(lambda: not _alive(pid), timeout=60,
+        await eventually(lambda: not alive(pid), timeout=60,
                          what="the command's child to be killed after the cancel")
     finally:
         output = await asyncio.to_thread(finish, worker, signal.SIGTERM)

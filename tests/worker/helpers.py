@@ -105,3 +105,12 @@ async def log_of(http: aiohttp.ClientSession, server: Server, task_id: str, run_
                         f"{shell.LOG_ARTIFACT}") as r:
         assert r.status == 200, await r.text()
         return await r.text()
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except FileNotFoundError:
+        return False

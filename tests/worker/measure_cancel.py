@@ -29,17 +29,10 @@ import aiohttp
 
 from azqueue.worker import Credentials, Worker, WorkerConfig, shell
 from tests.tasks import create, definition
+from tests.worker.helpers import alive
 from tests.worker.measuring import ROOT_ID, ROOT_TOKEN, dev_server
 
 INDEX_SETTLED = 40.0
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def _storage_requests(http: aiohttp.ClientSession, api: str) -> int:
@@ -79,7 +72,7 @@ async def main(args: argparse.Namespace) -> None:
             async with http.post(f"{api}/task/{task_id}/cancel") as r:
                 assert r.status == 200, await r.text()
             canceled = time.monotonic()
-            while _alive(pid):
+            while alive(pid):
                 await asyncio.sleep(0.05)
             delays.append(time.monotonic() - canceled)
         await worker.stop()

@@ -26,6 +26,7 @@ from tests.tasks import create, definition, status
 from tests.worker.helpers import (
     AZQUEUE,
     CREDENTIALS,
+    alive,
     cli_env,
     config,
     eventually,
@@ -123,7 +124,7 @@ async def test_a_reclaim_answered_409_stops_the_subprocess_and_forgets_the_task(
                                  {"reason": "malformed-payload"})
         assert code == 200
         # The command sleeps a minute: gone well before that means it was stopped.
-        await eventually(lambda: not _alive(pid), timeout=30,
+        await eventually(lambda: not alive(pid), timeout=30,
                          what="the subprocess to be stopped after the reclaim's 409")
     s = await status(http, server.api, task_id)
     assert s["runs"][0]["reasonResolved"] == "malformed-payload"  # no report of ours on top
@@ -150,7 +151,7 @@ async def test_task_cancel_stops_the_running_subprocess_at_its_next_reclaim(
         assert canceled.returncode == 0, canceled.stderr
         assert canceled.stdout.strip() == f"{task_id} exception: run 0 exception (canceled)"
         # The command sleeps a minute: gone well before that means it was stopped.
-        await eventually(lambda: not _alive(pid), timeout=30,
+        await eventually(lambda: not alive(pid), timeout=30,
                          what="the subprocess to be stopped after the run was canceled")
     s = await status(http, server.api, task_id)
     assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
@@ -168,14 +169,6 @@ async def _pid_once_running(http: aiohttp.ClientSession, server: Server, task_id
     written = await eventually(lambda: pid_file.exists() and pid_file.read_text().strip(),
                                what=f"the task's command to write its pid to {pid_file}")
     return int(written)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 async def test_outcomes_malformed_payload_exit_code_and_overrun(
