@@ -681,6 +681,10 @@ def print_summary(b: Bench) -> None:
         print("\n| figure | value | what it means |\n| --- | --- | --- |")
     for key, unit, meaning in figures:
         print(f"| {key} | {s[key]:.2f} {unit} | {meaning} |")
+    if benchlib.RETRIED_503:
+        b.anomalies.append(f"{len(benchlib.RETRIED_503)} createTask calls were answered 503 "
+                           f"(storage unavailable within the request's budget) and retried; "
+                           f"the first: {benchlib.RETRIED_503[0]}")
     for anomaly in b.anomalies:
         print(f"\nWARNING: {anomaly}.")
     print("\nPer lifecycle: what the server spent (storage requests counted by the proxy in "
