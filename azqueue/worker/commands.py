@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import codecs
 import datetime
 import json
 import logging
@@ -235,7 +236,10 @@ async def _print_url(url: str, root_url: str) -> int:
                 text = " ".join((await r.text()).split())
                 print(f"azqueue: no log ({r.status}): {text[:300]}", file=sys.stderr)
                 return 1
-            sys.stdout.write((await r.read()).decode(errors="replace"))
+            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+            async for chunk in r.content.iter_chunked(65536):
+                sys.stdout.write(decoder.decode(chunk))
+            sys.stdout.write(decoder.decode(b"", final=True))
     except (aiohttp.ClientError, TimeoutError) as e:
         raise _unreachable(root_url, e) from None
     return 0

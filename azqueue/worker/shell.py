@@ -1,8 +1,9 @@
 """The task handler of ``azqueue worker``: run the payload's command in a subprocess.
 
 Payload: ``{command: [program, arg, ...], env: {NAME: value}, maxRunTime: seconds}``.
-The output (stdout and stderr) is written to a log as it comes and uploaded as the
-artifact ``public/logs/live.log`` before the run is reported. Exit 0: completed; any
+The output (stdout and stderr) is written to a log file as it comes and streamed from
+that file (never held whole in memory) as the artifact ``public/logs/live.log`` before
+the run is reported. Exit 0: completed; any
 other exit, or running past ``maxRunTime`` (the process group is killed): failed; a
 payload that does not fit: exception ``malformed-payload`` with the explanation in the
 log. The command does not inherit the worker's environment (and so never its
@@ -76,8 +77,9 @@ async def _run_in(run: TaskRun, scratch: str) -> None:
             output.write(text.encode())
 
         async def upload() -> None:
+            output.flush()
             output.seek(0)
-            await run.upload_artifact(LOG_ARTIFACT, output.read(), "text/plain; charset=utf-8")
+            await run.upload_artifact(LOG_ARTIFACT, output, "text/plain; charset=utf-8")
 
         write(f"[azqueue] task {run.task_id} run {run.run_id}\n")
         try:

@@ -44,7 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import aiohttp
 import taskcluster.aio
@@ -187,8 +187,11 @@ class TaskRun:
         """A queue client with the task's current temporary credentials."""
         return client.queue(self.root_url, self.credentials, self.session)
 
-    async def upload_artifact(self, name: str, data: bytes, content_type: str) -> None:
-        """A blob artifact expiring with the task: created, PUT, finished."""
+    async def upload_artifact(self, name: str, data: bytes | BinaryIO,
+                              content_type: str) -> None:
+        """A blob artifact expiring with the task: created, PUT, finished. ``data`` may be
+        an open file (read from its current position): it is streamed in chunks, never
+        held whole in memory."""
         made = await self.queue.createArtifact(self.task_id, self.run_id, name, {
             "storageType": "blob", "expires": self.task["expires"], "contentType": content_type})
         async with self.session.put(made["putUrl"], data=data, headers=made["headers"]) as r:

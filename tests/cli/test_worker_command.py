@@ -183,3 +183,21 @@ async def test_without_anonymous_status_the_watch_asks_with_the_worker_s_credent
     s = await status(http, server.api, task_id)
     assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
     assert worker.completed == 0
+
+
+async def test_a_log_of_twenty_megabytes_is_uploaded_and_printed_whole(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """A command printing ~21 MB: the worker streams its log file to the artifact (never
+    reading it whole into memory) and `azqueue task log` prints every line of it."""
+    task_id = await create(http, server.api, definition("prov/big-log", payload={
+        "command": ["seq", "1", "3000000"]}))
+    worker = spawn(server, "prov/big-log", "big-logger")
+    try:
+        await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
+    finally:
+        await asyncio.to_thread(finish, worker, signal.SIGTERM)
+    printed = await as_root(server, "task", "log", task_id)
+    assert printed.returncode == 0, printed.stderr
+    numbers = [line for line in printed.stdout.splitlines() if line.isdigit()]
+    assert numbers == [str(i) for i in range(1, 3000001)]
+    assert printed.stdout.rstrip().endswith("[azqueue] exit code 0")
