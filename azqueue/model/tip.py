@@ -15,10 +15,8 @@ import binascii
 import json
 from dataclasses import dataclass
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, hmac
-
 from azqueue.model import jsontext
+from azqueue.model.signing import Macs
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,32 +47,14 @@ class TipSigner:
     def __init__(self, secrets: tuple[str, ...]) -> None:
         if not secrets:
             raise ValueError("at least one tip secret is needed")
-        self._keys = tuple(s.encode() for s in secrets)
-
-    @staticmethod
-    def _mac(key: bytes, task_id: str, run_id: int) -> hmac.HMAC:
-        mac = hmac.HMAC(key, hashes.SHA256())
-        mac.update(f"{task_id}/{run_id}".encode())
-        return mac
+        self._macs = Macs(tuple(s.encode() for s in secrets))
 
     def sign(self, task_id: str, run_id: int) -> str:
-        digest = self._mac(self._keys[0], task_id, run_id).finalize()
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        return self._macs.sign(f"{task_id}/{run_id}".encode())
 
     def tip(self, task_id: str, run_id: int) -> Tip:
         return Tip(task_id, run_id, self.sign(task_id, run_id))
 
     def verify(self, task_id: str, run_id: int, signature: str) -> bool:
         """Constant-time check of ``signature`` against every configured secret."""
-        try:
-            raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
-        except (binascii.Error, ValueError):
-            return False
-        ok = False
-        for key in self._keys:
-            try:
-                self._mac(key, task_id, run_id).verify(raw)
-                ok = True
-            except InvalidSignature:
-                pass
-        return ok
+        return self._macs.verify(f"{task_id}/{run_id}".encode(), signature)

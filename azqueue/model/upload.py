@@ -15,17 +15,16 @@ round. As with tips, the first secret signs and every one verifies (rotation).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from urllib.parse import quote, urlencode
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives import hashes, hmac
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from azqueue.model.signing import Macs
 
 _KEY_INFO = b"azqueue artifact upload URL v1"
 # Where uploads are received, under the service's public root URL.
@@ -82,31 +81,13 @@ class UploadSigner:
     def __init__(self, secrets: tuple[str, ...]) -> None:
         if not secrets:
             raise ValueError("at least one secret is needed")
-        self._keys = tuple(
+        self._macs = Macs(tuple(
             HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_KEY_INFO)
-            .derive(s.encode()) for s in secrets)
-
-    @staticmethod
-    def _mac(key: bytes, grant: UploadGrant) -> hmac.HMAC:
-        mac = hmac.HMAC(key, hashes.SHA256())
-        mac.update(grant.text())
-        return mac
+            .derive(s.encode()) for s in secrets))
 
     def sign(self, grant: UploadGrant) -> str:
-        digest = self._mac(self._keys[0], grant).finalize()
-        return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+        return self._macs.sign(grant.text())
 
     def verify(self, grant: UploadGrant, signature: str) -> bool:
         """Constant-time check of ``signature`` against every configured secret."""
-        try:
-            raw = base64.urlsafe_b64decode(signature + "=" * (-len(signature) % 4))
-        except (binascii.Error, ValueError):
-            return False
-        ok = False
-        for key in self._keys:
-            try:
-                self._mac(key, grant).verify(raw)
-                ok = True
-            except InvalidSignature:
-                pass
-        return ok
+        return self._macs.verify(grant.text(), signature)
