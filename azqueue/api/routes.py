@@ -336,7 +336,11 @@ async def list_dependent_tasks(call: Call, task_id: str) -> Any:
 @route("GET", "/poll-task-url/<provisionerId>/<workerType>", "pollTaskUrls",
        scopes="queue:poll-task-urls:<provisionerId>/<workerType>")
 async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> Any:
-    return await call.queue.poll_task_urls(provisioner_id, worker_type)
+    pending = call.request.query.get("pending", "false")
+    if pending not in ("true", "false"):
+        raise errors.InputError(f"query parameter `pending` is {pending!r}; use true (also say "
+                                "which queues hold visible tips) or false")
+    return await call.queue.poll_task_urls(provisioner_id, worker_type, pending == "true")
 
 
 @route("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask", body="task-claim-request.json",

@@ -75,6 +75,7 @@ from azqueue.service.cache import TaskCache
 from azqueue.service.claimindex import ClaimIndex
 from azqueue.service.claims import TIP_WAIT, Claims, TipClaim
 from azqueue.service.dependencies import Dependencies, gather_limited
+from azqueue.service.hints import PendingHints
 from azqueue.service.resolution import Resolution
 from azqueue.service.workclaimer import WorkClaimer
 from azqueue.service.workers import WorkerInfo
@@ -122,6 +123,7 @@ class QueueService:
         self.tasks = TaskStore(account)
         self.queues = Queues(account)
         self.pending = PendingQueues(account, self.queues)
+        self.hints = PendingHints(self.queues, self.pending)
         self.signer = TipSigner(settings.tip_secrets)
         self.groups = GroupStore(account)
         self.cache = TaskCache()
@@ -355,7 +357,9 @@ class QueueService:
 
     async def _put_tip(self, task: Task, run_id: int) -> Message:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
-        return await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+        message = await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+        self.hints.tip_visible(task.task_queue_id, task.priority)
+        return message
 
     async def queue_tip(self, stored: Stored, run_id: int) -> None:
         """Put a tip for run ``run_id`` of a stored task and record its messageId, so that
@@ -431,6 +435,7 @@ class QueueService:
                 tip_ready = await self.queues.release(held.queue_name, held.message_id,
                                                       held.pop_receipt)
                 if tip_ready:
+                    self.hints.tip_visible(task.task_queue_id, task.priority)
                     self.work.wake(task)
             else:
                 await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
@@ -466,14 +471,21 @@ class QueueService:
 
     # -- the operations of the components, as the API and the resolvers call them ----
 
-    async def poll_task_urls(self, provisioner_id: str, worker_type: str) -> dict[str, Any]:
+    async def poll_task_urls(self, provisioner_id: str, worker_type: str,
+                             pending: bool = False) -> dict[str, Any]:
+        """The SAS URLs; with ``pending``, also which queues hold visible tips (``hints``)."""
         now = timeutil.utcnow()
         expires = now + timedelta(seconds=self.settings.sas_lifetime)
-        urls = await self.pending.signed_urls(f"{provisioner_id}/{worker_type}",
-                                              start=now - SAS_SLACK, expiry=expires + SAS_SLACK)
-        return {"expires": timeutil.fmt(expires),
-                "queues": [{"signedPollUrl": u.signed_poll_url,
-                            "signedDeleteUrl": u.signed_delete_url} for u in urls]}
+        task_queue_id = f"{provisioner_id}/{worker_type}"
+        urls = await self.pending.signed_urls(task_queue_id, start=now - SAS_SLACK,
+                                              expiry=expires + SAS_SLACK)
+        answer: dict[str, Any] = {
+            "expires": timeutil.fmt(expires),
+            "queues": [{"signedPollUrl": u.signed_poll_url,
+                        "signedDeleteUrl": u.signed_delete_url} for u in urls]}
+        if pending and (sample := await self.hints.sample(task_queue_id)) is not None:
+            answer["pending"] = sample.answer(asyncio.get_running_loop().time())
+        return answer
 
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
                          tip: TipClaim | None = None,

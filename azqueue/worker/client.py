@@ -83,10 +83,14 @@ def queue(root_url: str, credentials: Credentials | None,
 
 
 async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
-                         credentials: Credentials | None, task_queue_id: str) -> dict[str, Any]:
+                         credentials: Credentials | None, task_queue_id: str,
+                         pending: bool = False) -> dict[str, Any]:
     """``{expires, queues: [{signedPollUrl, signedDeleteUrl}, ...]}``, highest priority
-    first; ``QueueUnavailable`` saying why otherwise."""
+    first, and with ``pending`` the queue's ``pending: {sampled, queues: [bool, ...], ages: [seconds, ...]}``
+    when it gave one (left out if malformed); ``QueueUnavailable`` saying why otherwise."""
     url = f"{root_url.rstrip('/')}/api/queue/v1/poll-task-url/{task_queue_id}"
+    if pending:
+        url += "?pending=true"
     headers = {}
     if credentials is not None:
         ext = queue(root_url, credentials).makeHawkExt()
@@ -105,6 +109,14 @@ async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
             raise ValueError("a queue without signedPollUrl/signedDeleteUrl")
     except (ValueError, KeyError, TypeError) as e:
         raise QueueUnavailable(f"pollTaskUrls answered something unexpected: {e!r}") from None
+    hint = body.get("pending")
+    if hint is not None and not (isinstance(hint, dict) and isinstance(hint.get("queues"), list)
+                                 and len(hint["queues"]) == len(body["queues"])
+                                 and all(isinstance(v, bool) for v in hint["queues"])
+                                 and isinstance(hint.get("ages"), list)
+                                 and len(hint["ages"]) == len(body["queues"])
+                                 and all(isinstance(v, (int, float)) for v in hint["ages"])):
+        del body["pending"]
     return body
 
 

@@ -28,11 +28,20 @@ reordering the queues:
   ``priority_recheck / (W + 1)`` seconds on average. At a backlog a worker polls once per
   batch of claims, plus one pass over the queues above *p* every ``priority_recheck``
   seconds.
+* **Sampled queues.** A pass from the top first asks the queue which of the seven hold
+  visible tips (pollTaskUrls with ``?pending=true``: a request to the queue, which
+  answers from a sample shared by all its workers, at most ``hints.SAMPLE_TTL`` seconds
+  old), and polls only those. So a recheck at a ``lowest`` backlog costs no empty poll,
+  a worker whose tasks outlast ``priority_recheck`` polls once per claim instead of
+  seven times, and an idle pass polls nothing at all. A tip put meanwhile by another
+  replica of the queue waits at most that age longer; without an answer (the queue
+  unreachable, or one that does not sample) the pass polls all seven queues.
 * **Idle backoff.** After the *k*-th empty pass in a row the worker sleeps
   ``min(idle_sleep * 2 ** (k - 1), max_idle_sleep)`` seconds, times a random factor
   between 0.75 and 1.25 so that workers do not poll in step: "a second or so" after the
   first empty pass (document 000), growing to ``max_idle_sleep`` on average. Finding
-  work resets it. An idle worker thus costs seven polls per ``max_idle_sleep`` seconds.
+  work resets it. An idle worker thus costs one pollTaskUrls per ``max_idle_sleep``
+  seconds (seven polls without sampled queues).
 
 ``requests`` counts what the source asked of Azure and of the queue (``REQUEST_KINDS``);
 it is logged at DEBUG after every pass that found nothing and when the worker stops.
@@ -44,6 +53,7 @@ import asyncio
 import base64
 import json
 import logging
+import math
 import random
 import time
 import xml.etree.ElementTree as ET
@@ -116,6 +126,8 @@ class SasSource:
     :param max_idle_sleep: the longest (average) sleep after many empty passes in a row.
     :param priority_recheck: seconds after which a worker sticky on one queue polls from
         the top of the list again, whatever it finds where it is.
+    :param hints: ask pollTaskUrls, at every pass from the top, which queues hold
+        visible tips (``?pending=true``), and poll only those.
     :param requests: where to count requests (a new ``Counter`` if None).
     """
 
@@ -123,7 +135,7 @@ class SasSource:
                  credentials: client.Credentials | None, task_queue_id: str,
                  worker_group: str, worker_id: str, idle_sleep: float = 1.0, *,
                  max_idle_sleep: float = 5.0, priority_recheck: float = 5.0,
-                 requests: Counter[str] | None = None) -> None:
+                 hints: bool = True, requests: Counter[str] | None = None) -> None:
         self.session = session
         self.root_url = root_url
         self.credentials = credentials
@@ -133,6 +145,7 @@ class SasSource:
         self.idle_sleep = idle_sleep
         self.max_idle_sleep = max_idle_sleep
         self.priority_recheck = priority_recheck
+        self.hints = hints
         self.requests: Counter[str] = Counter() if requests is None else requests
         self.queue = client.queue(root_url, credentials, session)
         self._urls: dict[str, Any] | None = None
@@ -140,6 +153,7 @@ class SasSource:
         self._sticky: int | None = None  # the queue that had work at the last poll
         self._recheck_at = 0.0  # time.monotonic() at which to poll from the top again
         self.empty_passes = 0  # empty passes in a row
+        self._emptied: dict[int, float] = {}  # queue -> when its last empty poll started
 
     async def _queues(self) -> list[dict[str, str]]:
         if self._urls is None or datetime.now(UTC) >= self._expires - REFRESH_BEFORE:
@@ -149,23 +163,50 @@ class SasSource:
             self._expires = client.parse_time(self._urls["expires"])
         return list(self._urls["queues"])
 
+    async def _pass(self) -> list[tuple[int, dict[str, str]]]:
+        """The queues a pass from the top polls: those the queue's sample says hold
+        visible tips (fresh URLs with it), or all of them without a sample."""
+        if self.hints:
+            self.requests[POLL_TASK_URLS] += 1
+            try:
+                urls = await client.poll_task_urls(self.session, self.root_url,
+                                                   self.credentials, self.task_queue_id,
+                                                   pending=True)
+            except client.EXPECTED as e:
+                if 400 <= (client.status_of(e) or 0) < 500:
+                    raise  # refused: as when the URLs themselves are refused
+                log.debug("no sample of %s's queues (%s): polling them all",
+                          self.task_queue_id, e)
+            else:
+                self._urls, self._expires = urls, client.parse_time(urls["expires"])
+                if "pending" in urls:
+                    # A queue this worker found empty after the sample was taken is
+                    # skipped too: the worker knows better.
+                    now, pending = time.monotonic(), urls["pending"]
+                    return [(i, q) for i, q in enumerate(urls["queues"])
+                            if pending["queues"][i]
+                            and self._emptied.get(i, -math.inf) < now - pending["ages"][i]]
+        return list(enumerate(await self._queues()))
+
     async def get(self, wanted: int, stop: asyncio.Event) -> list[dict[str, Any]]:
         """Claims for up to ``wanted`` tasks; [] after an empty pass and its sleep."""
-        queues = await self._queues()
         sticky = self._sticky
-        if sticky is not None and sticky < len(queues) and time.monotonic() < self._recheck_at:
+        if sticky is not None and time.monotonic() < self._recheck_at:
+            queues = await self._queues()
             if stop.is_set():
                 return []
-            messages = await self._poll(queues[sticky], wanted)
+            messages = (await self._poll(queues[sticky], wanted, sticky)
+                        if sticky < len(queues) else [])
             if messages:
                 return await self._claim_all(messages, queues[sticky]["signedDeleteUrl"])
-        # From the top: "the worker must poll the Azure queues in order they are given".
+        # From the top: "the worker must poll the Azure queues in order they are given",
+        # skipping those the queue saw empty just now.
         self._sticky = None
         self._recheck_at = time.monotonic() + self.priority_recheck
-        for index, q in enumerate(queues):
+        for index, q in await self._pass():
             if stop.is_set():
                 return []
-            messages = await self._poll(q, wanted)
+            messages = await self._poll(q, wanted, index)
             if messages:
                 self._sticky = index
                 self.empty_passes = 0
@@ -183,8 +224,9 @@ class SasSource:
             pass
         return []
 
-    async def _poll(self, q: dict[str, str], wanted: int) -> list[QueueMessage]:
+    async def _poll(self, q: dict[str, str], wanted: int, index: int) -> list[QueueMessage]:
         self.requests[POLL] += 1
+        started = time.monotonic()
         async with self.session.get(
                 f"{q['signedPollUrl']}&numofmessages={min(wanted, MAX_MESSAGES)}") as r:
             body = await r.text()
@@ -195,6 +237,7 @@ class SasSource:
         messages = parse_messages(body)
         if not messages:
             self.requests[EMPTY_POLL] += 1
+            self._emptied[index] = started
         return messages
 
     async def _claim_all(self, messages: list[QueueMessage],

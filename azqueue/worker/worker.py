@@ -97,19 +97,23 @@ class WorkerConfig:
         default 1 ("sleep a second or so", document 000), with ±25% jitter; doubled
         after each further empty pass in a row, up to ``max_idle_sleep``.
     :param max_idle_sleep: ``sas`` mode: the longest sleep between empty passes (on
-        average; ±25% jitter), default 5. An idle worker makes seven Azure requests per
-        pass, so about ``7 / max_idle_sleep`` requests per second; a task created while
-        it sleeps waits up to 1.25 × ``max_idle_sleep`` seconds for it.
+        average; ±25% jitter), default 5. An idle worker asks the queue which queues
+        hold tips once per pass (no Azure request when none does; seven per pass without
+        ``hints``); a task created while it sleeps waits up to 1.25 × ``max_idle_sleep``
+        seconds for it.
     :param priority_recheck: ``sas`` mode: a worker that keeps finding work in one queue
         keeps polling that queue, and goes back to the top of the list (highest priority
         first) when that queue is empty or when its last pass from the top is this many
         seconds old, default 5. So a higher-priority task waits at most this much longer
         for this worker than if every poll started at the top; with W workers sticky on
-        a lower queue, about ``priority_recheck / (W + 1)`` seconds on average. Each
-        recheck at a ``lowest`` backlog costs six empty polls. The default equals
-        ``max_idle_sleep``: a higher-priority task waits about as long for busy workers
-        as any task may wait for idle ones, and the rechecks cost a busy worker about
-        what idling costs.
+        a lower queue, about ``priority_recheck / (W + 1)`` seconds on average. The
+        default equals ``max_idle_sleep``: a higher-priority task waits about as long
+        for busy workers as any task may wait for idle ones.
+    :param hints: ``sas`` mode: every pass from the top first asks the queue which of
+        the seven queues hold visible tips (pollTaskUrls with ``?pending=true``, answered
+        from a sample at most 2 s old that all the queue's workers share) and polls only
+        those, default True. False: every pass polls the queues in order until one has
+        work (six empty polls per recheck at a ``lowest`` backlog).
     :param status_interval: seconds between two reads of each running task's status,
         default 10 (with ±10% jitter): a run canceled or resolved by someone else stops
         its handler that much later at most (plus the time of one status call). It
@@ -129,6 +133,7 @@ class WorkerConfig:
     idle_sleep: float = 1.0
     max_idle_sleep: float = 5.0
     priority_recheck: float = 5.0
+    hints: bool = True
     status_interval: float = 10.0
 
     def __post_init__(self) -> None:
@@ -321,7 +326,8 @@ class Worker:
             sas = SasSource(session, c.root_url, c.credentials, c.task_queue_id,
                             c.worker_group, c.worker_id, c.idle_sleep,
                             max_idle_sleep=c.max_idle_sleep,
-                            priority_recheck=c.priority_recheck, requests=self.requests)
+                            priority_recheck=c.priority_recheck, hints=c.hints,
+                            requests=self.requests)
             return lambda n: sas.get(n, self._stop)
         queue = client.queue(c.root_url, c.credentials, session)
 

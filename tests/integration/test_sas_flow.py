@@ -210,3 +210,46 @@ async def test_a_tip_whose_record_was_lost_is_replaced_by_a_recorded_one(
     [fresh] = await sas.get_messages(http, queue["signedPollUrl"])
     code, claim = await sas.claim(http, server.api, fresh)
     assert code == 200 and claim["status"]["taskId"] == task_id
+
+
+async def _pending(http: aiohttp.ClientSession, api: str, worker_type: str) -> list[bool]:
+    async with http.get(f"{api}/poll-task-url/prov/{worker_type}?pending=true") as r:
+        assert r.status == 200, await r.text()
+        body = await r.json()
+    assert len(body["queues"]) == 7 and body["pending"]["sampled"]
+    assert len(body["pending"]["ages"]) == 7 and min(body["pending"]["ages"]) >= 0
+    queues: list[bool] = body["pending"]["queues"]
+    return queues
+
+
+async def test_poll_task_urls_says_which_queues_hold_visible_tips_when_asked(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """``?pending=true``: beside the URLs, which of the seven queues (in their order) held
+    visible tips at ``sampled``. A tip this replica puts shows at once; one put by another
+    replica once that replica's sample is renewed; a claimed tip (invisible) does not."""
+    a, b = await make_server(), await make_server()
+    assert await _pending(http, a.api, "hints") == [False] * 7
+    assert await _pending(http, b.api, "hints") == [False] * 7
+    assert "pending" not in await sas.poll_task_urls(http, a.api, "prov", "hints")
+
+    await create(http, a.api, definition("prov/hints", priority="high"))
+    assert await _pending(http, a.api, "hints") == [False, False, True] + [False] * 4
+    await eventually(lambda: _pending(http, b.api, "hints"),
+                     lambda q: q == [False, False, True] + [False] * 4,
+                     what="the other replica's sample to show the tip")
+
+    urls = await sas.poll_task_urls(http, a.api, "prov", "hints")
+    [message] = await sas.get_messages(http, urls["queues"][2]["signedPollUrl"], 1)
+    code, _ = await sas.claim(http, a.api, message)
+    assert code == 200
+    await eventually(lambda: _pending(http, b.api, "hints"), lambda q: q == [False] * 7,
+                     what="the claimed tip to leave the sample")
+
+
+async def test_poll_task_urls_refuses_a_pending_that_is_not_a_boolean(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server()
+    async with http.get(f"{server.api}/poll-task-url/prov/hints?pending=yes") as r:
+        assert r.status == 400
+        body = await r.json()
+    assert body["code"] == "InputValidationError" and "`pending`" in body["message"]

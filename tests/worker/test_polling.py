@@ -30,8 +30,8 @@ PAUSE = 0.4  # seconds a handler takes in test_a_higher_priority_task_...
 
 async def test_a_sas_worker_keeps_polling_the_queue_it_finds_work_in(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """A backlog in the last queue (``lowest``, the default priority) costs one pass over
-    the seven queues for the first task, then one Azure poll per task, not seven."""
+    """A backlog in the last queue (``lowest``, the default priority) costs one Azure
+    poll per task, not seven: the queue's sample shows the six above it empty."""
     server = await make_server()
     for _ in range(BACKLOG):
         await create(http, server.api, definition("prov/sticky"))
@@ -44,8 +44,65 @@ async def test_a_sas_worker_keeps_polling_the_queue_it_finds_work_in(
                     handler)
     async with running(worker):
         await eventually(lambda: worker.completed == BACKLOG, what="the backlog to be run")
+    assert polls_at_claim == [(k, 0) for k in range(1, BACKLOG + 1)]
+
+
+async def test_without_a_sample_a_pass_polls_the_seven_queues_in_order(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """'the worker must poll the Azure queues in order they are given' (000): without the
+    queue's sample a pass from the top polls every queue until one has work, then the
+    worker keeps to that one."""
+    server = await make_server()
+    for _ in range(BACKLOG):
+        await create(http, server.api, definition("prov/unsampled"))
+    seen = []
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, CREDENTIALS, "prov/unsampled", "g", "w",
+                           priority_recheck=3600, hints=False)
+        for _ in range(BACKLOG):
+            assert len(await source.get(1, asyncio.Event())) == 1
+            seen.append((source.requests[POLL], source.requests[EMPTY_POLL]))
     # The k-th task: six empty polls of the queues above `lowest`, then k polls of `lowest`.
-    assert polls_at_claim == [(6 + k, 6) for k in range(1, BACKLOG + 1)]
+    assert seen == [(6 + k, 6) for k in range(1, BACKLOG + 1)]
+
+
+async def test_tasks_that_outlast_the_recheck_cost_one_poll_each(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A task running longer than ``priority_recheck`` makes the next poll a pass from the
+    top: with the queue's sample that pass polls only ``lowest``, where the backlog is,
+    instead of the six empty queues above it too."""
+    server = await make_server()
+    for _ in range(BACKLOG):
+        await create(http, server.api, definition("prov/long"))
+    polls_at_claim: list[tuple[int, int]] = []
+
+    async def handler(run: TaskRun) -> None:
+        polls_at_claim.append((worker.requests[POLL], worker.requests[EMPTY_POLL]))
+        await asyncio.sleep(PAUSE)
+
+    worker = Worker(config(server, "prov/long", "w", mode="sas", priority_recheck=PAUSE / 4),
+                    handler)
+    async with running(worker):
+        await eventually(lambda: worker.completed == BACKLOG, what="the backlog to be run")
+    assert polls_at_claim == [(k, 0) for k in range(1, BACKLOG + 1)]
+
+
+async def test_an_idle_pass_polls_no_queue_the_sample_shows_empty(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Idle, a pass asks the queue which queues hold tips and polls none of the seven;
+    the first task created is found with one poll of its own queue."""
+    server = await make_server()
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, CREDENTIALS, "prov/idle", "g", "w",
+                           idle_sleep=0.01, max_idle_sleep=0.05)
+        for _ in range(3):
+            assert await source.get(1, stop) == []
+        assert source.requests[POLL] == 0
+        task_id = await create(http, server.api, definition("prov/idle", priority="high"))
+        [claim] = await source.get(1, stop)
+        assert claim["status"]["taskId"] == task_id
+        assert (source.requests[POLL], source.requests[EMPTY_POLL]) == (1, 0)
 
 
 @pytest.mark.parametrize("recheck, high_at", [(PAUSE / 2, 1), (3600, BACKLOG)],
@@ -176,3 +233,20 @@ async def test_finding_work_resets_the_idle_sleep(
         assert source.empty_passes == 0
         assert await source.get(1, stop) == []
         assert source.empty_passes == 1
+
+
+async def test_a_queue_the_worker_found_empty_after_the_sample_is_not_polled_again(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """When the backlog runs out, the worker's own empty poll is newer than the queue's
+    sample (which may still show tips there): the pass after it polls nothing."""
+    server = await make_server()
+    for _ in range(2):
+        await create(http, server.api, definition("prov/ranout"))
+    stop = asyncio.Event()
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, CREDENTIALS, "prov/ranout", "g", "w",
+                           idle_sleep=0.01, max_idle_sleep=0.05, priority_recheck=3600)
+        for _ in range(2):
+            assert len(await source.get(1, stop)) == 1
+        assert await source.get(1, stop) == []
+    assert (source.requests[POLL], source.requests[EMPTY_POLL]) == (3, 1)

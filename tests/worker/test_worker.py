@@ -19,7 +19,7 @@ import taskcluster
 
 from azqueue.model.priority import Priority
 from azqueue.worker import Credentials, Worker, WorkerState
-from azqueue.worker.sas import POLL, SasSource
+from azqueue.worker.sas import POLL_TASK_URLS, SasSource
 from tests import sas
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
@@ -220,7 +220,7 @@ async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_log
     caplog.set_level(logging.INFO)
     async with aiohttp.ClientSession() as session:
         source = SasSource(session, server.root_url, CREDENTIALS, "prov/dequeue", "g", "w",
-                           idle_sleep=0.1)
+                           idle_sleep=0.1, hints=False)  # keeps the URLs broken below
         queues = await source._queues()
         for q in queues:
             q["signedDeleteUrl"] = q["signedDeleteUrl"].replace("sig=", "sig=broken")
@@ -247,8 +247,9 @@ async def test_stop_returns_promptly_while_the_queue_is_empty(
     server = await make_server()
     worker = Worker(config(server, "prov/idle", "idle", mode=mode), lambda run: asyncio.sleep(0))
     started = asyncio.ensure_future(worker.start())
-    # Waiting: a claimWork call is under way, or a pass over the seven queues is done.
-    await eventually(lambda: worker.requests["claimWork"] or worker.requests[POLL] >= 7,
+    # Waiting: a claimWork call is under way, or a pass found nothing (the second pass
+    # asks the queue for its sample after the first one's sleep).
+    await eventually(lambda: worker.requests["claimWork"] or worker.requests[POLL_TASK_URLS] >= 2,
                      what="the worker to be waiting for work")
     assert worker.state is WorkerState.RUNNING
     # claimWork waits 20 s for work and an idle SAS worker sleeps seconds: a stop that
