@@ -138,7 +138,8 @@ def parser() -> argparse.ArgumentParser:
     dev.add_argument("--data", metavar="DIR",
                      help="keep Azurite's data, the tip secrets and the root credentials in "
                           "DIR (created if missing), so a restart keeps tasks and pending tips "
-                          "valid (default: in memory, fresh credentials each start)")
+                          "valid (default: a temporary directory removed on exit, fresh "
+                          "credentials each start)")
     dev.add_argument("--port", type=_number(int, 1, 65535, "port number"),
                      help="HTTP port (default: AZQUEUE_PORT, else 8080)")
 

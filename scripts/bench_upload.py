@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Benchmark: uploading a large artifact through an s3 ``putUrl`` versus straight to Blob.
 
-Starts one in-memory Azurite and `azqueue serve` on it (events off), claims a task, writes
-a file of random bytes (100 MB by default) and uploads it, alternately, ``--rounds`` times
-each way:
+Starts one Azurite (data in a throwaway directory) and `azqueue serve` on it (events
+off), claims a task, writes a file of random bytes (100 MB by default) and uploads it,
+alternately, ``--rounds`` times each way:
 
   s3    createArtifact storageType s3, then a plain PUT of the file to its putUrl with only
         Content-Type and Content-Length (document 003): the queue streams the body into a

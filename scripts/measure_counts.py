@@ -1,9 +1,10 @@
 """Storage requests per call of the pending and claimed counts and listings.
 
-Starts an in-memory Azurite and the server in this process (resolvers off), fills one
-task queue with a backlog of N tasks per priority for each N asked, and prints how many
-storage requests (the server's own count, ``__metrics__``) one uncached call of
-pendingTasks, taskQueueCounts and listPendingTasks costs, and what each answered.
+Starts an Azurite (data in a throwaway directory) and the server in this process
+(resolvers off), fills one task queue with a backlog of N tasks per priority for each N
+asked, and prints how many storage requests (the server's own count, ``__metrics__``)
+one uncached call of pendingTasks, taskQueueCounts and listPendingTasks costs, and what
+each answered.
 
     .venv/bin/python scripts/measure_counts.py [--backlogs 0,5,40]
 """

@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Storage requests per call of the task and task-group methods, printed as a table.
 
-Starts an in-memory Azurite and the server in this process (events off, resolvers off),
-drives each method with the official client and prints how many Azure Storage requests
-the server made for it (the server's own count, as ``__metrics__`` reports it).
+Starts an Azurite (data in a throwaway directory) and the server in this process (events
+off, resolvers off), drives each method with the official client and prints how many
+Azure Storage requests the server made for it (the server's own count, as
+``__metrics__`` reports it).
 
 Usage: .venv/bin/python scripts/measure_task_methods.py [--members 250]
 (needs the test dependencies, for the official client: scripts/bootstrap --test)
