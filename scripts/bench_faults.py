@@ -88,6 +88,8 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
     completed: set[str] = set()
     done = asyncio.Event()
     proxy.counts.clear()
+    proxy.slow.clear()
+    stalls: list[str] = []
     async with signed_session(100) as http:
         clients = Clients(http)
 
@@ -162,10 +164,21 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
                 if code == 200:
                     created.append(task_id)
 
+        async def watch_loop() -> None:
+            """This process (clients and proxy) stalled: its calls' times would show it."""
+            while not done.is_set():
+                before = time.monotonic()
+                await asyncio.sleep(0.1)
+                late = time.monotonic() - before - 0.1
+                if late > 0.5:
+                    stalls.append(f"{time.strftime('%H:%M:%S')} this process's loop stalled "
+                                  f"{late:.2f}s")
+
         proxy.faults = faults
         start = time.monotonic()
         workers = [asyncio.create_task(sas_worker(i)) for i in range(4)] + \
-                  [asyncio.create_task(claim_work_worker(i)) for i in range(4)]
+                  [asyncio.create_task(claim_work_worker(i)) for i in range(4)] + \
+                  [asyncio.create_task(watch_loop())]
         await asyncio.gather(*(create(i) for i in range(tasks)))
         while time.monotonic() - start < LEVEL_TIMEOUT and not set(created) <= completed:
             await asyncio.sleep(0.2)
@@ -186,6 +199,10 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
         for line in clients.slow:
             if not line.startswith("claimWork"):
                 print("  slow:", line)
+        for line in proxy.slow:
+            print("  slow storage:", line)
+        for line in stalls:
+            print("  stall:", line)
     for endpoint in ENDPOINTS:
         values = clients.times.get(endpoint, [])
         if values:

@@ -128,9 +128,12 @@ class Claims:
             except MessageGone:
                 # The receipt is stale: this claim was sent before and its first attempt
                 # rewrote the message and died before storing the claim (the retry of an
-                # in-flight claim), or a later poll took the message. The task decides,
-                # as for a claim without a tip: the run is claimed holding no message; the
-                # rewritten one, when it reappears, is a tip like any other.
+                # in-flight claim), or the message's visibility from its poll ended (a
+                # claimWork hold is seconds) and another poll took it. The task decides,
+                # as for a claim without a tip: the run is claimed holding no message (and
+                # the other poll's claim is refused and deletes it; the claim index expires
+                # the run), or the other poll's claim was stored first and this one is
+                # refused; the rewritten message, when it reappears, is a tip like any other.
                 log.info("task %s run %d: claiming without the message, whose receipt is stale",
                          task_id, run_id)
                 receipt = ""

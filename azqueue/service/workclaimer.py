@@ -16,6 +16,8 @@ expire, reclaim and retry like any other. Tips reach waiters two ways:
   that long behind a backlog below (tips put in this process are handed over). With
   nothing found it polls every ``claim_work_poll_interval`` seconds, whatever the number
   of callers: waiting costs seven receives per interval per task queue and process.
+  A receive whose answer was lost hides the tips it took for ``CLAIM_WORK_HOLD``; the
+  poller looks again as soon as they reappear.
 
 Tips a caller cannot claim are deleted (document 000's worker rule); tips it was handed
 but no longer needs (it answered, or went away) are handed to another caller or released.
@@ -45,9 +47,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# How long claimWork holds a received tip before it claims or releases it (a crash
-# mid-claim leaves it invisible no longer than this).
-CLAIM_WORK_HOLD = timedelta(seconds=30)
+# How long a received tip stays hidden: only from the receive until its claim rewrites
+# the message (invisible until takenUntil then) or gives it back, a fraction of a second.
+# It is also how long a receive whose answer was lost hides the tips it took, and a
+# caller waiting for them waits that long. A claim that outlives it still holds: the
+# receipt stays valid until another poll receives the tip; if one does, the two claims
+# are decided on the task as any two claims of one run (see ``claims.claim_task``).
+CLAIM_WORK_HOLD = timedelta(seconds=2)
+# After a receive whose answer may have been lost, look again this long after its tips
+# should have reappeared (Azure's clock and ours differ by a little).
+HIDDEN_MARGIN = 0.25
 # How long the poller starts below queues it found empty before looking at them again.
 RECHECK = 1.0
 # How often a waiting caller checks that its client is still connected.
@@ -95,6 +104,8 @@ class _TaskQueue:
         self.start_rank = 0
         self.recheck_at = 0.0
         self.found_nothing_at = float("-inf")  # when a round from the top last found nothing
+        # When tips hidden by a receive whose answer was lost should be visible again.
+        self.hidden_until = float("-inf")
 
     def demand(self) -> int:
         return sum(w.room for w in self.waiters)
@@ -219,8 +230,12 @@ class WorkClaimer:
                         log.warning("claimWork could not poll %s: %s", task_queue_id, e)
                 if found:
                     continue
+                wait = interval
+                hidden = tq.hidden_until - asyncio.get_running_loop().time()
+                if hidden > 0:  # look again as soon as they reappear
+                    wait = min(wait, hidden)
                 try:
-                    await asyncio.wait_for(tq.wake.wait(), interval)
+                    await asyncio.wait_for(tq.wake.wait(), wait)
                 except TimeoutError:
                     pass
         except Exception:
@@ -239,8 +254,13 @@ class WorkClaimer:
         try:
             for priority in ORDER[start:]:
                 name = self.core.pending.name(task_queue_id, priority)
-                messages = await self.core.queues.receive(name, CLAIM_WORK_HOLD,
-                                                          limit=min(demand - len(found), 32))
+                sent = asyncio.get_running_loop().time()
+                got = await self.core.queues.receive_batch(name, CLAIM_WORK_HOLD,
+                                                           limit=min(demand - len(found), 32))
+                if got.others_hidden:
+                    tq.hidden_until = max(tq.hidden_until, sent + HIDDEN_MARGIN +
+                                          CLAIM_WORK_HOLD.total_seconds())
+                messages = got.messages
                 if messages and not found:
                     # The queues above were empty just now (or at the last recheck).
                     if start == 0:

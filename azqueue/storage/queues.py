@@ -47,6 +47,16 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
+class Received:
+    """What one receive got, and whether an attempt of it whose answer was lost may have
+    received other messages: those are hidden, receipts unknown, until its visibility
+    timeout ends."""
+
+    messages: list[Message]
+    others_hidden: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Peeked:
     """A message as peeked: visible now, left as it is."""
 
@@ -144,9 +154,18 @@ class Queues:
         return True
 
     async def receive(self, name: str, invisible_for: timedelta, limit: int = 32) -> list[Message]:
+        """Up to ``limit`` (at most 32) visible messages, hidden for ``invisible_for``."""
+        return (await self.receive_batch(name, invisible_for, limit)).messages
+
+    async def receive_batch(self, name: str, invisible_for: timedelta,
+                            limit: int = 32) -> Received:
+        """``receive``, saying whether other messages may have been hidden by an attempt
+        whose answer was lost."""
         with translate(f"receiving messages from {name}"):
-            got = await self._rest.receive_messages(name, min(limit, 32), _seconds(invisible_for))
-        return [Message(name, m.message_id, m.pop_receipt, m.text, m.dequeue_count) for m in got]
+            got, lost = await self._rest.receive_messages(name, min(limit, 32),
+                                                          _seconds(invisible_for))
+        return Received([Message(name, m.message_id, m.pop_receipt, m.text, m.dequeue_count)
+                         for m in got], lost)
 
     async def peek(self, name: str, limit: int = 32) -> list[Peeked]:
         """Up to ``limit`` (at most 32, Azure's limit) of the messages visible now, oldest

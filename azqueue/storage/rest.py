@@ -288,7 +288,9 @@ class RestClient:
 
     async def _queue(self, method: str, name: str, suffix: str, query: dict[str, str],
                      body: bytes | None, ok: tuple[int, ...], what: str
-                     ) -> tuple[Mapping[str, str], bytes]:
+                     ) -> tuple[Mapping[str, str], bytes, bool]:
+        """The answer's headers and body, and whether an attempt before it may have been
+        applied unanswered."""
         path = f"{self._queue_path}/{name}/messages{suffix}"
         headers = {"Content-Type": "application/xml"} if body is not None else {}
         # Receiving and updating hand out new pop receipts. Received again after a lost
@@ -298,7 +300,7 @@ class RestClient:
         status, answer, content, lost = await self._send(
             "queue", method, self._queue_origin, path, query, headers, body, what)
         self._check(status, answer, content, ok, what, lost)
-        return answer, content
+        return answer, content, lost
 
     async def put_message(self, name: str, text: str, visibility: int | None,
                           ttl: int | None) -> QueueMessage:
@@ -307,15 +309,15 @@ class RestClient:
             query["visibilitytimeout"] = str(visibility)
         if ttl is not None:
             query["messagettl"] = str(ttl)
-        _, content = await self._queue("POST", name, "", query, _message_xml(text), (201,),
-                                       f"adding a message to {name}")
+        _, content, _ = await self._queue("POST", name, "", query, _message_xml(text), (201,),
+                                          f"adding a message to {name}")
         [message] = _messages(content)
         return QueueMessage(message.message_id, message.pop_receipt, text, 0)
 
     async def update_message(self, name: str, message_id: str, pop_receipt: str,
                              visibility: int, text: str | None) -> str:
         query = {"popreceipt": pop_receipt, "visibilitytimeout": str(visibility)}
-        headers, _ = await self._queue(
+        headers, _, _ = await self._queue(
             "PUT", name, f"/{quote(message_id, safe='')}", query,
             _message_xml(text) if text is not None else None, (204,),
             f"updating message {message_id} in {name}")
@@ -326,11 +328,14 @@ class RestClient:
                           {"popreceipt": pop_receipt}, None, (204,),
                           f"deleting message {message_id} from {name}")
 
-    async def receive_messages(self, name: str, count: int, visibility: int) -> list[QueueMessage]:
-        _, content = await self._queue(
+    async def receive_messages(self, name: str, count: int, visibility: int
+                               ) -> tuple[list[QueueMessage], bool]:
+        """The messages received, and whether an attempt before the one answered may have
+        received others, which nobody heard of: they stay hidden for ``visibility``."""
+        _, content, lost = await self._queue(
             "GET", name, "", {"numofmessages": str(count), "visibilitytimeout": str(visibility)},
             None, (200,), f"receiving messages from {name}")
-        return _messages(content)
+        return _messages(content), lost
 
 
 def _message_xml(text: str) -> bytes:

@@ -23,9 +23,11 @@ Key and SAS signatures hold. Use::
     await proxy.stop()
 
 ``faults`` may be replaced while it runs (``proxy.faults = Faults()``); ``once`` injects
-one fault into the next request that matches, whatever the rates; ``counts`` says what
+one fault into the next request that matches, whatever the rates; ``hold`` keeps the
+next request that matches until the caller lets it through; ``counts`` says what
 was done to how many requests (and how many took Azurite itself more than ``SLOW``
-seconds to answer).
+seconds to answer); ``slow`` lists those, each with when it came and how long the
+storage behind took, to match with what the clients saw.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -56,6 +59,24 @@ _MESSAGES = {
     "ServerBusy": "Operations per second is over the account limit.",
     "OperationTimedOut": "Operation could not be completed within the specified time.",
 }
+
+
+class Held:
+    """A request kept by the proxy (``FaultProxy.hold``): ``reached`` is set when it
+    arrives; it is forwarded, and answered as usual, once ``release()`` is called."""
+
+    def __init__(self, method: str, path_contains: str) -> None:
+        self.method = method
+        self.path_contains = path_contains
+        self.reached = asyncio.Event()
+        self._released = asyncio.Event()
+
+    def release(self) -> None:
+        self._released.set()
+
+    async def until_released(self) -> None:
+        self.reached.set()
+        await self._released.wait()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +131,9 @@ class FaultProxy:
         self._random = random.Random(seed)
         self._runners: list[web.AppRunner] = []
         self._once: list[tuple[str, str, str]] = []
+        self._holds: list[Held] = []
         self._session: aiohttp.ClientSession | None = None
+        self.slow: list[str] = []
 
     async def start(self) -> None:
         # Idle connections to Azurite are closed before Node closes them (after 5 s): a
@@ -142,6 +165,21 @@ class FaultProxy:
         assert fault in ("busy", "timed out", "dropped", "stalled")
         self._once.append((method, path_contains, fault))
 
+    def hold(self, method: str, path_contains: str) -> Held:
+        """Keep the next request with ``method`` ("*": any) whose path contains
+        ``path_contains`` until ``release()`` is called on what this returns. Its sender's
+        own attempt time-out still applies (5 s for the server's storage requests)."""
+        held = Held(method, path_contains)
+        self._holds.append(held)
+        return held
+
+    def _held(self, request: web.Request) -> Held | None:
+        for i, held in enumerate(self._holds):
+            if held.method in ("*", request.method) and held.path_contains in request.path:
+                del self._holds[i]
+                return held
+        return None
+
     def _scripted(self, request: web.Request) -> str:
         for i, (method, fragment, fault) in enumerate(self._once):
             if method in ("*", request.method) and fragment in request.path:
@@ -162,6 +200,9 @@ class FaultProxy:
         async def handle(request: web.Request) -> web.StreamResponse:
             faults = self.faults
             draw = self._random.random
+            held = self._held(request)
+            if held is not None:
+                await held.until_released()
             scripted = self._scripted(request)
             if scripted == "stalled":
                 await asyncio.sleep(STALL)
@@ -181,8 +222,12 @@ class FaultProxy:
                                        "Accept")) as answer:
                 content = await answer.read()
                 status, answer_headers = answer.status, answer.headers
-            if asyncio.get_running_loop().time() - started > SLOW:
+            took = asyncio.get_running_loop().time() - started
+            if took > SLOW:
                 self.counts[f"{service} slow upstream"] += 1
+                self.slow.append(f"{time.strftime('%H:%M:%S', time.localtime(time.time() - took))}"
+                                 f" {service} {request.method} {request.path} {status} "
+                                 f"answered in {took:.2f}s")
             if scripted or (faults.lost and is_write(request.method, request.path, request.query)
                             and draw() < faults.lost):
                 if scripted == "dropped" or (not scripted and draw() < faults.drop_share):

@@ -23,6 +23,8 @@ from azqueue.api.app import create_app
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
 from azqueue.model import timeutil
+from azqueue.model.priority import Priority
+from azqueue.service import workclaimer
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from tests import sas
 from tests.conftest import _delete_storage
@@ -368,3 +370,63 @@ async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
     answered = [r.getMessage() for r in caplog.records if "answered 503" in r.getMessage()]
     assert any("/task/" in m and "PUT" in m for m in answered), answered
     assert any("/claim" in m for m in answered), answered
+
+
+@pytest.mark.parametrize("order", ["the other poll claims first", "claimWork claims first",
+                                   "nobody else polls"])
+async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+    """claimWork hides a tip it received only for ``CLAIM_WORK_HOLD`` (1 s here). Its
+    claim's rewrite of the message is held back by the proxy until the tip is visible
+    again. If a SAS worker polled it meanwhile, the rewrite meets a changed pop receipt
+    and the task decides between the two claims: the run is claimed once, nobody is
+    answered an error, and no message is left behind. If nobody polled it, the rewrite's
+    receipt still holds and the claim is made as usual."""
+    monkeypatch.setattr(workclaimer, "CLAIM_WORK_HOLD", timedelta(seconds=1))
+    server = await faulty_servers(claim_work_wait=2.0)
+    task_queue_id = "prov/lapsed"
+    task_id = await _create(http, server, task_queue_id)  # before the call: polled, not handed
+    pending = server.service.pending.name(task_queue_id, Priority.LOWEST)
+    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
+    calling = asyncio.create_task(sas.post(
+        http, f"{server.api}/claim-work/prov%2Flapsed", {"workerGroup": "wg",
+                                                         "workerId": "cw", "tasks": 1}))
+    try:
+        await asyncio.wait_for(rewrite.reached.wait(), 30)
+        urls = await sas.poll_task_urls(http, server.api, "prov", "lapsed")
+        queue = urls["queues"][6]
+        if order == "nobody else polls":
+            await eventually(lambda: server.service.queues.peek(pending),
+                             what="the tip visible again after the hold")
+            rewrite.release()
+        else:
+            [message] = await eventually(lambda: sas.get_messages(http, queue["signedPollUrl"]),
+                                         what="the tip polled again after the hold")
+            assert message.tip["taskId"] == task_id
+            if order == "the other poll claims first":
+                code, claim = await sas.claim(http, server.api, message, worker_id="sas")
+                assert code == 200, claim
+                rewrite.release()
+            else:
+                rewrite.release()
+                code, claim_work = await calling
+                assert code == 200 and len(claim_work["tasks"]) == 1, claim_work
+                code, refused = await sas.claim(http, server.api, message, worker_id="sas")
+                assert code == 409, refused
+                assert await sas.delete_message(http, queue["signedDeleteUrl"], message) == 204
+        code, answer = await calling
+    finally:
+        rewrite.release()
+        calling.cancel()
+    assert code == 200, answer
+    claimer = "sas" if order == "the other poll claims first" else "cw"
+    assert [c["status"]["taskId"] for c in answer["tasks"]] == ([] if claimer == "sas"
+                                                                 else [task_id]), answer
+    [run] = (await status(http, server.api, task_id))["runs"]
+    assert run["state"] == "running" and run["workerId"] == claimer, run
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200 and [r["state"] for r in done["status"]["runs"]] == ["completed"], done
+    # The message went with the run: held by the claim and deleted when it was resolved,
+    # or deleted by the worker whose claim was refused.
+    assert await server.service.queues.approximate_count(pending) == 0
