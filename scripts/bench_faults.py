@@ -1,16 +1,18 @@
 #!/usr/bin/env python3
 """Benchmark: what clients see when Azure Storage throttles and loses answers.
 
-Starts one in-memory Azurite, the fault proxy (``azqueue.testing.faultproxy``) in front
-of it, and two `azqueue serve` replicas whose storage is the proxy's (so the SAS URLs they
-hand out point at it too). Then, for each fault level (by default none; 3% ServerBusy and
-2% of writes applied then unanswered; 5% and 10%), creates N tasks from 16 concurrent
-clients spread over both replicas while 4 SAS workers and 4 claimWork workers (plain
-aiohttp, as documents 000/001/003 describe them) claim them, reclaim each once, read its
-status and report it completed, and prints the p50, p99 and max of every endpoint's
-answer time as the clients saw it, with the count of 5xx answers and of client time-outs
-(30 s). claimWork is a long poll: its times include
-waiting for work (those that found none, after 20 s, are a line of their own).
+For each fault level (by default none; 3% ServerBusy and 2% of writes applied then
+unanswered; 5% and 10%), starts an in-memory Azurite, the fault proxy
+(``azqueue.testing.faultproxy``) in front of it and two `azqueue serve` replicas whose
+storage is the proxy's (so the SAS URLs they hand out point at it too), creates N tasks
+from 16 concurrent clients spread over both replicas while 4 SAS workers and 4 claimWork
+workers (plain aiohttp, as documents 000/001/003 describe them) claim them, reclaim each
+once, read its status and report it completed, and prints the p50, p99 and max of every
+endpoint's answer time as the clients saw it, with the count of 5xx answers and of
+client time-outs (30 s). claimWork is a long poll: its times include waiting for work
+(those that found none, after 20 s, are a line of their own). The storage answers that
+took Azurite more than a second are counted ("slow upstream") and, with --verbose,
+listed with the calls that took more than 2 s and any stall of this process's own loop.
 
 Usage: .venv/bin/python scripts/bench_faults.py [--tasks 300] [--levels 0/0,3/2,5/10]
                                                [--verbose]
@@ -211,26 +213,33 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
 
 
 async def main(args: argparse.Namespace) -> None:
-    azurite = await Azurite.start()
-    proxy = FaultProxy({s: f"http://127.0.0.1:{azurite.ports[s]}" for s in benchlib.SERVICES})
-    await proxy.start()
     logdir = Path(tempfile.mkdtemp(prefix="azqueue-bench-faults-"))
-    servers = []
-    try:
-        for i in range(2):
-            servers.append(await benchlib.start_server(
-                proxy.connection_string(ACCOUNT, KEY), logdir / f"server{i}.log"))
-        print(f"azqueue fault benchmark: {args.tasks} tasks a level, 2 replicas, 4 SAS and "
-              f"4 claimWork workers, 16 creating clients; server logs in {logdir}")
-        for spec in args.levels.split(","):
-            busy, lost = (float(x) / 100 for x in spec.split("/"))
+    print(f"azqueue fault benchmark: {args.tasks} tasks a level, 2 replicas, 4 SAS and "
+          f"4 claimWork workers, 16 creating clients; a fresh Azurite a level; server logs "
+          f"in {logdir}")
+    for spec in args.levels.split(","):
+        busy, lost = (float(x) / 100 for x in spec.split("/"))
+        name = spec.replace("/", "-")
+        # Each level on an Azurite of its own: Azurite's queue service sweeps the message
+        # bodies of deleted and rewritten messages every 60 s, in one synchronous pass
+        # whose time grows with the messages it ever held, and its one process answers
+        # nothing meanwhile (seconds, after a few hundred tasks): no Azure failure, and
+        # a level would pay for the levels before it.
+        azurite = await Azurite.start()
+        proxy = FaultProxy({s: f"http://127.0.0.1:{azurite.ports[s]}" for s in benchlib.SERVICES})
+        await proxy.start()
+        servers = []
+        try:
+            for i in range(2):
+                servers.append(await benchlib.start_server(
+                    proxy.connection_string(ACCOUNT, KEY), logdir / f"{name}-server{i}.log"))
             await level([s.api for s in servers], proxy, Faults(busy=busy, lost=lost),
-                        args.tasks, spec.replace("/", "-"), args.verbose)
-    finally:
-        for server in servers:
-            await server.stop()
-        await proxy.stop()
-        await azurite.stop()
+                        args.tasks, name, args.verbose)
+        finally:
+            for server in servers:
+                await server.stop()
+            await proxy.stop()
+            await azurite.stop()
 
 
 if __name__ == "__main__":
@@ -239,7 +248,9 @@ if __name__ == "__main__":
     parser.add_argument("--levels", default="0/0,3/2,5/10",
                         help="fault levels: percent ServerBusy / percent of writes lost")
     parser.add_argument("--verbose", action="store_true",
-                        help="list the calls (but claimWork) that took more than 2 s")
+                        help="list the calls (but claimWork) that took more than 2 s, the "
+                             "storage answers that took more than 1 s, and stalls of this "
+                             "process")
     try:
         asyncio.run(main(parser.parse_args()))
     except benchlib.BenchError as e:

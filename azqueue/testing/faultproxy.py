@@ -51,7 +51,7 @@ SERVICES = ("blob", "queue", "table")
 # How long a "stalled" request waits before it is forwarded.
 STALL = 1.0
 # An answer of the storage behind that takes longer is counted as "slow upstream".
-SLOW = 2.0
+SLOW = 1.0
 # Hop-by-hop headers, and those aiohttp writes itself from the body.
 _NOT_FORWARDED = frozenset({"host", "content-length", "transfer-encoding", "connection",
                             "keep-alive"})
@@ -225,9 +225,10 @@ class FaultProxy:
             took = asyncio.get_running_loop().time() - started
             if took > SLOW:
                 self.counts[f"{service} slow upstream"] += 1
-                self.slow.append(f"{time.strftime('%H:%M:%S', time.localtime(time.time() - took))}"
-                                 f" {service} {request.method} {request.path} {status} "
-                                 f"answered in {took:.2f}s")
+                came = time.time() - took
+                self.slow.append(f"{time.strftime('%H:%M:%S', time.localtime(came))}"
+                                 f".{int(came % 1 * 1000):03d} {service} {request.method} "
+                                 f"{request.path} {status} answered in {took:.2f}s")
             if scripted or (faults.lost and is_write(request.method, request.path, request.query)
                             and draw() < faults.lost):
                 if scripted == "dropped" or (not scripted and draw() < faults.drop_share):
