@@ -384,7 +384,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     answered an error, and no message is left behind. If nobody polled it, the rewrite's
     receipt still holds and the claim is made as usual."""
     monkeypatch.setattr(workclaimer, "CLAIM_WORK_HOLD", timedelta(seconds=1))
-    server = await faulty_servers(claim_work_wait=2.0)
+    server = await faulty_servers(claim_work_wait=2.0, tip_repair_delay=120.0)  # no repair tip
     task_queue_id = "prov/lapsed"
     task_id = await _create(http, server, task_queue_id)  # before the call: polled, not handed
     pending = server.service.pending.name(task_queue_id, Priority.LOWEST)
@@ -430,3 +430,22 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     # The message went with the run: held by the claim and deleted when it was resolved,
     # or deleted by the worker whose claim was refused.
     assert await server.service.queues.approximate_count(pending) == 0
+
+
+@pytest.mark.parametrize("fault", ["timed out", "dropped"])
+async def test_claim_work_looks_again_when_the_tips_a_lost_receive_hid_reappear(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, fault: str) -> None:
+    """The poller's receive is applied (the tip hidden for the hold) and its answer lost;
+    sent again, it finds nothing. With polling effectively off (60 s), the caller still
+    gets the task: the poller knew the receive may have hidden tips, and looked again
+    once they were visible again. (No tip repair meanwhile: it would hand a new tip over.)"""
+    server = await faulty_servers(claim_work_poll_interval=60.0, tip_repair_delay=120.0)
+    task_id = await _create(http, server, "prov/lostreceive")
+    pending = server.service.pending.name("prov/lostreceive", Priority.LOWEST)
+    proxy.once("GET", f"/{pending}/messages", fault)
+    code, answer = await sas.post(http, f"{server.api}/claim-work/prov%2Flostreceive",
+                                  {"workerGroup": "wg", "workerId": "cw", "tasks": 1})
+    assert code == 200, answer
+    assert [c["status"]["taskId"] for c in answer["tasks"]] == [task_id], answer
+    assert proxy.counts[f"queue {fault}"] == 1, proxy.counts
