@@ -2,7 +2,7 @@
 """Benchmark: what clients see when Azure Storage throttles and loses answers.
 
 For each fault level (by default none; 3% ServerBusy and 2% of writes applied then
-unanswered; 5% and 10%), starts an in-memory Azurite, the fault proxy
+unanswered; 5% and 10%), starts an Azurite (as ``benchlib`` runs it), the fault proxy
 (``azqueue.testing.faultproxy``) in front of it and two `azqueue serve` replicas whose
 storage is the proxy's (so the SAS URLs they hand out point at it too), creates N tasks
 from 16 concurrent clients spread over both replicas while 4 SAS workers and 4 claimWork
@@ -220,11 +220,10 @@ async def main(args: argparse.Namespace) -> None:
     for spec in args.levels.split(","):
         busy, lost = (float(x) / 100 for x in spec.split("/"))
         name = spec.replace("/", "-")
-        # Each level on an Azurite of its own: Azurite's queue service sweeps the message
-        # bodies of deleted and rewritten messages every 60 s, in one synchronous pass
-        # whose time grows with the messages it ever held, and its one process answers
-        # nothing meanwhile (seconds, after a few hundred tasks): no Azure failure, and
-        # a level would pay for the levels before it.
+        # Each level on an Azurite of its own, so that it does not pay for the levels
+        # before it: what they left (a deadline message and a task entity per task, and
+        # with Azurite's in-memory store, a sweep of their deleted messages that stops
+        # every answer for seconds once a minute) slows Azurite, never Azure.
         azurite = await Azurite.start()
         proxy = FaultProxy({s: f"http://127.0.0.1:{azurite.ports[s]}" for s in benchlib.SERVICES})
         await proxy.start()
