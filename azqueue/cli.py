@@ -46,6 +46,7 @@ Configured entirely by environment variables (README.md, "Running it", describes
   storage:   AZQUEUE_STORAGE_PREFIX (azq), AZQUEUE_STORAGE_CA_FILE,
              AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT, AZQUEUE_STORAGE_PUBLIC_BLOB_ENDPOINT,
              AZQUEUE_STORAGE_WAIT (seconds to wait for storage at start-up, 60)
+             AZQUEUE_BLOB_CORS_ORIGINS (pages that may read artifacts: the dashboard)
   clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
   events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
   timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
