@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from dataclasses import dataclass
 from typing import Any, BinaryIO, TextIO
 
 import aiohttp
@@ -31,21 +32,21 @@ class LogUnavailable(Exception):
     """The log cannot be read, for a reason waiting does not fix (one line)."""
 
 
+@dataclass
 class Follower:
-    """Follows the log ``name`` of task ``task_id`` (see the module docstring)."""
+    """Follows the log ``name`` of task ``task_id`` (see the module docstring), printing
+    to ``out`` and saying what it waits for on ``err``."""
 
-    def __init__(self, queue: taskcluster.Queue, session: aiohttp.ClientSession, task_id: str,
-                 name: str, out: BinaryIO, err: TextIO) -> None:
-        self.queue = queue
-        self.session = session
-        self.task_id = task_id
-        self.name = name
-        self.out = out
-        self.err = err
-        self.run_id: int | None = None
-        self.offset = 0
-        self._blob_url = ""
-        self._said = ""
+    queue: taskcluster.Queue
+    session: aiohttp.ClientSession
+    task_id: str
+    name: str
+    out: BinaryIO
+    err: TextIO
+    run_id: int | None = None
+    offset: int = 0  # the bytes of the run's log printed so far
+    _blob_url: str = ""
+    _said: str = ""
 
     def _say(self, line: str) -> None:
         """A line on stderr, unless it is the one said last."""

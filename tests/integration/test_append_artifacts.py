@@ -9,19 +9,12 @@ from typing import Any
 import aiohttp
 
 from tests import sas
+from tests.integration.test_artifacts import _running_task
 from tests.servers import Server
-from tests.tasks import create, definition, iso
+from tests.tasks import iso
 
 NAME = "public/logs/live.log"
 TEXT = "text/plain; charset=utf-8"
-
-
-async def _running_task(http: aiohttp.ClientSession, server: Server) -> str:
-    task_id = await create(http, server.api, definition("prov/append"))
-    code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
-                                {"workerGroup": "wg", "workerId": "w"})
-    assert code == 200, body
-    return task_id
 
 
 def _body(**extra: Any) -> dict[str, Any]:
