@@ -147,6 +147,8 @@ class LiveLog:
     async def _append_new(self, final: bool = False) -> None:
         """Append everything the file holds beyond ``offset``, ``CHUNK`` bytes at most per
         request (and in memory)."""
+        if os.fstat(self.fd).st_size <= self.offset:
+            return  # nothing new: no request (a putUrl about to expire is renewed later)
         await self._create(final)
         while (size := os.fstat(self.fd).st_size) > self.offset:
             length = self._doubt or min(CHUNK, size - self.offset)

@@ -94,7 +94,7 @@ async def _run_in(run: TaskRun, scratch: str) -> None:
             streamer.cancel()
             await asyncio.wait({streamer})
             raise
-        except BaseException:
+        except Exception:  # the outcome; reported once the log is whole
             await _close(live, streamer)
             raise
         await _close(live, streamer)
