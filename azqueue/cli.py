@@ -46,6 +46,7 @@ Configured entirely by environment variables (README.md, "Running it", describes
   storage:   AZQUEUE_STORAGE_PREFIX (azq), AZQUEUE_STORAGE_CA_FILE,
              AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT, AZQUEUE_STORAGE_PUBLIC_BLOB_ENDPOINT,
              AZQUEUE_STORAGE_WAIT (seconds to wait for storage at start-up, 60)
+             AZQUEUE_BLOB_CORS_ORIGINS (pages that may read artifacts: the dashboard)
   clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
   events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
   timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
@@ -186,6 +187,10 @@ def _worker_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
                         help="check each running task's status this often, to stop its "
                              "command when it was canceled or resolved by someone else "
                              "(default: 10; one status call per task per interval)")
+    worker.add_argument("--log-interval", type=_seconds(), default=2.0, metavar="SECONDS",
+                        help="append a running command's new output to its live log this "
+                             "often (default: 2; one request per interval with new output, "
+                             "none when it prints nothing)")
     worker.add_argument("--idle-sleep", type=_seconds(), default=1.0, metavar="SECONDS",
                         help="sas mode: sleep after an empty polling pass, doubled after each "
                              "further one (default: 1)")
@@ -242,7 +247,12 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                            "it takes)")
     wait.epilog = (f"exit codes: 0 completed, 3 failed, 4 exception, 5 --timeout reached, "
                    f"1 an error, 130 Ctrl-C\n\n{CLIENT_VARIABLES}")
-    one_task("log", "print the latest run's public/logs/live.log", json_too=False)
+    task_log = one_task("log", "print the latest run's public/logs/live.log", json_too=False)
+    task_log.add_argument("--follow", action="store_true",
+                          help="keep printing what the run prints until the task is resolved "
+                               "(waiting while it is pending); exit codes as `task wait`")
+    task_log.epilog = (f"exit codes: 0 printed (with --follow: completed), 3 failed, "
+                       f"4 exception, 1 an error, 130 Ctrl-C\n\n{CLIENT_VARIABLES}")
     one_task("cancel", "cancel the task: its current run is resolved exception canceled "
                        "and its worker stops it")
 

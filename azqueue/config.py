@@ -16,6 +16,7 @@ from azqueue.errors import ConfigError as ConfigError  # where callers of from_e
 
 
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+_ORIGIN_RE = re.compile(r"^https?://[^/?#\s,]+$")
 
 
 def _seconds(env: Mapping[str, str], name: str) -> float:
@@ -191,6 +192,9 @@ class Settings:
     run_resolvers: bool = True
     # How long `serve`, `dev` and `resolve` wait for the storage endpoints at start-up.
     storage_wait: float = 60.0
+    # Origins (scheme://host[:port], or *) whose pages may read artifact blobs: `serve`
+    # sets a CORS rule for them on the account's Blob service at start-up.
+    blob_cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.tip_secrets or any(len(s) < 16 for s in self.tip_secrets):
@@ -198,6 +202,11 @@ class Settings:
                 "AZQUEUE_TIP_SECRETS must hold at least one secret of 16 or more characters "
                 "(comma-separated; the first signs new tips, all verify)"
             )
+        for origin in self.blob_cors_origins:
+            if origin != "*" and not _ORIGIN_RE.match(origin):
+                raise ConfigError(f"AZQUEUE_BLOB_CORS_ORIGINS: {origin!r} is not an origin; "
+                                  "write scheme://host[:port] with no path (the dashboard's "
+                                  "address, e.g. https://queue.example.com), or *")
         ids = [c.client_id for c in (self.root, *self.clients)]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"clientIds must be unique; got {sorted(ids)}")
@@ -233,6 +242,10 @@ class Settings:
         clients_file = env.get("AZQUEUE_CLIENTS_FILE", "")
         if clients_file:
             given["clients"] = _load_clients(clients_file)
+        origins = env.get("AZQUEUE_BLOB_CORS_ORIGINS", "")
+        if origins.strip():
+            given["blob_cors_origins"] = tuple(o.strip().rstrip("/") for o in origins.split(",")
+                                               if o.strip())
         anonymous = env.get("AZQUEUE_ANONYMOUS_SCOPES")
         if anonymous is not None:  # set but empty: no anonymous scopes at all
             given["anonymous_scopes"] = tuple(s.strip() for s in anonymous.split(",")

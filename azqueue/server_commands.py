@@ -5,6 +5,9 @@ Each fails in one line that names what is wrong (``ConfigError``, exit status 2,
 data directory that cannot be made, storage that stays unreachable. Each stops on
 SIGINT, SIGTERM and SIGHUP (a closed terminal); ``dev`` then stops its Azurite too.
 
+``serve`` sets the Blob service's CORS rule for AZQUEUE_BLOB_CORS_ORIGINS at start-up;
+``dev`` sets one for its own rootUrl on its Azurite, so its dashboard follows live logs.
+
 ``dev --data DIR`` keeps Azurite's data, the tip secrets and the root credentials in DIR
 (``DEV_STATE``, mode 0600), so a restart keeps every stored task and every pending tip
 valid.
@@ -30,6 +33,7 @@ from aiohttp import web
 
 from azqueue import __version__
 from azqueue.api.app import create_app
+from azqueue.api.routes import SERVICES_KEY
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings, connection_settings, new_secret
 from azqueue.devstorage import Azurite
@@ -141,6 +145,8 @@ async def _serve(settings: Settings, stop: asyncio.Event,
             log.debug("start-up failed", exc_info=True)
             raise StartupError(f"could not start: {type(e).__name__}: {_first_line(e)} "
                                "(--log-level DEBUG shows the traceback)") from None
+        if settings.blob_cors_origins:
+            await _allow_browsers(runner.app, settings.blob_cors_origins)
         site = web.TCPSite(runner, settings.host, settings.port)
         try:
             await site.start()
@@ -152,6 +158,22 @@ async def _serve(settings: Settings, stop: asyncio.Event,
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+async def _allow_browsers(app: web.Application, origins: tuple[str, ...]) -> None:
+    """The Blob service's CORS rule for ``origins`` (AZQUEUE_BLOB_CORS_ORIGINS), so the
+    dashboard of those origins can follow live logs; a failure is one line, as any."""
+    try:
+        changed = await app[SERVICES_KEY].artifacts.blobs.allow_browsers(origins)
+    except ConfigError:
+        raise
+    except Exception as e:
+        log.debug("setting the Blob service's CORS rules failed", exc_info=True)
+        raise StartupError(f"could not set the Blob service's CORS rules for "
+                           f"AZQUEUE_BLOB_CORS_ORIGINS: {type(e).__name__}: {_first_line(e)}; "
+                           "leave it empty to keep the account's rules") from None
+    log.info("blob storage %s pages of %s read artifacts (CORS)",
+             "now lets" if changed else "lets", ", ".join(origins))
 
 
 def _listen_error(settings: Settings, e: OSError) -> str:
@@ -244,9 +266,23 @@ async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
         return
     try:
         env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
-        await _serve(Settings.from_env(env), stop, _dev_banner)
+        settings = Settings.from_env(env)
+        if not settings.blob_cors_origins:  # its own Azurite: the dashboard may read logs
+            settings = settings.with_(blob_cors_origins=_dev_origins(settings.public_root_url))
+        await _serve(settings, stop, _dev_banner)
     finally:
         await azurite.stop()
+
+
+def _dev_origins(root_url: str) -> tuple[str, ...]:
+    """The origins of ``dev``'s dashboard: its rootUrl's, and that of the same port on
+    localhost when it is 127.0.0.1 (or the other way round)."""
+    url = urlsplit(root_url)
+    origins = [f"{url.scheme}://{url.netloc}"]
+    for mine, other in (("127.0.0.1", "localhost"), ("localhost", "127.0.0.1")):
+        if url.hostname == mine:
+            origins.append(f"{url.scheme}://{other}" + (f":{url.port}" if url.port else ""))
+    return tuple(origins)
 
 
 async def _resolve(which: str, stop: asyncio.Event) -> None:

@@ -7,7 +7,10 @@
   and a message, answered with 424.
 * ``blob`` (ours, for workers that can send Azure's headers): content uploaded straight
   to Azure Blob storage through a SAS ``putUrl``, then finished with finishArtifact.
-  Readers see it as ``s3``: what clients read is Taskcluster's vocabulary only.
+  ``blobType`` ``block`` (the default): the content is PUT whole; ``append``: an empty
+  append blob is PUT, finished at once (readers then see what has been appended so far)
+  and grown with Append Block, as a live log is. Readers see either as ``s3``: what
+  clients read is Taskcluster's vocabulary only.
 * ``object`` needs Taskcluster's object service, which this queue does not have: 400.
 * Artifacts can be created while the run is running, and for 20 minutes after it was
   resolved exception; never after completed or failed ("Artifacts can be uploaded until
@@ -43,6 +46,7 @@ class Artifact:
     reason: str = ""
     message: str = ""
     present: bool = True
+    blob_type: str = ""  # a blob's: "block" or "append"; "" for the other types
 
     @property
     def public_type(self) -> str:
@@ -62,7 +66,7 @@ class Artifact:
         """What the creator asked for: equal definitions make createArtifact idempotent."""
         return {"storageType": self.storage_type, "expires": timeutil.fmt(self.expires),
                 "contentType": self.content_type, "url": self.url, "artifact": self.link,
-                "reason": self.reason, "message": self.message}
+                "reason": self.reason, "message": self.message, "blobType": self.blob_type}
 
     def info(self) -> dict[str, Any]:
         return {"storageType": self.public_type, "name": self.name,
@@ -75,7 +79,7 @@ _DEFAULT_TYPES = {"s3": "application/octet-stream", "blob": "application/octet-s
                   "error": "application/json"}
 
 
-_FIELDS = {"s3": {"contentType", "contentLength"}, "blob": {"contentType"},
+_FIELDS = {"s3": {"contentType", "contentLength"}, "blob": {"contentType", "blobType"},
            "reference": {"url", "contentType"}, "link": {"artifact", "contentType"},
            "error": {"reason", "message"}}
 
@@ -103,7 +107,8 @@ def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Ar
         task_id=task.task_id, run_id=run_id, name=name, storage_type=kind, expires=expires,
         content_type=body.get("contentType", ""), url=body.get("url", ""),
         link=body.get("artifact", ""), reason=body.get("reason", ""),
-        message=body.get("message", ""), present=kind not in ("s3", "blob"))
+        message=body.get("message", ""), present=kind not in ("s3", "blob"),
+        blob_type=body.get("blobType", "block") if kind == "blob" else "")
 
 
 def check_can_create(task: Task, run_id: int, now: datetime, action: str = "created") -> None:

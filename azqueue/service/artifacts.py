@@ -67,7 +67,8 @@ class ArtifactService:
         model.check_can_create(task, run_id, now)
         put_url = ""
         if wanted.storage_type == "blob":  # signed first: a refusal must write nothing
-            put_url = await self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME)
+            put_url = await self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME,
+                                                  append=wanted.blob_type == "append")
         trigger = await self.outbox.begin(task_id) if self.outbox else None
         outbox = [outbox_row(task_id, events.artifact_created(task, run_id, wanted.info()))
                   ] if trigger else []
@@ -79,7 +80,8 @@ class ArtifactService:
             if existing is None or existing.definition() != wanted.definition():
                 raise errors.Conflict(
                     f"artifact {name!r} of run {run_id} of task {task_id} already exists with a "
-                    "different definition; artifacts cannot be changed")
+                    "different definition (storageType, expires, contentType, blobType, ...); "
+                    "artifacts cannot be changed")
         if wanted.storage_type == "s3":
             grant = UploadGrant(task_id, run_id, name, wanted.content_type,
                                 now + UPLOAD_URL_LIFETIME, body.get("contentLength"))
@@ -87,11 +89,14 @@ class ArtifactService:
                                                             self.signer.sign(grant)),
                     "expires": timeutil.fmt(grant.expires), "contentType": grant.content_type}
         if wanted.storage_type == "blob":
+            # Asked again with the same definition (an append blob's writer does so before
+            # the URL expires), the answer is a fresh putUrl; the record is left as it is.
             content_type = wanted.content_type or "application/octet-stream"
+            kind = "AppendBlob" if wanted.blob_type == "append" else "BlockBlob"
             return {"storageType": "blob", "putUrl": put_url,
                     "expires": timeutil.fmt(now + UPLOAD_URL_LIFETIME),
                     "contentType": content_type,
-                    "headers": {"x-ms-blob-type": "BlockBlob", "Content-Type": content_type}}
+                    "headers": {"x-ms-blob-type": kind, "Content-Type": content_type}}
         # Taskcluster answers reference, link and error artifacts with their type alone.
         return {"storageType": wanted.storage_type}
 

@@ -44,7 +44,7 @@ def _to_entity(a: Artifact) -> dict[str, Any]:
     return {"PartitionKey": a.task_id, "RowKey": _row(a.run_id, a.name), "runId": a.run_id,
             "name": a.name, "storageType": a.storage_type, "expires": a.expires,
             "contentType": a.content_type, "url": a.url, "link": a.link, "reason": a.reason,
-            "message": a.message, "present": a.present}
+            "message": a.message, "present": a.present, "blobType": a.blob_type}
 
 
 def _from_entity(e: Any) -> Artifact:
@@ -52,7 +52,8 @@ def _from_entity(e: Any) -> Artifact:
                     storage_type=e["storageType"], expires=e["expires"],
                     content_type=e.get("contentType", ""), url=e.get("url", ""),
                     link=e.get("link", ""), reason=e.get("reason", ""),
-                    message=e.get("message", ""), present=bool(e.get("present")))
+                    message=e.get("message", ""), present=bool(e.get("present")),
+                    blob_type=e.get("blobType", "block" if e["storageType"] == "blob" else ""))
 
 
 class ArtifactStore:

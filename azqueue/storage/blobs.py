@@ -1,7 +1,7 @@
 """Artifact content in Azure Blob storage: one container, reached through SAS URLs.
 
-Uploaders get a URL with only create and write permission; readers a read-only one.
-Both are short-lived, signed with the account key or, with azure-identity, a user
+Uploaders get a URL with only create and write permission (and add, to append to an
+append blob); readers a read-only one. Both are short-lived, signed with the account key or, with azure-identity, a user
 delegation key. Blob names are ``<taskId>/<runId>/<artifact name>``.
 """
 
@@ -13,13 +13,27 @@ from typing import Any
 from urllib.parse import quote
 
 from azure.core.exceptions import HttpResponseError
-from azure.storage.blob import BlobBlock, BlobSasPermissions, ContentSettings, generate_blob_sas
+from azure.storage.blob import (BlobBlock, BlobSasPermissions, ContentSettings, CorsRule,
+                                generate_blob_sas)
 
-from azqueue.errors import NotConfigured
+from azqueue.errors import ConfigError, NotConfigured
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityExists, EntityNotFound, translate
 
 SAS_START_SLACK = timedelta(minutes=5)
+# What a page may read of an answer to a (Range) GET of a blob, besides the basics.
+CORS_EXPOSED = ["content-range", "content-length", "content-type", "x-ms-blob-type"]
+MAX_CORS_RULES = 5  # Azure's limit per service
+
+
+def _origins(rule: CorsRule) -> list[str]:
+    return sorted(o.strip() for o in str(rule.allowed_origins).split(","))
+
+
+def _fields(rule: CorsRule) -> tuple[str, ...]:
+    return tuple(str(getattr(rule, f)).lower().replace(" ", "") for f in (
+        "allowed_origins", "allowed_methods", "allowed_headers", "exposed_headers",
+        "max_age_in_seconds"))
 
 
 class BlobStore:
@@ -54,11 +68,38 @@ class BlobStore:
                                 expiry=now + lifetime, **signing)
         return self._account.public_url("blob", f"{self._client.url}/{quote(blob)}?{sas}")
 
-    async def upload_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
-        return await self._url(blob, BlobSasPermissions(create=True, write=True), now, lifetime)
+    async def upload_url(self, blob: str, now: datetime, lifetime: timedelta,
+                         append: bool = False) -> str:
+        """A URL to create and write ``blob``; with ``append``, to add blocks to it too
+        (Append Block needs the ``a`` permission)."""
+        return await self._url(blob, BlobSasPermissions(create=True, write=True, add=append),
+                               now, lifetime)
 
     async def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
         return await self._url(blob, BlobSasPermissions(read=True), now, lifetime)
+
+    async def allow_browsers(self, origins: tuple[str, ...]) -> bool:
+        """Let pages of ``origins`` read blobs through the read URLs (a CORS rule for GET
+        and HEAD with a Range header, exposing Content-Range and Content-Length) on the
+        account's Blob service, so a dashboard can follow a live log. The account's other
+        CORS rules are kept; one for exactly these origins is replaced. False if the rule
+        was there already (nothing written)."""
+        wanted = CorsRule(list(origins), ["GET", "HEAD"], allowed_headers=["range"],
+                          exposed_headers=CORS_EXPOSED, max_age_in_seconds=3600)
+        service = self._account.blobs
+        with translate("reading the Blob service's CORS rules"):
+            rules = list((await service.get_service_properties()).get("cors") or [])
+        ours = [r for r in rules if _origins(r) == _origins(wanted)]
+        if len(ours) == 1 and _fields(ours[0]) == _fields(wanted):
+            return False
+        kept = [r for r in rules if r not in ours]
+        if len(kept) >= MAX_CORS_RULES:
+            raise ConfigError(
+                f"the storage account's Blob service has {len(kept)} CORS rules already, the "
+                "most Azure allows: remove one, or leave AZQUEUE_BLOB_CORS_ORIGINS empty")
+        with translate("setting the Blob service's CORS rules"):
+            await service.set_service_properties(cors=[*kept, wanted])
+        return True
 
     # Bodies are passed as streams: aiohttp (under the SDK) warns that a large body given
     # as bytes may block the event loop.

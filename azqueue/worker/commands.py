@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import codecs
 import datetime
 import json
 import logging
@@ -28,7 +27,7 @@ import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
 from azqueue.cli import INTERRUPTED, WAIT_EXIT_CODES
-from azqueue.worker import client, shell
+from azqueue.worker import client, follow, shell
 from azqueue.worker.client import Credentials
 from azqueue.worker.errors import QueueRefused
 from azqueue.worker.worker import Worker, WorkerConfig
@@ -117,7 +116,8 @@ async def _worker(args: argparse.Namespace, root_url: str) -> int:
                               reclaim_margin=args.reclaim_margin,
                               idle_sleep=args.idle_sleep, max_idle_sleep=args.max_idle_sleep,
                               priority_recheck=args.priority_recheck,
-                              status_interval=args.status_interval)
+                              status_interval=args.status_interval,
+                              log_interval=args.log_interval)
     except ValueError as e:
         raise CommandError(f"worker: {e}") from None
     await _check_queue(root_url)
@@ -179,6 +179,13 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
         return 0
     if command == "wait":
         return wait(queue, args.task_id, args.timeout, args.json)
+    if command == "log" and args.follow:
+        try:
+            return asyncio.run(follow.follow(queue, args.task_id, shell.LOG_ARTIFACT))
+        except follow.LogUnavailable as e:
+            raise CommandError(str(e)) from None
+        except (aiohttp.ClientError, TimeoutError) as e:
+            raise _unreachable(queue.options["rootUrl"], e) from None
     if command == "log":
         url = (queue.buildSignedUrl if queue.options.get("credentials") else queue.buildUrl)(
             "getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
@@ -236,10 +243,9 @@ async def _print_url(url: str, root_url: str) -> int:
                 text = " ".join((await r.text()).split())
                 print(f"azqueue: no log ({r.status}): {text[:300]}", file=sys.stderr)
                 return 1
-            decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
             async for chunk in r.content.iter_chunked(65536):
-                sys.stdout.write(decoder.decode(chunk))
-            sys.stdout.write(decoder.decode(b"", final=True))
+                sys.stdout.buffer.write(chunk)
+            sys.stdout.buffer.flush()
     except (aiohttp.ClientError, TimeoutError) as e:
         raise _unreachable(root_url, e) from None
     return 0

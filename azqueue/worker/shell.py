@@ -1,9 +1,11 @@
 """The task handler of ``azqueue worker``: run the payload's command in a subprocess.
 
 Payload: ``{command: [program, arg, ...], env: {NAME: value}, maxRunTime: seconds}``.
-The output (stdout and stderr) is written to a log file as it comes and streamed from
-that file (never held whole in memory) as the artifact ``public/logs/live.log`` before
-the run is reported. Exit 0: completed; any
+The output (stdout and stderr) is written to a log file as it comes; while the command
+runs, what is new in that file is appended to the artifact ``public/logs/live.log`` (an
+append blob, readable from the start) every ``log_interval`` seconds, in pieces of at
+most 4 MiB (``azqueue.worker.livelog``), and the rest before the run is reported; a log
+that cannot be written then is exception ``internal-error``. Exit 0: completed; any
 other exit, or running past ``maxRunTime`` (the process group is killed): failed; a
 payload that does not fit: exception ``malformed-payload`` with the explanation in the
 log. The command does not inherit the worker's environment (and so never its
@@ -21,14 +23,17 @@ import logging
 import os
 import signal
 import tempfile
+from collections.abc import Callable
 from typing import Any
 
-from azqueue.worker.errors import MalformedPayload, TaskFailed
+from azqueue.worker.errors import InternalError, MalformedPayload, TaskFailed
+from azqueue.worker.livelog import LiveLog, LogNotWritten
 from azqueue.worker.worker import TaskRun
 
 log = logging.getLogger(__name__)
 
 LOG_ARTIFACT = "public/logs/live.log"
+LOG_CONTENT_TYPE = "text/plain; charset=utf-8"
 DEFAULT_MAX_RUN_TIME = 3600
 MAX_RUN_TIME = 86400
 INHERITED = ("PATH", "HOME", "LANG", "TZ")
@@ -72,61 +77,84 @@ async def run_command(run: TaskRun) -> None:
 
 
 async def _run_in(run: TaskRun, scratch: str) -> None:
+    """Run the command with its output going to a file that ``LiveLog`` streams to the
+    live log while it runs; the rest is appended before the outcome is reported."""
     with tempfile.TemporaryFile() as output:
-        def write(text: str) -> None:
-            output.write(text.encode())
+        def write(data: bytes) -> None:
+            output.write(data)
+            output.flush()  # the streamer reads the file by its descriptor
 
-        async def upload() -> None:
-            output.flush()
-            output.seek(0)
-            await run.upload_artifact(LOG_ARTIFACT, output, "text/plain; charset=utf-8")
-
-        write(f"[azqueue] task {run.task_id} run {run.run_id}\n")
+        write(f"[azqueue] task {run.task_id} run {run.run_id}\n".encode())
+        live = LiveLog(run, LOG_ARTIFACT, output.fileno(), LOG_CONTENT_TYPE)
+        await live.start()
+        streamer = asyncio.ensure_future(live.follow(run.log_interval))
         try:
-            command, env, max_run_time = check_payload(run.payload)
-        except MalformedPayload as e:
-            write(f"[azqueue] malformed payload: {e}\n")
-            await upload()
+            await _execute(run, scratch, write)
+        except asyncio.CancelledError:  # canceled or lost: no more appends, no report
+            streamer.cancel()
+            await asyncio.wait({streamer})
             raise
-        child_env = {k: os.environ[k] for k in INHERITED if k in os.environ}
-        child_env.update(env)
-        child_env.update(TASK_ID=run.task_id, RUN_ID=str(run.run_id))
-        write(f"[azqueue] running {command!r} in {scratch} (maxRunTime {max_run_time}s)\n")
-        try:
-            process = await asyncio.create_subprocess_exec(
-                *command, env=child_env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                cwd=scratch, start_new_session=True)
-        except OSError as e:
-            write(f"[azqueue] cannot start {command[0]!r}: {e}\n")
-            await upload()
-            raise TaskFailed(f"cannot start {command[0]!r}: {e}") from None
-        log.info("task %s/%d: started %s as process %d in %s", run.task_id, run.run_id,
-                 " ".join(command)[:200], process.pid, scratch)
-
-        async def copy_output() -> None:
-            assert process.stdout is not None
-            while chunk := await process.stdout.read(65536):
-                output.write(chunk)
-
-        copier = asyncio.ensure_future(copy_output())
-        try:
-            await asyncio.wait_for(process.wait(), max_run_time)
-        except TimeoutError:
-            _kill(process)
-            await process.wait()
-            await copier
-            write(f"\n[azqueue] killed: the command ran longer than maxRunTime "
-                  f"({max_run_time}s)\n")
-            await upload()
-            raise TaskFailed(f"exceeded maxRunTime ({max_run_time}s)") from None
-        except asyncio.CancelledError:
-            _kill(process)
-            await process.wait()
-            copier.cancel()
+        except Exception:  # the outcome; reported once the log is whole
+            await _close(live, streamer)
             raise
+        await _close(live, streamer)
+
+
+async def _close(live: LiveLog, streamer: asyncio.Future[None]) -> None:
+    """Stop the streamer and append the rest of the log; InternalError if it cannot be
+    written."""
+    live.stop()
+    await streamer
+    try:
+        await live.close()
+    except LogNotWritten as e:
+        raise InternalError(f"the log could not be written: {e}") from None
+
+
+async def _execute(run: TaskRun, scratch: str, write: Callable[[bytes], None]) -> None:
+    """Check the payload and run its command, writing what it prints with ``write``;
+    the outcome is raised as ``azqueue.worker.errors`` says."""
+    try:
+        command, env, max_run_time = check_payload(run.payload)
+    except MalformedPayload as e:
+        write(f"[azqueue] malformed payload: {e}\n".encode())
+        raise
+    child_env = {k: os.environ[k] for k in INHERITED if k in os.environ}
+    child_env.update(env)
+    child_env.update(TASK_ID=run.task_id, RUN_ID=str(run.run_id))
+    write(f"[azqueue] running {command!r} in {scratch} (maxRunTime {max_run_time}s)\n".encode())
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *command, env=child_env, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            cwd=scratch, start_new_session=True)
+    except OSError as e:
+        write(f"[azqueue] cannot start {command[0]!r}: {e}\n".encode())
+        raise TaskFailed(f"cannot start {command[0]!r}: {e}") from None
+    log.info("task %s/%d: started %s as process %d in %s", run.task_id, run.run_id,
+             " ".join(command)[:200], process.pid, scratch)
+
+    async def copy_output() -> None:
+        assert process.stdout is not None
+        while chunk := await process.stdout.read(65536):
+            write(chunk)
+
+    copier = asyncio.ensure_future(copy_output())
+    try:
+        await asyncio.wait_for(process.wait(), max_run_time)
+    except TimeoutError:
+        _kill(process)
+        await process.wait()
         await copier
-        write(f"\n[azqueue] exit code {process.returncode}\n")
-        await upload()
-        if process.returncode != 0:
-            raise TaskFailed(f"the command exited with {process.returncode}")
+        write(f"\n[azqueue] killed: the command ran longer than maxRunTime "
+              f"({max_run_time}s)\n".encode())
+        raise TaskFailed(f"exceeded maxRunTime ({max_run_time}s)") from None
+    except asyncio.CancelledError:
+        _kill(process)
+        await process.wait()
+        copier.cancel()
+        raise
+    await copier
+    write(f"\n[azqueue] exit code {process.returncode}\n".encode())
+    if process.returncode != 0:
+        raise TaskFailed(f"the command exited with {process.returncode}")

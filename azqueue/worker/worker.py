@@ -120,6 +120,10 @@ class WorkerConfig:
         costs one ``status`` call per running task per interval; the call is made
         without credentials (anonymous ``queue:status:*``, as in Taskcluster), with the
         worker's own when that is refused.
+    :param log_interval: seconds between two appends of a running command's new output
+        to its live log (``azqueue.worker.shell``), default 2: readers see output that
+        much later at most. Only an interval with new output costs a request (one Append
+        Block per 4 MiB).
     """
 
     root_url: str
@@ -135,6 +139,7 @@ class WorkerConfig:
     priority_recheck: float = 5.0
     hints: bool = True
     status_interval: float = 10.0
+    log_interval: float = 2.0
 
     def __post_init__(self) -> None:
         if not TASK_QUEUE_ID.fullmatch(self.task_queue_id):
@@ -152,6 +157,8 @@ class WorkerConfig:
         if self.status_interval <= 0:
             raise ValueError(f"status_interval must be over 0 seconds, not "
                              f"{self.status_interval}")
+        if self.log_interval <= 0:
+            raise ValueError(f"log_interval must be over 0 seconds, not {self.log_interval}")
         if self.priority_recheck <= 0:
             raise ValueError(f"priority_recheck must be over 0 seconds, not "
                              f"{self.priority_recheck}")
@@ -163,7 +170,8 @@ class TaskRun:
 
     ``task`` is the task definition and ``payload`` its payload; ``queue`` is a client
     with the run's temporary credentials, swapped for new ones at every reclaim;
-    ``upload_artifact`` creates, uploads and finishes a blob artifact. ``lost`` becomes
+    ``upload_artifact`` creates, uploads and finishes a blob artifact; ``log_interval``
+    is the worker's (seconds between appends to a live log). ``lost`` becomes
     True when the run is no longer this worker's (a reclaim answered 409, or its status
     shows it resolved by someone else; ``lost_because`` says which): the handler is
     then cancelled.
@@ -176,6 +184,7 @@ class TaskRun:
     credentials: Credentials
     root_url: str
     session: aiohttp.ClientSession
+    log_interval: float = 2.0
     lost: bool = False
     lost_because: str = ""
 
@@ -375,7 +384,8 @@ class Worker:
         run = TaskRun(task_id=claim["status"]["taskId"], run_id=int(claim["runId"]),
                       task=claim["task"], taken_until=client.parse_time(claim["takenUntil"]),
                       credentials=Credentials.from_claim(claim["credentials"]),
-                      root_url=self.config.root_url, session=session)
+                      root_url=self.config.root_url, session=session,
+                      log_interval=self.config.log_interval)
         log.info("task %s/%d: claimed (%s)", run.task_id, run.run_id,
                  str(run.task.get("metadata", {}).get("name", ""))[:80])
         task = asyncio.ensure_future(self._run(run))

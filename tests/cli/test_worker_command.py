@@ -20,8 +20,8 @@ from azqueue.worker import Credentials, QueueRefused, Worker, WorkerConfig, Work
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
-from tests.worker.helpers import (alive, cli_env, config, eventually, finish, running, spawn,
-                                  wait_status)
+from tests.worker.helpers import (alive, cli_env, config, eventually, finish, log_of, running,
+                                  spawn, wait_status)
 
 
 async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
@@ -52,7 +52,10 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
     s = await status(http, server.api, task_id)
     assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts") as r:
-        assert (await r.json())["artifacts"] == []  # no log uploaded: no report at all
+        # Only the live log, there since the run started, and nothing appended to it
+        # after the cancel (no exit code line).
+        assert [a["name"] for a in (await r.json())["artifacts"]] == ["public/logs/live.log"]
+    assert "[azqueue] exit code" not in await log_of(http, server, task_id, 0)
 
 
 async def test_each_task_logs_claimed_started_resolved_and_runs_in_a_removed_scratch_dir(

@@ -9,15 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from pathlib import Path
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
+from azure.storage.blob.aio import BlobServiceClient
+
+from azqueue.api.routes import SERVICES_KEY
+from azqueue.devstorage import Azurite
 from tests import sas
 from tests.servers import IN_CI, Server
 from tests.tasks import create, definition, slugid
+from tests.worker.helpers import running, shell_worker
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -102,6 +108,53 @@ async def test_a_task_page_shows_the_task_and_follows_it_to_completed(
                 "the completed state, without a reload")
     runs = await asyncio.to_thread(text_of("main table"), browser)
     assert "completed" in runs and "wg/w1" in runs
+    assert await console_errors(browser) == []
+
+
+@pytest.fixture
+async def readable_blobs(server: Server, azurite: Azurite) -> AsyncIterator[None]:
+    """Blob storage lets the dashboard's origin read artifacts (CORS), as `azqueue dev`
+    and AZQUEUE_BLOB_CORS_ORIGINS arrange; the rule is removed afterwards."""
+    assert await server.app[SERVICES_KEY].artifacts.blobs.allow_browsers((server.root_url,))
+    yield
+    async with BlobServiceClient.from_connection_string(azurite.connection_string) as blobs:
+        await blobs.set_service_properties(cors=[])
+
+
+async def test_a_running_tasks_log_grows_on_its_page_without_a_reload(
+        server: Server, http: aiohttp.ClientSession, browser: Any, readable_blobs: None,
+        tmp_path: Path) -> None:
+    more, end = tmp_path / "more", tmp_path / "end"
+    wait = "while [ ! -e {} ]; do sleep 0.05; done"
+    task_id = await create(http, server.api, definition("prov/dash-log", payload={"command": [
+        "sh", "-c", f"printf 'first %s\\n' line; {wait.format(more)}; printf '%s\\n' \"$HOSTILE\"; "
+                    f"printf 'later %s\\n' line; {wait.format(end)}"],
+        "env": {"HOSTILE": HOSTILE}}))
+    log = text_of("pre.log")
+    async with running(shell_worker(server, "prov/dash-log", "dash", log_interval=0.2)):
+        try:
+            await asyncio.to_thread(browser.get, f"{server.root_url}/#/task/{task_id}")
+            await until(browser, lambda d: "first line" in log(d), "the log's first line")
+            await asyncio.to_thread(browser.execute_script, "window.__same_page = true")
+            more.touch()
+            await until(browser, lambda d: "later line" in log(d), "a later line, without a reload")
+            assert await asyncio.to_thread(browser.execute_script,
+                                           "return window.__same_page") is True
+            assert "running" in await asyncio.to_thread(text_of("main table"), browser)
+            end.touch()
+            await until(browser, lambda d: d.find_element(
+                "css selector", 'dd [data-state="completed"]'), "the completed state")
+            await until(browser, lambda d: "[azqueue] exit code 0" in log(d),
+                        "the end of the log")
+        finally:
+            more.touch()
+            end.touch()
+    shown = await asyncio.to_thread(log, browser)
+    assert shown.count("first line\n") == shown.count("later line\n") == 1, shown
+    assert HOSTILE in shown  # shown as text, not markup
+    assert await asyncio.to_thread(browser.execute_script,
+                                   "return document.querySelectorAll('main img').length") == 0
+    assert await asyncio.to_thread(browser.execute_script, "return window.__injected") is None
     assert await console_errors(browser) == []
 
 

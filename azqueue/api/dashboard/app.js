@@ -5,6 +5,7 @@
 
 const API = "/api/queue/v1";
 const REFRESH_MS = 3000;
+const LOG_POLL_MS = 2000;
 const MAX_COUNTED_QUEUES = 50;
 const MAX_DETAILED_WORKERS = 20;
 
@@ -166,21 +167,100 @@ async function taskPage(taskId) {
       out.push(table(["name", "type", "content type", "expires"], artifacts.map((a) => [
         el("a", { href: url(a) }, a.name), a.storageType, a.contentType || "", when(a.expires)])));
       const log = artifacts.find((a) => /^public\/logs\/live(_backing)?\.log$/.test(a.name));
-      if (log) out.push(el("h2", {}, "Log"), await logView(url(log)));
+      if (log) {
+        out.push(el("h2", {}, "Log"), await logView(`${taskId}/${last.runId}/${log.name}`,
+          url(log), last.state === "running"));
+      }
     }
   }
   out.push(el("h2", {}, "Definition"), el("pre", {}, JSON.stringify(definition, null, 2)));
   return out;
 }
 
-async function logView(url) {
-  try {
-    const response = await fetch(url);
-    if (response.ok) return el("pre", { class: "log" }, await response.text());
-  } catch (e) {
-    // blob storage on another origin without CORS: the link below still works
+// The log of the run on screen, kept across the page's refreshes: while the run runs it
+// reads only the bytes added since (a Range read of the blob every LOG_POLL_MS), appends
+// them as text, and stops after the first read that follows the run's resolution and
+// finds nothing new (the worker appends the whole log before it reports). Blob storage
+// is another origin: without CORS for this page a link to the log stands instead.
+class LogFollower {
+  constructor(key, apiUrl) {
+    this.key = key;
+    this.apiUrl = apiUrl;
+    this.blobUrl = null;
+    this.offset = 0;
+    this.decoder = new TextDecoder();
+    this.pre = el("pre", { class: "log" });
+    this.running = false;
+    this.unreadable = false;
+    this.stopped = false;
+    this.timer = null;
+    this.seen = 0;
   }
-  return el("p", {}, el("a", { href: url }, "open the log"));
+
+  view() {
+    return this.unreadable ? el("p", {}, el("a", { href: this.apiUrl }, "open the log"))
+      : this.pre;
+  }
+
+  // What the blob holds after `offset`, asked from the byte before it, so that the answer
+  // is never an empty range (416): bytes already shown are dropped.
+  async read() {
+    const headers = this.offset > 0 ? { Range: `bytes=${this.offset - 1}-` } : {};
+    let response;
+    try {
+      response = await fetch(this.blobUrl || this.apiUrl, { headers });
+      if (response.status === 403 && this.blobUrl) { // the read URL expired: a fresh one
+        this.blobUrl = null;
+        response = await fetch(this.apiUrl, { headers });
+      }
+    } catch (e) {
+      this.unreadable = true; // blob storage does not let this page read (no CORS)
+      return 0;
+    }
+    if (!response.ok) return 0; // not there yet, or gone: the next read tells
+    if (response.redirected) this.blobUrl = response.url;
+    const bytes = new Uint8Array(await response.arrayBuffer());
+    const known = this.offset > 0 ? (response.status === 206 ? 1 : this.offset) : 0;
+    const fresh = bytes.subarray(Math.min(known, bytes.length));
+    if (fresh.length) {
+      this.offset += fresh.length;
+      this.pre.append(document.createTextNode(this.decoder.decode(fresh, { stream: true })));
+    }
+    return fresh.length;
+  }
+
+  // Told at each refresh of the page whether the run still runs.
+  follow(running) {
+    this.running = running;
+    if (!this.timer && !this.stopped && !this.unreadable) this.schedule();
+  }
+
+  schedule() {
+    this.timer = setTimeout(async () => {
+      const wasRunning = this.running;
+      const added = await this.read();
+      this.timer = null;
+      if (!this.stopped && (wasRunning || added > 0)) this.schedule();
+    }, LOG_POLL_MS);
+  }
+
+  stop() {
+    this.stopped = true;
+    clearTimeout(this.timer);
+  }
+}
+
+let follower = null;
+
+async function logView(key, url, running) {
+  if (!follower || follower.key !== key) {
+    if (follower) follower.stop();
+    follower = new LogFollower(key, url);
+    await follower.read();
+  }
+  follower.seen = generation;
+  follower.follow(running);
+  return follower.view();
 }
 
 async function groupPage(taskGroupId) {
@@ -227,6 +307,10 @@ async function render() {
     content = [failure(e instanceof ApiError ? e.message : `The page failed: ${e}`)];
   }
   if (mine !== generation) return; // a newer render started meanwhile
+  if (follower && follower.seen !== mine) { // the log's page was left
+    follower.stop();
+    follower = null;
+  }
   const view = document.getElementById("view");
   const scrolled = window.scrollY;
   view.replaceChildren(...content.flat());
