@@ -28,20 +28,26 @@ BACKLOG = 5
 PAUSE = 0.4  # seconds a handler takes in test_a_higher_priority_task_...
 
 
-async def test_a_sas_worker_keeps_polling_the_queue_it_finds_work_in(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+@pytest.mark.parametrize("pause, recheck", [(0.0, 3600), (PAUSE, PAUSE / 4)],
+                         ids=["short-tasks", "tasks-outlasting-the-recheck"])
+async def test_a_sas_worker_polls_once_per_task_at_a_backlog_below_the_top_queue(
+        make_server: ServerFactory, http: aiohttp.ClientSession, pause: float,
+        recheck: float) -> None:
     """A backlog in the last queue (``lowest``, the default priority) costs one Azure
-    poll per task, not seven: the queue's sample shows the six above it empty."""
+    poll per task, not seven: the worker keeps polling the queue it finds work in, and a
+    pass from the top (the first, or one after a task outlasted ``priority_recheck``)
+    polls only ``lowest``, as the queue's sample shows the six above it empty."""
     server = await make_server()
+    queue = f"prov/backlog{int(pause * 10)}"
     for _ in range(BACKLOG):
-        await create(http, server.api, definition("prov/sticky"))
+        await create(http, server.api, definition(queue))
     polls_at_claim: list[tuple[int, int]] = []
 
     async def handler(run: TaskRun) -> None:
         polls_at_claim.append((worker.requests[POLL], worker.requests[EMPTY_POLL]))
+        await asyncio.sleep(pause)
 
-    worker = Worker(config(server, "prov/sticky", "w", mode="sas", priority_recheck=3600),
-                    handler)
+    worker = Worker(config(server, queue, "w", mode="sas", priority_recheck=recheck), handler)
     async with running(worker):
         await eventually(lambda: worker.completed == BACKLOG, what="the backlog to be run")
     assert polls_at_claim == [(k, 0) for k in range(1, BACKLOG + 1)]
@@ -64,45 +70,6 @@ async def test_without_a_sample_a_pass_polls_the_seven_queues_in_order(
             seen.append((source.requests[POLL], source.requests[EMPTY_POLL]))
     # The k-th task: six empty polls of the queues above `lowest`, then k polls of `lowest`.
     assert seen == [(6 + k, 6) for k in range(1, BACKLOG + 1)]
-
-
-async def test_tasks_that_outlast_the_recheck_cost_one_poll_each(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """A task running longer than ``priority_recheck`` makes the next poll a pass from the
-    top: with the queue's sample that pass polls only ``lowest``, where the backlog is,
-    instead of the six empty queues above it too."""
-    server = await make_server()
-    for _ in range(BACKLOG):
-        await create(http, server.api, definition("prov/long"))
-    polls_at_claim: list[tuple[int, int]] = []
-
-    async def handler(run: TaskRun) -> None:
-        polls_at_claim.append((worker.requests[POLL], worker.requests[EMPTY_POLL]))
-        await asyncio.sleep(PAUSE)
-
-    worker = Worker(config(server, "prov/long", "w", mode="sas", priority_recheck=PAUSE / 4),
-                    handler)
-    async with running(worker):
-        await eventually(lambda: worker.completed == BACKLOG, what="the backlog to be run")
-    assert polls_at_claim == [(k, 0) for k in range(1, BACKLOG + 1)]
-
-
-async def test_an_idle_pass_polls_no_queue_the_sample_shows_empty(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """Idle, a pass asks the queue which queues hold tips and polls none of the seven;
-    the first task created is found with one poll of its own queue."""
-    server = await make_server()
-    stop = asyncio.Event()
-    async with aiohttp.ClientSession() as session:
-        source = SasSource(session, server.root_url, CREDENTIALS, "prov/idle", "g", "w",
-                           idle_sleep=0.01, max_idle_sleep=0.05)
-        for _ in range(3):
-            assert await source.get(1, stop) == []
-        assert source.requests[POLL] == 0
-        task_id = await create(http, server.api, definition("prov/idle", priority="high"))
-        [claim] = await source.get(1, stop)
-        assert claim["status"]["taskId"] == task_id
-        assert (source.requests[POLL], source.requests[EMPTY_POLL]) == (1, 0)
 
 
 @pytest.mark.parametrize("recheck, high_at", [(PAUSE / 2, 1), (3600, BACKLOG)],
@@ -215,10 +182,12 @@ def test_the_sleep_after_empty_passes_grows_from_idle_sleep_to_max_idle_sleep() 
     assert idle_delay(10_000, 1.0, 5.0, 1.25) == 6.25
 
 
-async def test_finding_work_resets_the_idle_sleep(
+async def test_idle_passes_poll_no_queue_and_finding_work_resets_the_idle_sleep(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """After empty passes the worker sleeps longer; as soon as it finds work it is back to
-    ``idle_sleep`` for the next empty pass."""
+    """Idle, a pass asks the queue which queues hold tips and, shown none, polls none of
+    the seven; after empty passes the worker sleeps longer. The first task created is
+    found with one poll of its own queue, and the worker is back to ``idle_sleep`` for
+    the next empty pass."""
     server = await make_server()
     stop = asyncio.Event()
     async with aiohttp.ClientSession() as session:
@@ -227,9 +196,11 @@ async def test_finding_work_resets_the_idle_sleep(
         for _ in range(3):
             assert await source.get(1, stop) == []
         assert source.empty_passes == 3
-        task_id = await create(http, server.api, definition("prov/reset"))
+        assert source.requests[POLL] == 0
+        task_id = await create(http, server.api, definition("prov/reset", priority="high"))
         [claim] = await source.get(1, stop)
         assert claim["status"]["taskId"] == task_id
+        assert (source.requests[POLL], source.requests[EMPTY_POLL]) == (1, 0)
         assert source.empty_passes == 0
         assert await source.get(1, stop) == []
         assert source.empty_passes == 1
