@@ -159,10 +159,11 @@ class FaultProxy:
             await self._session.close()
 
     def once(self, method: str, path_contains: str, fault: str) -> None:
-        """Inject ``fault`` ("busy", "timed out", "dropped", or "stalled": forwarded after
-        ``STALL`` seconds) into the next request with ``method`` ("*": any) whose path
-        contains ``path_contains``."""
-        assert fault in ("busy", "timed out", "dropped", "stalled")
+        """Inject ``fault`` ("busy", "timed out", "dropped", "refused": answered 403
+        AuthenticationFailed without reaching storage, as an expired SAS is, or "stalled":
+        forwarded after ``STALL`` seconds) into the next request with ``method`` ("*":
+        any) whose path contains ``path_contains``."""
+        assert fault in ("busy", "timed out", "dropped", "refused", "stalled")
         self._once.append((method, path_contains, fault))
 
     def hold(self, method: str, path_contains: str) -> Held:
@@ -207,6 +208,9 @@ class FaultProxy:
             if scripted == "stalled":
                 await asyncio.sleep(STALL)
                 scripted = ""
+            if scripted == "refused":
+                self.counts[f"{service} refused"] += 1
+                return azure_error(service, 403, "AuthenticationFailed")
             if scripted == "busy" or (not scripted and faults.busy and draw() < faults.busy):
                 self.counts[f"{service} busy"] += 1
                 return azure_error(service, 503, "ServerBusy")

@@ -116,7 +116,7 @@ class LiveLog:
     async def _create(self, final: bool = False) -> None:
         """Create the artifact and its blob if not done yet, and renew a putUrl that is
         about to expire."""
-        if self._created and datetime.now(UTC) < self._expires - REFRESH_MARGIN:
+        if self._created and datetime.now(UTC) + REFRESH_MARGIN < self._expires:
             return
         try:
             made = await self.run.queue.createArtifact(
@@ -179,8 +179,10 @@ class LiveLog:
             self.appends += 1
             self._doubt = 0
             return
-        if 400 <= r.status < 500:
-            self._doubt = 0  # refused: nothing was applied
+        if 400 <= r.status < 500 and not retry:
+            # Refused: nothing was applied. (A retry's refusal, say a 403 of an expired
+            # putUrl, leaves the doubt about the attempt before it as it was.)
+            self._doubt = 0
         if r.status in (401, 403):
             self._expires = datetime.min.replace(tzinfo=UTC)  # ask for a fresh putUrl
         raise self._fail(f"appending {len(data)} bytes at {self.offset} answered {r.status}: "

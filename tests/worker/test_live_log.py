@@ -147,8 +147,9 @@ async def test_appends_whose_answers_were_lost_are_not_doubled(
         make_server: ServerFactory, azurite: Azurite, storage_prefix: str,
         blob_proxy: FaultProxy, http: aiohttp.ClientSession, tmp_path: Path) -> None:
     """The worker reaches blob storage through a proxy that applies an append and then
-    answers 500 OperationTimedOut, or closes the connection: the append sent again is
-    recognised (412 at that position) and every line is in the log once."""
+    answers 500 OperationTimedOut, or closes the connection (and then refuses the append
+    sent again with a 403): the append sent again is recognised (412 at that position)
+    and every line is in the log once."""
     server = await make_server(storage=StorageSettings(
         azurite.connection_string, storage_prefix,
         public_blob_endpoint=blob_proxy.endpoint("blob", ACCOUNT)))
@@ -163,7 +164,10 @@ async def test_appends_whose_answers_were_lost_are_not_doubled(
         first.touch()
         await eventually(lambda: _shows(http, server, task_id, b"after first\n"),
                          what="the line whose append was answered 500")
+        # An answer lost again, then the append sent again refused (as an expired putUrl
+        # is): the doubt about the first attempt stays, and the next one settles it.
         blob_proxy.once("PUT", "live.log", "dropped")
+        blob_proxy.once("PUT", "live.log", "refused")
         second.touch()
         await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
     log = await _log(http, server, task_id)
@@ -171,6 +175,7 @@ async def test_appends_whose_answers_were_lost_are_not_doubled(
     assert (log.count(b"started\n"), log.count(b"after first\n"),
             log.count(b"after second\n"), log.count(b"exit code 0\n")) == (1, 1, 1, 1), log
     assert blob_proxy.counts["blob timed out"] == blob_proxy.counts["blob dropped"] == 1
+    assert blob_proxy.counts["blob refused"] == 1
 
 
 def test_the_log_interval_must_be_over_zero() -> None:
