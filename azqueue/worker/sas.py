@@ -156,7 +156,7 @@ class SasSource:
         self._emptied: dict[int, float] = {}  # queue -> when its last empty poll started
 
     async def _queues(self) -> list[dict[str, str]]:
-        if self._urls is None or datetime.now(UTC) >= self._expires - REFRESH_BEFORE:
+        if self._urls is None or datetime.now(UTC) + REFRESH_BEFORE >= self._expires:
             self.requests[POLL_TASK_URLS] += 1
             self._urls = await client.poll_task_urls(self.session, self.root_url,
                                                      self.credentials, self.task_queue_id)
