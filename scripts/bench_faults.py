@@ -37,6 +37,7 @@ import benchlib
 from benchlib import ACCOUNT, KEY, Azurite, QueueMessage, definition, signed_session
 
 from azqueue.testing.faultproxy import FaultProxy, Faults
+from azqueue.worker.sas import delete_url
 
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
 ENDPOINTS = ("createTask", "pollTaskUrls", "claimTask", "reclaimTask", "status",
@@ -135,8 +136,7 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
             if code == 200:
                 await work(api, tip["taskId"], body["runId"])
             elif 400 <= code < 500:
-                url = (queue["signedDeleteUrl"].replace("{{messageId}}", m.message_id)
-                       .replace("{{popReceipt}}", aiohttp.helpers.quote(m.pop_receipt, safe="")))
+                url = delete_url(queue["signedDeleteUrl"], m)
                 try:
                     async with http.delete(url) as r:
                         await r.read()

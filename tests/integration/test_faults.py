@@ -17,18 +17,15 @@ from typing import Any
 import aiohttp
 import pytest
 import taskcluster.aio
-from aiohttp import web
 
-from azqueue.api.app import create_app
-from azqueue.config import Settings, StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.config import StorageSettings
+from azqueue.devstorage import ACCOUNT, KEY, Azurite
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.service import workclaimer
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from tests import sas
-from tests.conftest import _delete_storage
-from tests.servers import ROOT, Server
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import definition, slugid, status
 from tests.waiting import eventually
 
@@ -50,29 +47,18 @@ async def proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
 
 
 @pytest.fixture
-async def faulty_servers(azurite: Azurite, proxy: FaultProxy, storage_prefix: str
+async def faulty_servers(proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str
                          ) -> AsyncIterator[Callable[..., Awaitable[Server]]]:
     """Start replicas whose storage is behind the fault proxy."""
-    runners: list[web.AppRunner] = []
 
     async def start(**overrides: Any) -> Server:
-        port = free_port()
-        settings = Settings(
-            storage=StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix),
-            tip_secrets=("test-secret-0123456789abcdef",), root=ROOT, host="127.0.0.1",
-            port=port, tip_repair_delay=REPAIR_DELAY, deadline_resolver_interval=0.5,
-            claim_resolver_interval=0.5).with_(**overrides)
-        runner = web.AppRunner(create_app(settings), access_log=None)
-        await runner.setup()
-        runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        return Server(settings.public_root_url, runner.app, settings)
+        return await make_server(**{
+            "storage": StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix),
+            "tip_repair_delay": REPAIR_DELAY, "deadline_resolver_interval": 0.5,
+            "claim_resolver_interval": 0.5, **overrides})
 
     yield start
     proxy.faults = Faults()
-    for runner in reversed(runners):
-        await runner.cleanup()
-    await _delete_storage(azurite.connection_string, storage_prefix)
 
 
 class Clients:
