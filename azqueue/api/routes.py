@@ -350,6 +350,9 @@ async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
     body = call.body
     tip = TipClaim(body["messageId"], body["receipt"], body["signature"]) if "messageId" in body else None
     worker_group, worker_id = body["workerGroup"], body["workerId"]
+    # The part of the scopes the body alone decides, before any storage request: a caller
+    # that may not act as this worker learns nothing and costs nothing.
+    require(call.caller, f"queue:worker-id:{worker_group}/{worker_id}")
 
     def authorize(task: Task) -> None:
         call.authorize(taskQueueId=task.task_queue_id, workerGroup=worker_group,

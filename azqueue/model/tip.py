@@ -1,11 +1,16 @@
 """Tips: the messages in the pending queues, ``base64(JSON {taskId, runId, signature})``.
 
 A tip only says "look at run ``runId`` of ``taskId``"; the Task entity in Azure
-Tables is the truth. The signature (HMAC-SHA256 over ``<taskId>/<runId>``, source
-document 001) stops a worker from claiming runs it never received by accident or on
-purpose. Several secrets may be configured: the first signs, every one verifies, so a
-secret can be rotated by adding the new one first and dropping the old one once the
-tips signed with it are gone.
+Tables is the truth. The signature (HMAC-SHA256 over ``<taskQueueId>/<taskId>/<runId>``)
+stops a worker from claiming runs it never received, by accident or on purpose, and
+binds the tip to the task queue it was issued for: a tip that reaches another task
+queue's pending queue (a refused createTask naming another tenant's taskId puts one there
+for a moment) verifies against no task but one of that queue, so it is claimable only
+where its task lives. Tips signed by earlier releases (over ``<taskId>/<runId>``) still
+verify, for the tips queued before an upgrade; every claim checks the task's queue
+itself, so they bind nothing less in practice (see docs/threat-model.md). Several secrets
+may be configured: the first signs, every one verifies, so a secret can be rotated by
+adding the new one first and dropping the old one once the tips signed with it are gone.
 """
 
 from __future__ import annotations
@@ -49,12 +54,16 @@ class TipSigner:
             raise ValueError("at least one tip secret is needed")
         self._macs = Macs(tuple(s.encode() for s in secrets))
 
-    def sign(self, task_id: str, run_id: int) -> str:
-        return self._macs.sign(f"{task_id}/{run_id}".encode())
+    def sign(self, task_queue_id: str, task_id: str, run_id: int) -> str:
+        return self._macs.sign(f"{task_queue_id}/{task_id}/{run_id}".encode())
 
-    def tip(self, task_id: str, run_id: int) -> Tip:
-        return Tip(task_id, run_id, self.sign(task_id, run_id))
+    def tip(self, task_queue_id: str, task_id: str, run_id: int) -> Tip:
+        return Tip(task_id, run_id, self.sign(task_queue_id, task_id, run_id))
 
-    def verify(self, task_id: str, run_id: int, signature: str) -> bool:
-        """Constant-time check of ``signature`` against every configured secret."""
-        return self._macs.verify(f"{task_id}/{run_id}".encode(), signature)
+    def verify(self, task_queue_id: str, task_id: str, run_id: int, signature: str) -> bool:
+        """Constant-time check of ``signature`` against every configured secret: signed
+        for run ``run_id`` of ``task_id`` in ``task_queue_id`` (or, as earlier releases
+        signed, for the run alone)."""
+        bound = self._macs.verify(f"{task_queue_id}/{task_id}/{run_id}".encode(), signature)
+        legacy = self._macs.verify(f"{task_id}/{run_id}".encode(), signature)
+        return bound or legacy

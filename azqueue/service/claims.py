@@ -65,12 +65,15 @@ class Claims:
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
                          tip: TipClaim | None = None,
                          authorize: Callable[[Task], None] = lambda t: None,
-                         tip_read_here: bool = False) -> dict[str, Any]:
-        """Claim a run; ``authorize`` sees the task before anything changes.
+                         polled_from: str | None = None) -> dict[str, Any]:
+        """Claim a run; ``authorize`` sees the task on its first read, before anything
+        else is read or changed.
 
-        A ``tip`` presented by a worker must name a message recorded as one of the task's
-        tips, so that a worker mixing up messages cannot rewrite another task's tip;
-        ``tip_read_here`` (claimWork, which read the message itself) skips that check."""
+        A ``tip`` presented by a worker must be signed for the task's own task queue and
+        name a message recorded as one of the task's tips, so that a worker mixing up
+        messages cannot rewrite another task's tip. ``polled_from`` is the task queue
+        claimWork received the tip from (and authorized its caller for): the task must
+        belong to it, and the record check is skipped (claimWork read the message itself)."""
         core = self.core
         now = timeutil.utcnow()
         tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
@@ -79,11 +82,25 @@ class Claims:
             return model.claim(task, run_id, worker_group, worker_id, now, core.claim_timeout,
                                tolerance)
 
-        if tip and not core.signer.verify(task_id, run_id, tip.signature):
-            raise errors.InputError(
-                f"`signature` does not match task {task_id} run {run_id}: the message was altered "
-                "or not issued by this queue; delete it and poll again")
-        need_record = tip is not None and not tip_read_here
+        if tip and polled_from is not None and \
+                not core.signer.verify(polled_from, task_id, run_id, tip.signature):
+            raise self._bad_signature(task_id, run_id)
+
+        def admit(task: Task) -> None:
+            """The checks made on the first read of the task, before any other request."""
+            authorize(task)
+            if polled_from is not None and task.task_queue_id != polled_from:
+                # A tip in a pending queue of another task queue than its task's: left by a
+                # refused createTask that named this taskId. Only the task's own task queue
+                # may claim it.
+                raise errors.InputError(
+                    f"task {task_id} belongs to task queue {task.task_queue_id}, not "
+                    f"{polled_from}, whose pending queue this message came from; delete it")
+            if tip and not core.signer.verify(task.task_queue_id, task_id, run_id,
+                                              tip.signature):
+                raise self._bad_signature(task_id, run_id)
+
+        need_record = tip is not None and polled_from is None
         stored = core.cache.get(task_id)
         if stored is not None and need_record and tip is not None and \
                 tip.message_id not in stored.tips:
@@ -91,11 +108,11 @@ class Claims:
         guess = stored is not None
         while True:
             if stored is None:
-                stored = await (self._load_for_tip(task_id, tip, need_record) if tip
+                stored = await (self._load_for_tip(task_id, tip, need_record, admit) if tip
                                 else core.tasks.load(task_id))
             current = stored.task
-            authorize(current)
-            if not tip_read_here:  # claimWork checked when it was called
+            admit(current)
+            if polled_from is None:  # claimWork checked when it was called
                 await self._refuse_quarantined(current, worker_group, worker_id, tip)
             try:
                 if model.is_claimed_by(current, run_id, worker_group, worker_id):
@@ -120,7 +137,7 @@ class Claims:
             try:
                 receipt = await core.queues.update(
                     queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
-                    text=core.signer.tip(task_id, run_id + 1).encode())
+                    text=core.signer.tip(current.task_queue_id, task_id, run_id + 1).encode())
             except ReceiptLost:
                 # Rewritten as asked, most likely, by an attempt whose answer was lost: the
                 # claim holds no message (it reappears at takenUntil and is refused then).
@@ -146,7 +163,7 @@ class Claims:
             raise
         except BaseException as e:
             if hold:
-                await self._after_failed_write(hold, task_id, worker_group, worker_id, e, now)
+                await self._after_failed_write(hold, current, worker_group, worker_id, e, now)
             raise
         after = change.after
         if not change.changed:
@@ -189,25 +206,34 @@ class Claims:
                                 "presented: %s", task.task_id, e)
             raise
 
-    async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool) -> Stored:
+    async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool,
+                            admit: Callable[[Task], None]) -> Stored:
         """The task, once it is stored and (with ``need_record``) ``tip.message_id`` is
         known to be one of its tips; NotFound, or InputError (and a fresh tip for a pending
         run) when that does not happen within ``TIP_WAIT`` (``RECORD_WAIT`` once the task
-        is stored)."""
+        is stored). ``admit`` sees the task on its first read: a caller it refuses waits
+        for nothing and costs nothing more."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + TIP_WAIT.total_seconds()
         record_give_up = loop.time() + RECORD_WAIT.total_seconds()
+        admitted = False
+        pause = 0.05  # doubling: a task stored a moment after its tip is found at once, and
+        # a claim of a task that never comes costs a handful of reads, not one per 100 ms
         while True:
             try:
                 stored: Stored | None = await self.core.tasks.load(
                     task_id, tip=tip.message_id if need_record else None)
             except errors.NotFound:
                 stored = None  # a createTask puts the tip just before the task
+            if stored is not None and not admitted:
+                admit(stored.task)
+                admitted = True
             if stored is not None and (not need_record or tip.message_id in stored.tips):
                 return stored
             if loop.time() >= (give_up if stored is None else record_give_up):
                 break
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.4)
         if stored is None:
             raise errors.NotFound(f"task {task_id} does not exist (or has expired)")
         last = stored.task.last_run
@@ -217,6 +243,13 @@ class Claims:
         raise errors.InputError(
             f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
             "MessageId and PopReceipt of the message this tip came from, as received")
+
+    @staticmethod
+    def _bad_signature(task_id: str, run_id: int) -> errors.InputError:
+        return errors.InputError(
+            f"`signature` does not match task {task_id} run {run_id} in its task queue: the "
+            "message was altered, came from another task queue's pending queue, or was not "
+            "issued by this queue; delete it and poll again")
 
     async def _repeated_claim(self, stored: Stored, run_id: int,
                               tip: TipClaim | None) -> dict[str, Any]:
@@ -233,7 +266,7 @@ class Claims:
         self.core.index.claimed(stored.task.task_id, run_id, run.taken_until)
         return self.answer(stored.task, run_id, with_task=True)
 
-    async def _after_failed_write(self, hold: HeldMessage, task_id: str, worker_group: str,
+    async def _after_failed_write(self, hold: HeldMessage, task: Task, worker_group: str,
                                   worker_id: str, error: BaseException, now: datetime) -> None:
         """The claim's write failed after its message was rewritten. A failure of storage
         (or a cancellation) may have come after the write was stored: the run gets its tip
@@ -241,6 +274,7 @@ class Claims:
         rewritten (it reappears at takenUntil) and the claim is noted for the index, so that
         a claim its worker never heard of still expires."""
         core = self.core
+        task_id = task.task_id
         if isinstance(error, errors.StorageError):
             try:
                 fresh: Stored | None = await core.tasks.load(task_id)
@@ -248,21 +282,23 @@ class Claims:
                 fresh = None
             if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
                                                              worker_group, worker_id):
-                await self._restore_tip(hold, task_id)
+                await self._restore_tip(hold, task)
                 return
         elif not isinstance(error, asyncio.CancelledError):
-            await self._restore_tip(hold, task_id)  # refused before anything was written
+            await self._restore_tip(hold, task)  # refused before anything was written
             return
         core.index.claimed(task_id, hold.run_id, now + core.claim_timeout)
 
-    async def _restore_tip(self, hold: HeldMessage, task_id: str) -> None:
+    async def _restore_tip(self, hold: HeldMessage, task: Task) -> None:
+        text = self.core.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
         try:
             await self.core.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
-                                           text=self.core.signer.tip(task_id, hold.run_id).encode())
+                                           text=text)
         except errors.StorageError as e:  # the tip reappears at takenUntil regardless
-            log.warning("could not give task %s run %d its tip back: %s", task_id, hold.run_id, e)
+            log.warning("could not give task %s run %d its tip back: %s", task.task_id,
+                        hold.run_id, e)
         except Exception:
-            log.exception("could not give task %s run %d its tip back", task_id, hold.run_id)
+            log.exception("could not give task %s run %d its tip back", task.task_id, hold.run_id)
 
     async def _repair_orphaned_tip(self, stored: Stored, run_id: int) -> None:
         """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that

@@ -80,9 +80,10 @@ class TaskQueueCounts:
         peeked = await self.core.queues.peek(name, PEEK_LIMIT)
         if len(peeked) >= PEEK_LIMIT:
             return max(len(peeked), await self.core.queues.approximate_count(name))
-        return len({tip for tip in self._tips(peeked) if not self._surely_stale(*tip)})
+        return len({tip for tip in self._tips(task_queue_id, peeked)
+                    if not self._surely_stale(*tip)})
 
-    def _tips(self, peeked: list[Peeked]) -> list[tuple[str, int]]:
+    def _tips(self, task_queue_id: str, peeked: list[Peeked]) -> list[tuple[str, int]]:
         """(taskId, runId) of each message that is a tip this queue signed."""
         tips = []
         for message in peeked:
@@ -90,7 +91,7 @@ class TaskQueueCounts:
                 tip = Tip.decode(message.text)
             except ValueError:
                 continue
-            if self.core.signer.verify(tip.task_id, tip.run_id, tip.signature):
+            if self.core.signer.verify(task_queue_id, tip.task_id, tip.run_id, tip.signature):
                 tips.append((tip.task_id, tip.run_id))
         return tips
 
@@ -124,7 +125,7 @@ class TaskQueueCounts:
                 peeked = _after(peeked, *after)
             candidates = []
             for message in peeked:
-                for tip in self._tips([message]):
+                for tip in self._tips(task_queue_id, [message]):
                     if tip not in seen and not self._surely_stale(*tip):
                         seen.add(tip)
                         candidates.append((message, tip))

@@ -40,6 +40,11 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   message: a worker that pairs a tip with another message it holds is refused before
   that message is touched. A rewrite keeps the messageId, so the record holds for
   ``r + 1`` too.
+* A tip is claimable only in its task's own task queue: its signature covers the task
+  queue it was put for, claimWork claims only tasks of the task queue it polled, and
+  claimTask checks the caller's scopes for the task's queue on the task's first read. So
+  the tip a refused createTask put in the queue it named (it is dropped, but a poll may
+  take it first) serves nobody there, and the poller's refused claim deletes it.
 * An **unscheduled** task (waiting for dependencies, see ``dependencies``) has no tip;
   it gets one when it is scheduled.
 * A task's tips live in the queue of its current priority. changeTaskPriority queues a
@@ -357,7 +362,7 @@ class QueueService:
 
     async def _put_tip(self, task: Task, run_id: int) -> Message:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
-        message = await self.queues.put(name, self.signer.tip(task.task_id, run_id).encode())
+        message = await self.queues.put(name, self.signer.tip(task.task_queue_id, task.task_id, run_id).encode())
         self.hints.tip_visible(task.task_queue_id, task.priority)
         return message
 

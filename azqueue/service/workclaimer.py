@@ -153,8 +153,8 @@ class WorkClaimer:
                 if not handed:
                     continue
                 waiter.busy = True
-                got = await asyncio.gather(*(self._claim(worker_group, worker_id, m)
-                                             for m in handed))
+                got = await asyncio.gather(*(self._claim(task_queue_id, worker_group,
+                                                         worker_id, m) for m in handed))
                 claims += [c for c in got if c is not None]
                 waiter.wanted = count - len(claims)
                 waiter.busy = False
@@ -278,9 +278,11 @@ class WorkClaimer:
                 await self._pass_on(tq, message)
         return len(found)
 
-    async def _claim(self, worker_group: str, worker_id: str,
+    async def _claim(self, task_queue_id: str, worker_group: str, worker_id: str,
                      message: Message) -> dict[str, Any] | None:
-        """Claim the tip ``message`` carries; None (and the tip deleted or released) if not."""
+        """Claim the tip ``message`` carries, received from ``task_queue_id``'s pending
+        queues: only a task of that task queue (the caller is authorized for it, no other);
+        None (and the tip deleted or released) if not."""
         queues = self.core.queues
         try:
             tip = Tip.decode(message.text)
@@ -293,7 +295,7 @@ class WorkClaimer:
             return await self.core.claims.claim_task(
                 tip.task_id, tip.run_id, worker_group, worker_id,
                 TipClaim(message.message_id, message.pop_receipt, tip.signature),
-                tip_read_here=True)
+                polled_from=task_queue_id)
         except (errors.Conflict, errors.InputError, errors.NotFound):
             await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
         except errors.StorageError as e:

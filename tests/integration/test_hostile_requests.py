@@ -321,7 +321,7 @@ async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSess
         body = {"workerGroup": "wg", "workerId": "w",
                 "messageId": message.message_id if orphaned else f"not-a-tip-{i}",
                 "receipt": message.pop_receipt,
-                "signature": server.service.signer.sign(task_id, run_id)}
+                "signature": server.service.signer.sign(task_queue, task_id, run_id)}
         code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/{run_id}/claim", body)
         return code
 

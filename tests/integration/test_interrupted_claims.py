@@ -46,7 +46,7 @@ async def test_a_claim_retried_on_another_replica_after_the_first_died_mid_claim
     await core.queues.update(core.pending.name(f"{provisioner}/{worker_type}", Priority.LOWEST),
                              message.message_id, message.pop_receipt,
                              visible_in=timedelta(seconds=core.claim_timeout.total_seconds()),
-                             text=core.signer.tip(task_id, 1).encode())
+                             text=core.signer.tip(f"{provisioner}/{worker_type}", task_id, 1).encode())
     for _ in range(2):
         code, claim = await sas.claim(http, second.api, message)
         assert code == 200, claim

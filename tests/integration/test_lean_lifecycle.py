@@ -31,7 +31,7 @@ async def _stage_tip(server: Server, task_queue_id: str) -> tuple[str, model.Tas
     task = model.new_task(task_id, definitions.normalize(
         task_id, definition(task_queue_id), timeutil.utcnow()), timeutil.utcnow())
     name = await service.pending.ensure(task_queue_id, Priority.LOWEST)
-    message = await service.queues.put(name, service.signer.tip(task_id, 0).encode())
+    message = await service.queues.put(name, service.signer.tip(task_queue_id, task_id, 0).encode())
     return task_id, task, message.message_id
 
 

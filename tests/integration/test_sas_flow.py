@@ -82,7 +82,7 @@ async def test_unreclaimed_claim_reappears_as_next_run_and_expires_the_old_one(
     assert again.message_id == message.message_id
     tip = again.tip
     assert tip["taskId"] == task_id and tip["runId"] == 1
-    assert server.service.signer.verify(task_id, 1, tip["signature"])
+    assert tip["signature"] == server.service.signer.sign("prov/expiry", task_id, 1)
 
     code, claim = await sas.claim(http, server.api, again, worker_id="second")
     assert code == 200, claim
@@ -202,7 +202,7 @@ async def test_a_tip_whose_record_was_lost_is_replaced_by_a_recorded_one(
     assert await sas.delete_message(http, queue["signedDeleteUrl"], recorded) == 204
     qclient = server.service.queues.client(server.service.pending.name("prov/unrecorded",
                                                                        Priority.LOWEST))
-    await qclient.send_message(server.service.signer.tip(task_id, 0).encode())  # unrecorded
+    await qclient.send_message(server.service.signer.tip("prov/unrecorded", task_id, 0).encode())  # unrecorded
     [orphan] = await sas.get_messages(http, queue["signedPollUrl"])
     code, err = await sas.claim(http, server.api, orphan)
     assert code == 400 and "does not carry a tip" in err["message"]

@@ -11,6 +11,7 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.definition import normalize
 from azqueue.model.task import ReasonResolved, RunState
+from azqueue.model.signing import Macs
 from azqueue.model.tip import Tip, TipSigner
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
@@ -104,14 +105,31 @@ def test_status_structure_matches_taskcluster_shape() -> None:
     assert status["runs"][0]["started"] == "2026-01-02T03:04:05.678Z"
 
 
+def test_a_tip_verifies_only_for_the_task_queue_it_was_signed_for() -> None:
+    signer = TipSigner(("secret-0123456789abcdef",))
+    tip = signer.tip("tenant-a/pool", "T", 0)
+    assert signer.verify("tenant-a/pool", "T", 0, tip.signature)
+    assert not signer.verify("tenant-b/pool", "T", 0, tip.signature)
+    assert not signer.verify("tenant-a/poo", "T", 0, tip.signature)
+
+
+def test_tips_signed_by_earlier_releases_still_verify() -> None:
+    """Earlier releases signed ``<taskId>/<runId>``: their tips, queued before an upgrade,
+    are still claimable (claims check the task's queue themselves)."""
+    secret = "secret-0123456789abcdef"
+    earlier = Macs((secret.encode(),)).sign(b"T/0")
+    assert TipSigner((secret,)).verify("any/queue", "T", 0, earlier)
+    assert not TipSigner((secret,)).verify("any/queue", "T", 1, earlier)
+
+
 def test_tips_sign_with_the_newest_secret_and_verify_with_all() -> None:
     old, new = "old-secret-0123456789", "new-secret-0123456789"
-    tip = TipSigner((old,)).tip("T", 3)
+    tip = TipSigner((old,)).tip("p/w", "T", 3)
     rotated = TipSigner((new, old))
-    assert rotated.verify("T", 3, tip.signature)
-    assert not rotated.verify("T", 4, tip.signature)
-    assert not TipSigner((new,)).verify("T", 3, tip.signature)
-    assert not rotated.verify("T", 3, "not base64!")
+    assert rotated.verify("p/w", "T", 3, tip.signature)
+    assert not rotated.verify("p/w", "T", 4, tip.signature)
+    assert not TipSigner((new,)).verify("p/w", "T", 3, tip.signature)
+    assert not rotated.verify("p/w", "T", 3, "not base64!")
     assert Tip.decode(tip.encode()) == tip
     with pytest.raises(ValueError):
         Tip.decode("bm90IGpzb24=")
