@@ -149,15 +149,18 @@ class ArtifactService:
         return found
 
     async def target(self, task_id: str, run_id: int, name: str) -> Target:
-        """Follow links to the artifact to serve, with a short-lived URL for its content."""
+        """Follow links to the artifact to serve, with a short-lived URL for its content.
+        Gone (410) if it, or an artifact on the way, is past its ``expires``: as in
+        Taskcluster, none is served once expired, though the expiry resolver deletes it
+        later (its info and the listings show it until then)."""
         seen = [name]
-        found = await self.find(task_id, run_id, name)
+        found = self._unexpired(await self.find(task_id, run_id, name))
         while found.storage_type == "link":
             if len(seen) > MAX_LINK_DEPTH or found.link in seen:
                 raise errors.InputError(f"artifact {name!r} links in a loop or too deep: "
                                       + " -> ".join([*seen, found.link]))
             seen.append(found.link)
-            found = await self.find(task_id, run_id, found.link)
+            found = self._unexpired(await self.find(task_id, run_id, found.link))
         names = tuple(seen)
         if found.storage_type == "reference":
             return Target(found, names, found.url)
@@ -174,6 +177,13 @@ class ArtifactService:
                 found.blob_name, now, DOWNLOAD_URL_LIFETIME, found.info()["contentType"],
                 snapshot))
         return Target(found, names)
+
+    @staticmethod
+    def _unexpired(artifact: Artifact) -> Artifact:
+        if artifact.expires <= timeutil.utcnow():
+            raise errors.Gone(f"artifact {artifact.name!r} of run {artifact.run_id} of task "
+                              f"{artifact.task_id} expired at {timeutil.fmt(artifact.expires)}")
+        return artifact
 
     async def _growing(self, artifact: Artifact, now: datetime) -> bool:
         """Whether an append blob is still written (its run can get artifacts), so that

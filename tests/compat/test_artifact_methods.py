@@ -501,3 +501,28 @@ async def test_an_upload_that_stops_sending_is_cut_off_and_stores_nothing(
     assert head.startswith(b"HTTP/1.1 400"), head
     assert b"nothing was stored" in body and b"1000" in body, body
     await _nothing_stored(queue, task_id, "public/stalled.bin")
+
+
+async def test_an_artifact_past_its_expires_is_not_served_before_the_expiry_sweep(
+        server: Server) -> None:
+    """As Taskcluster's getArtifact and artifact (content): an artifact whose `expires`
+    has passed answers 410 ResourceExpired at once, also through a link, while its info
+    and the listings show it until the expiry resolver deletes it."""
+    task_id, queue = await _running(server)
+    await queue.createArtifact(task_id, 0, "public/old", {
+        "storageType": "reference", "expires": iso(datetime.now(UTC) - timedelta(seconds=2)),
+        "url": "https://example.com/old"})
+    await queue.createArtifact(task_id, 0, "public/to-old", {
+        "storageType": "link", "expires": _expires(), "artifact": "public/old"})
+    calls = [lambda: queue.getArtifact(task_id, 0, "public/old"),
+             lambda: queue.getLatestArtifact(task_id, "public/old"),
+             lambda: queue.artifact(task_id, 0, "public/old"),
+             lambda: queue.latestArtifact(task_id, "public/old"),
+             lambda: queue.getArtifact(task_id, 0, "public/to-old")]
+    for call in calls:
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await call()
+        assert info.value.status_code == 410, info.value.body
+        assert info.value.body["code"] == "ResourceExpired"
+        assert "expired" in info.value.body["message"]
+    assert (await queue.artifactInfo(task_id, 0, "public/old"))["name"] == "public/old"
