@@ -80,11 +80,13 @@ class ArtifactService:
             await self.outbox.finish(task_id, trigger)
         if not inserted:
             existing = await self.records.get(task_id, run_id, name)
-            if existing is None or existing.definition() != wanted.definition():
+            if existing is not None and model.extends(existing, wanted):
+                await self.records.extend(existing, wanted.expires)
+            elif existing is None or existing.definition() != wanted.definition():
                 raise errors.Conflict(
                     f"artifact {name!r} of run {run_id} of task {task_id} already exists with a "
                     "different definition (storageType, expires, contentType, blobType, ...); "
-                    "artifacts cannot be changed")
+                    "artifacts cannot be changed, except for a later `expires`")
         if wanted.storage_type == "s3":
             grant = UploadGrant(task_id, run_id, name, wanted.content_type,
                                 now + UPLOAD_URL_LIFETIME, body.get("contentLength"))

@@ -526,3 +526,26 @@ async def test_an_artifact_past_its_expires_is_not_served_before_the_expiry_swee
         assert info.value.body["code"] == "ResourceExpired"
         assert "expired" in info.value.body["message"]
     assert (await queue.artifactInfo(task_id, 0, "public/old"))["name"] == "public/old"
+
+
+async def test_creating_an_artifact_again_with_a_later_expires_extends_its_life(
+        server: Server) -> None:
+    """As in Taskcluster's createArtifact: an artifact's `expires` can be extended but not
+    shortened; any other difference is still a conflict."""
+    task_id, queue = await _running(server)
+    now = datetime.now(UTC)
+    first, later, latest = (iso(now + timedelta(hours=h)) for h in (1, 2, 3))
+    body = {"storageType": "s3", "expires": first, "contentType": "text/plain"}
+    await queue.createArtifact(task_id, 0, "public/kept.txt", body)
+    made = await queue.createArtifact(task_id, 0, "public/kept.txt", {**body, "expires": later})
+    assert made["storageType"] == "s3" and made["putUrl"]
+    info = await queue.artifactInfo(task_id, 0, "public/kept.txt")
+    assert info["expires"] == later
+    # Asked again with the later expires: the same; with the first one: shorter, refused.
+    await queue.createArtifact(task_id, 0, "public/kept.txt", {**body, "expires": later})
+    for changed in ({**body, "expires": first},
+                    {**body, "expires": latest, "contentType": "text/html"}):
+        with pytest.raises(TaskclusterRestFailure) as refused:
+            await queue.createArtifact(task_id, 0, "public/kept.txt", changed)
+        assert refused.value.status_code == 409, refused.value.body
+    assert (await queue.artifactInfo(task_id, 0, "public/kept.txt"))["expires"] == later
