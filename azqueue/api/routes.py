@@ -305,6 +305,7 @@ async def get_schema(call: Call, schema: str) -> Any:
        what="the task definition", scopes={"AllOf": [
            {"for": "scope", "in": "scopes", "each": "<scope>"},
            {"for": "route", "in": "routes", "each": "queue:route:<route>"},
+           "queue:create-task:project:<projectId>",
            "queue:scheduler-id:<schedulerId>",
            # A scope for a higher priority also allows lower ones.
            {"AnyOf": [{"for": "priority", "in": "priorities",
@@ -314,8 +315,8 @@ async def create_task(call: Call, task_id: str) -> Any:
     def authorize(definition: dict[str, Any]) -> None:
         rank = Priority.from_definition(definition["priority"]).rank
         call.authorize(scopes=definition["scopes"], routes=definition["routes"],
-                       schedulerId=definition["schedulerId"], priorities=ORDER[:rank + 1],
-                       taskQueueId=definition["taskQueueId"])
+                       projectId=definition["projectId"], schedulerId=definition["schedulerId"],
+                       priorities=ORDER[:rank + 1], taskQueueId=definition["taskQueueId"])
 
     return {"status": await call.queue.create_task(task_id, call.body, authorize)}
 
