@@ -36,7 +36,8 @@ DEFAULT_MAX_RUN_TIME = 3600
 CLIENT_VARIABLES = """\
 environment: TASKCLUSTER_ROOT_URL (required), TASKCLUSTER_CLIENT_ID and
 TASKCLUSTER_ACCESS_TOKEN (anonymous without them), TASKCLUSTER_CERTIFICATE
-(temporary credentials), as `azqueue dev` prints them."""
+(temporary credentials), as `azqueue dev` prints them; TASKCLUSTER_ACCESS_TOKEN_FILE
+instead of TASKCLUSTER_ACCESS_TOKEN: a file holding the token (first line)."""
 
 SERVE_VARIABLES = """\
 Configured entirely by environment variables (README.md, "Running it", describes each):
