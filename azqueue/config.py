@@ -112,6 +112,9 @@ class StorageSettings:
                    **({"prefix": prefix} if prefix else {}))
 
 
+MIN_ACCESS_TOKEN = 22
+
+
 @dataclass(frozen=True, slots=True)
 class Client:
     """A permanent client: Hawk id, access token and the scopes it holds."""
@@ -121,21 +124,42 @@ class Client:
     scopes: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if not self.client_id or len(self.access_token) < 22:
+        if not self.client_id or len(self.access_token) < MIN_ACCESS_TOKEN:
             raise ConfigError(f"client {self.client_id!r}: needs a clientId and an accessToken "
                               "of at least 22 characters")
+
+
+# What examples write where a secret goes ("change-me-to-a-long-random-token"): a server
+# started with one is open to everyone who read the example.
+_PLACEHOLDER_RE = re.compile(r"change[-_ ]?me|replace[-_ ]?me|placeholder|your[-_ ]?(secret|token)",
+                             re.IGNORECASE)
+def is_placeholder(secret: str) -> bool:
+    """Whether ``secret`` is an example's stand-in for one, such as ``change-me-...``."""
+    return _PLACEHOLDER_RE.search(secret) is not None
+
+
+def _example_value(variable: str) -> ConfigError:
+    return ConfigError(f"{variable} holds an example value (such as change-me-...), not a "
+                       "secret: set a long random one, e.g. the output of `python -c 'import "
+                       "secrets; print(secrets.token_urlsafe(32))'`")
 
 
 def _load_clients(path: str) -> tuple[Client, ...]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        return tuple(Client(str(c["clientId"]), str(c["accessToken"]),
-                            tuple(str(s) for s in c.get("scopes", []))) for c in data)
+        clients = tuple(Client(str(c["clientId"]), str(c["accessToken"]),
+                               tuple(str(s) for s in c.get("scopes", []))) for c in data)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(
             f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
             '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
+    for client in clients:
+        if is_placeholder(client.access_token):
+            raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: the accessToken of client "
+                              f"{client.client_id!r} is an example value (such as "
+                              "change-me-...): give it a long random one")
+    return clients
 
 
 # Reading tasks, public artifacts, task groups and what the queue knows of task queues
@@ -229,6 +253,15 @@ class Settings:
         if not root_id or not root_token:
             raise ConfigError("AZQUEUE_ROOT_CLIENT_ID and AZQUEUE_ROOT_ACCESS_TOKEN must be set: "
                               "the root client holds scope `*` and signs claim credentials")
+        if any(is_placeholder(s) for s in tip_secrets):
+            raise _example_value("AZQUEUE_TIP_SECRETS")
+        if is_placeholder(root_token):
+            raise _example_value("AZQUEUE_ROOT_ACCESS_TOKEN")
+        if len(root_token) < MIN_ACCESS_TOKEN:
+            raise ConfigError(f"AZQUEUE_ROOT_ACCESS_TOKEN is {len(root_token)} characters long: "
+                              f"the root client's token (scope `*`) needs at least "
+                              f"{MIN_ACCESS_TOKEN}, e.g. the output of `python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(32))'`")
         given: dict[str, object] = {
             name: env[variable] for name, variable in _TEXT_VARIABLES.items() if env.get(variable)}
         given.update((name, _seconds(env, variable)) for name, variable in
