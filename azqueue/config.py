@@ -54,7 +54,7 @@ class StorageSettings:
     bundle to trust for the storage endpoints (an emulator with its own certificate).
     """
 
-    connection_string: str
+    connection_string: str = field(repr=False)  # may hold the account key
     prefix: str = "azq"
     ca_file: str | None = None
     credential: object | None = field(default=None, compare=False, repr=False)
@@ -120,7 +120,7 @@ class Client:
     """A permanent client: Hawk id, access token and the scopes it holds."""
 
     client_id: str
-    access_token: str
+    access_token: str = field(repr=False)
     scopes: tuple[str, ...]
 
     def __post_init__(self) -> None:
@@ -177,13 +177,16 @@ DEFAULT_ANONYMOUS_SCOPES = (
 class Settings:
     storage: StorageSettings
     # Secrets for signing tips; the first signs, all verify (rotation).
-    tip_secrets: tuple[str, ...]
+    tip_secrets: tuple[str, ...] = field(repr=False)
     # The root client (scope `*`); it also issues the credentials handed out with claims.
     root: Client
     clients: tuple[Client, ...] = ()
     anonymous_scopes: tuple[str, ...] = DEFAULT_ANONYMOUS_SCOPES
     host: str = "127.0.0.1"
     port: int = 8080
+    # `GET /metrics` on a listener of its own (0: on the API's, to anyone who asks).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
     root_url: str = ""
     claim_timeout: float = 20 * 60
     sas_lifetime: float = 30 * 60
@@ -193,7 +196,7 @@ class Settings:
     claim_work_wait: float = 20.0
     claim_work_poll_interval: float = 2.0
     # Events: off without an AMQP URL.
-    amqp_url: str = ""
+    amqp_url: str = field(default="", repr=False)  # may hold the broker's password
     exchange_prefix: str = "exchange/taskcluster-queue/v1/"
     events_recovery_delay: float = 30.0
     events_resolver_interval: float = 2.0
@@ -266,12 +269,16 @@ class Settings:
             name: env[variable] for name, variable in _TEXT_VARIABLES.items() if env.get(variable)}
         given.update((name, _seconds(env, variable)) for name, variable in
                      _SECONDS_VARIABLES.items() if env.get(variable))
-        port_raw = env.get("AZQUEUE_PORT")
-        if port_raw:
-            try:
-                given["port"] = int(port_raw)
-            except ValueError:
-                raise ConfigError(f"AZQUEUE_PORT={port_raw!r} is not a port number") from None
+        for name, variable in (("port", "AZQUEUE_PORT"), ("metrics_port", "AZQUEUE_METRICS_PORT")):
+            port_raw = env.get(variable)
+            if port_raw:
+                try:
+                    port = int(port_raw)
+                except ValueError:
+                    port = -1
+                if not 0 <= port < 65536:
+                    raise ConfigError(f"{variable}={port_raw!r} is not a port number")
+                given[name] = port
         clients_file = env.get("AZQUEUE_CLIENTS_FILE", "")
         if clients_file:
             given["clients"] = _load_clients(clients_file)
@@ -295,6 +302,7 @@ class Settings:
 # The settings read as they are written, and those in seconds; the rest are special.
 _TEXT_VARIABLES = {
     "host": "AZQUEUE_HOST",
+    "metrics_host": "AZQUEUE_METRICS_HOST",
     "root_url": "AZQUEUE_ROOT_URL",
     "amqp_url": "AZQUEUE_AMQP_URL",
     "exchange_prefix": "AZQUEUE_EXCHANGE_PREFIX",
