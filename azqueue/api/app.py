@@ -24,7 +24,7 @@ from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_K
                                 dispatch)
 from azqueue.api.unsupported import refusing_unimplemented
 from azqueue.background import resolvers
-from azqueue.config import Settings
+from azqueue.config import ConfigError, Settings
 from azqueue.service.wiring import open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
@@ -37,6 +37,27 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
         app[SERVICE_KEY] = services.queue
         app[ARTIFACTS_KEY] = services.artifacts
         yield
+
+
+async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``GET /metrics`` on ``metrics_host:metrics_port`` (AZQUEUE_METRICS_PORT), apart
+    from the API, for a scraper the operator lets reach it."""
+    settings = app[SETTINGS_KEY]
+    metrics_app = web.Application()
+    metrics_app[SERVICES_KEY] = app[SERVICES_KEY]
+    metrics_app.router.add_get(METRICS_PATH, serve_metrics)
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {settings.metrics_host}:{settings.metrics_port} "
+                              f"for /metrics: {e.strerror or e}; check AZQUEUE_METRICS_HOST and "
+                              "AZQUEUE_METRICS_PORT") from None
+        yield
+    finally:
+        await runner.cleanup()
 
 
 async def _resolvers_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -74,9 +95,12 @@ def create_app(settings: Settings) -> web.Application:
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_service_ctx)
+    if settings.metrics_port:
+        app.cleanup_ctx.append(_metrics_listener_ctx)
+    else:
+        app.router.add_get(METRICS_PATH, serve_metrics)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
-    app.router.add_get(METRICS_PATH, serve_metrics)
     dashboard.add_routes(app.router)
     app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.

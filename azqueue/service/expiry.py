@@ -5,7 +5,8 @@ passed; a task once the task's has, with everything kept under its taskId: the r
 its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
 depended on it and its task group membership; a sealed task group's record, and the
 record of which of a group's members were announced resolved, once the ``expires`` it
-recorded has passed; workers, task queues and provisioners once theirs
+recorded has passed, and the record of its schedulerId once it has no task left;
+workers, task queues and provisioners once theirs
 has (``workers``). All wait ``GRACE`` longer (but the workers), so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
@@ -24,6 +25,7 @@ from azqueue.errors import QueueError
 from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
+from azqueue.storage.groups import OWNER
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +77,11 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
             await queue.groups.drop_announcement(group, etag)
         except QueueError as e:
             log.warning("could not expire the announcement of task group %s: %s", group, e)
+    for group in await queue.groups.expired_records(timeutil.fmt(before), OWNER):
+        try:
+            await _expire_owner(queue, group, now)
+        except QueueError as e:
+            log.warning("could not expire the schedulerId record of task group %s: %s", group, e)
     try:
         gone_workers = await queue.workerinfo.expire(now)
     except QueueError as e:
@@ -84,3 +91,20 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
         log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
                  "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
     return Expired(gone_tasks, gone_artifacts, gone_workers)
+
+
+async def _expire_owner(queue: QueueService, group: str, now: datetime) -> None:
+    """The record of a group's schedulerId goes once the group has no task left; while it
+    has, its ``expires`` becomes its tasks' latest."""
+    own = await queue.tasks.find(group)
+    members = [m for m in await queue.groups.members(group) if m.task_id != group]
+    if (own is None or own.definition["taskGroupId"] != group) and not members:
+        await queue.groups.drop_owner(group)
+        return
+    expires = [m.expires for m in members if m.expires is not None]
+    if own is not None and own.definition["taskGroupId"] == group:
+        expires.append(own.definition["expires"])
+    # Rows of earlier versions carry no expires: looked at again in a while.
+    latest = max(expires, key=timeutil.parse, default=timeutil.fmt(now + GRACE))
+    await queue.groups.renew_owner(group, max(latest, timeutil.fmt(now + GRACE),
+                                              key=timeutil.parse))

@@ -87,7 +87,7 @@ from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.claims import ClaimRecord, ClaimStore
 from azqueue.storage.dependents import DependentStore
-from azqueue.storage.groups import GroupStore
+from azqueue.storage.groups import GroupStore, Owner
 from azqueue.storage.queues import Message, PendingQueues, Queues, encode_json
 from azqueue.storage.tasks import (
     KEEP,
@@ -111,6 +111,8 @@ SAS_SLACK = timedelta(minutes=5)
 # How long a resolution whose run's message was taken by a poll waits for the retry to be
 # claimed with it before queuing the retry another tip.
 RETRY_TIP_WAIT = timedelta(seconds=10)
+# Reads of a group's schedulerId record that may find it changed before one gives up.
+MAX_GROUP_OWNER_ATTEMPTS = 5
 
 
 class QueueService:
@@ -347,15 +349,70 @@ class QueueService:
             await self.groups.add(d["taskGroupId"], task.task_id, d["expires"], d["schedulerId"])
 
     async def _check_group_open(self, task_id: str, definition: dict[str, Any]) -> None:
-        """Conflict if the task's group is sealed and the task is not in it already (a
-        repeated createTask answers as before). A group's own task is not checked: it
-        writes no group row, and a group is sealed after its first task."""
-        group = definition["taskGroupId"]
-        if group == task_id or await self.groups.meta(group) is None:
-            return
-        if await self.tasks.find(task_id) is None:
+        """Conflict if the task's schedulerId is not its group's, or if the group is sealed
+        and the task is not in it already (a repeated createTask answers as before).
+
+        The first task of a group records its schedulerId (``groups.record_owner``, a
+        conditional insert): a group's own task always tries to (one request; two when the
+        group had a task first), another task reads the group's records (one request, as
+        the sealed check needs anyway) and records it only if none did yet. Nothing of a
+        refused task is written: this runs before its writes."""
+        group, scheduler = definition["taskGroupId"], definition["schedulerId"]
+        if group == task_id and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=False):
+            return  # the group's first task
+        records = await self.groups.records(group)
+        owner = await self.group_scheduler(group, records.owner)
+        if owner is None and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=True):
+            owner = scheduler
+        elif owner is None:  # another first task of the group recorded it just now
+            owner = await self.group_scheduler(group, await self.groups.owner(group))
+        if owner != scheduler:
+            raise errors.Conflict(
+                f"task group {group} belongs to schedulerId {owner!r}, this task has "
+                f"schedulerId {scheduler!r}: all tasks of a task group must have the same "
+                f"schedulerId; create the task with schedulerId {owner!r} or in another "
+                "taskGroupId")
+        if records.sealed is not None and await self.tasks.find(task_id) is None:
             raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
                                   "no new tasks; create the task in another taskGroupId")
+
+    async def group_scheduler(self, task_group_id: str, owner: Owner | None) -> str | None:
+        """The schedulerId the group belongs to, given its record ``owner``; None if it
+        has neither a record nor tasks.
+
+        A verified record says it (no request). A record its own task wrote before it was
+        inserted, or no record (a group of an earlier version), is checked against the
+        group's tasks once: the own task's schedulerId, else the first member row's (every
+        member written since has the recorded one) wins over the record, which is then
+        marked verified."""
+        for _ in range(MAX_GROUP_OWNER_ATTEMPTS):
+            if owner is not None and owner.verified:
+                return owner.scheduler_id
+            own, members = await asyncio.gather(self.tasks.find(task_group_id),
+                                                self.groups.members(task_group_id))
+            mine = [m for m in members if m.task_id != task_group_id]
+            schedulers = [m.scheduler_id for m in mine if m.scheduler_id is not None]
+            expires = [m.expires for m in mine if m.expires is not None]
+            if own is not None and own.definition["taskGroupId"] == task_group_id:
+                schedulers.insert(0, own.definition["schedulerId"])
+                expires.append(own.definition["expires"])
+            if owner is None:
+                if not schedulers:
+                    return None
+                latest = max(expires, key=timeutil.parse, default=timeutil.fmt(timeutil.utcnow()))
+                if await self.groups.record_owner(task_group_id, schedulers[0], latest,
+                                                  verified=True):
+                    return schedulers[0]
+            else:
+                actual = next((s for s in schedulers if s != owner.scheduler_id),
+                              owner.scheduler_id)
+                if await self.groups.settle_owner(task_group_id, owner, actual):
+                    return actual
+            owner = await self.groups.owner(task_group_id)  # changed meanwhile
+        raise errors.StorageError(f"the record of task group {task_group_id} kept changing "
+                                  "while it was read; try again")
 
     async def _no_tip(self) -> None:
         return None

@@ -213,8 +213,11 @@ async def test_a_sealed_groups_record_expires_with_its_tasks(
 
     await expire(server.service, artifacts, now + timedelta(days=2))
     assert await server.service.groups.meta(group) is not None
+    assert await server.service.groups.owner(group) is not None
     await expire(server.service, artifacts,
                  timeutil.parse(sealed["expires"]) + timedelta(days=1))
     assert await server.service.groups.meta(group) is None
+    # The record of the group's schedulerId goes with its last task.
+    assert await server.service.groups.owner(group) is None
     async with http.get(f"{server.api}/task-group/{group}") as r:
         assert r.status == 404
