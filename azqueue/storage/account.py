@@ -6,12 +6,13 @@ import asyncio
 import logging
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Literal
 
 import aiohttp
-from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+from azure.core.exceptions import ServiceResponseError
 from azure.core.pipeline.transport import AioHttpTransport
 from azure.data.tables.aio import TableServiceClient
 from azure.identity.aio import DefaultAzureCredential
@@ -22,7 +23,7 @@ from azure.storage.queue.aio import QueueServiceClient
 from azqueue.config import ConfigError, StorageSettings, connection_settings
 from azqueue.storage.errors import translate
 from azqueue.storage.rest import RestClient, Signer
-from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, retry_after
+from azqueue.storage.retry import DEFAULT, RetryPolicy, send
 
 log = logging.getLogger(__name__)
 
@@ -91,38 +92,23 @@ class CountingTransport(AioHttpTransport):  # type: ignore[misc]
     async def send(self, request: Any, **kwargs: Any) -> Any:
         """Send the request as signed (a signature holds for 15 minutes), again while the
         policy allows; the last answer, or the last failure raised."""
-        policy = self._policy
-        deadline = policy.deadline()
-        attempt = 0
-        while True:
-            timeout = policy.timeout(deadline)
-            if timeout <= 0:
-                raise ServiceRequestError("no time left to ask Azure Storage")
+        async def attempt(timeout: float, number: int) -> tuple[int, Mapping[str, str], Any]:
             self._counter[f"{self._service} {request.method}"] += 1
-            response: Any = None
-            failure: Exception | None = None
             try:
                 async with asyncio.timeout(timeout):
-                    response = await super().send(request, **kwargs)
+                    response = await super(CountingTransport, self).send(request, **kwargs)
             except TimeoutError as e:
-                failure = ServiceResponseError(f"no answer within {timeout:.1f}s", error=e)
                 log.info("%s %s: no answer within %.1fs (attempt %d)", request.method,
-                         request.url.split("?")[0], timeout, attempt + 1)
-            except (ServiceRequestError, ServiceResponseError) as e:
-                failure = e
-            else:
-                if response.status_code not in RETRIED_STATUS:
-                    return response
-            wait = policy.pause(attempt, deadline,
-                                retry_after(response.headers) if response is not None else None)
-            if wait is None:
-                if failure is not None:
-                    raise failure
-                return response
-            if response is not None and kwargs.get("stream"):
-                response.internal_response.close()  # a body nobody will read
-            await asyncio.sleep(wait)
-            attempt += 1
+                         request.url.split("?")[0], timeout, number + 1)
+                raise ServiceResponseError(f"no answer within {timeout:.1f}s", error=e)
+            return response.status_code, response.headers, response
+
+        def discard(response: Any) -> None:
+            response.internal_response.close()  # a body nobody will read
+
+        _, _, response = await send(attempt, self._policy,
+                                    discard=discard if kwargs.get("stream") else None)
+        return response
 
 
 def service_endpoint(conn: dict[str, str], service: str) -> str:

@@ -54,7 +54,7 @@ from azure.core.exceptions import (
 )
 from azure.data.tables import EntityProperty
 
-from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, retry_after
+from azqueue.storage.retry import DEFAULT, RETRIED_STATUS, RetryPolicy, send
 
 log = logging.getLogger(__name__)
 
@@ -175,19 +175,17 @@ class RestClient:
         if self._signer.sas:
             parts.append(self._signer.sas)
         url = yarl.URL(origin + path + ("?" + "&".join(parts) if parts else ""), encoded=True)
-        policy = self._policy
-        deadline = policy.deadline()
+        if body is not None or method in ("PUT", "POST", "PATCH"):
+            # aiohttp sends both headers for these methods: they are signed as sent.
+            body = body or b""
         lost = False
-        attempt = 0
-        while True:
-            timeout = policy.timeout(deadline)
-            if timeout <= 0:
-                raise ServiceRequestError(f"{what}: no time left to ask Azure Storage")
+
+        async def attempt(timeout: float, number: int
+                          ) -> tuple[int, Mapping[str, str], bytes]:
+            nonlocal lost
             request_headers = {**headers, "x-ms-date": formatdate(usegmt=True),
                                "x-ms-version": TABLE_VERSION if service == "table" else QUEUE_VERSION}
-            if body is not None or method in ("PUT", "POST", "PATCH"):
-                # aiohttp sends both headers for these methods: they are signed as sent.
-                body = body or b""
+            if body is not None:
                 request_headers["Content-Length"] = str(len(body))
                 request_headers.setdefault("Content-Type", "application/octet-stream")
             token = await self._signer.bearer()
@@ -201,32 +199,24 @@ class RestClient:
                 request_headers["Authorization"] = self._signer.queue(method, path, query,
                                                                       request_headers)
             self._requests[f"{service} {method}"] += 1
-            answer: tuple[int, Mapping[str, str], bytes] | None = None
-            failure: Exception | None = None
             try:
                 async with self._session.get().request(
                         method, url, headers=request_headers, data=body, ssl=self._ssl,
                         timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                     content = await r.read()
-                    if r.status not in RETRIED_STATUS:
-                        return r.status, CIMultiDict(r.headers), content, lost
-                    answer = (r.status, CIMultiDict(r.headers), content)
-                    # 503 (ServerBusy) was refused; any other 5xx may have been applied.
-                    lost = lost or r.status != 503
+                    if r.status in RETRIED_STATUS:
+                        # 503 (ServerBusy) was refused; any other 5xx may have been applied.
+                        lost = lost or r.status != 503
+                    return r.status, CIMultiDict(r.headers), content
             except (aiohttp.ClientError, TimeoutError) as e:
-                failure = e
                 lost = lost or not isinstance(e, aiohttp.ClientConnectorError)
                 if isinstance(e, TimeoutError):
                     log.info("%s: no answer within %.1fs (attempt %d)", what, timeout,
-                             attempt + 1)
-            wait = policy.pause(attempt, deadline, retry_after(answer[1]) if answer else None)
-            if wait is None:
-                if answer is not None:
-                    return (*answer, lost)
-                raise ServiceRequestError(f"{what}: {type(failure).__name__}: {failure}") \
-                    from failure
-            await asyncio.sleep(wait)
-            attempt += 1
+                             number + 1)
+                raise ServiceRequestError(f"{what}: {type(e).__name__}: {e}") from e
+
+        status, answer, content = await send(attempt, self._policy, what)
+        return status, answer, content, lost
 
     def _check(self, status: int, headers: Mapping[str, str], content: bytes, ok: tuple[int, ...],
                what: str, lost: bool = False) -> None:

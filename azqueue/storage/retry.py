@@ -1,8 +1,9 @@
 """How every storage request is retried, and how long a storage call may take in all.
 
-One policy for the hand-written requests of the hot path (``storage.rest``) and for the
-Azure SDK clients (whose own retry policies are switched off: their defaults wait 15 s
-and more between attempts). A request is sent again when it cannot have failed for good:
+One policy and one loop (``send``) for the hand-written requests of the hot path
+(``storage.rest``) and for the Azure SDK clients (``storage.account``'s transport; the
+clients' own retry policies are switched off: their defaults wait 15 s and more between
+attempts). A request is sent again when it cannot have failed for good:
 
 * it could not connect, the connection dropped, or no answer came within
   ``attempt_timeout`` seconds;
@@ -24,13 +25,17 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
+
+from azure.core.exceptions import ServiceRequestError, ServiceResponseError
+
+A = TypeVar("A")
 
 RETRIED_STATUS = frozenset({408, 500, 502, 503, 504})
 
@@ -122,3 +127,44 @@ class RetryPolicy:
 
 
 DEFAULT = RetryPolicy()
+
+
+# One attempt at a request: given the seconds it may wait for its answer and its number
+# (from 0), the answer's status, headers and the rest of it; or ServiceRequestError /
+# ServiceResponseError when it got no answer (no connection, a dropped one, a timeout).
+Attempt = Callable[[float, int], Awaitable[tuple[int, Mapping[str, str], A]]]
+
+
+async def send(attempt: Attempt[A], policy: RetryPolicy = DEFAULT, what: str = "",
+               discard: Callable[[A], None] | None = None) -> tuple[int, Mapping[str, str], A]:
+    """Make ``attempt`` until it is answered with a status not in ``RETRIED_STATUS``, or
+    ``policy`` gives up (attempts used up, or no time left): then the last answer, or the
+    last failure raised. ``discard`` is given each answer left unread for a retry.
+    ServiceRequestError (``what``: no time left) when no time is left for a first attempt
+    or the next one."""
+    deadline = policy.deadline()
+    number = 0
+    while True:
+        timeout = policy.timeout(deadline)
+        if timeout <= 0:
+            raise ServiceRequestError(f"{what}: no time left to ask Azure Storage" if what
+                                      else "no time left to ask Azure Storage")
+        answer: tuple[int, Mapping[str, str], A] | None = None
+        failure: ServiceRequestError | ServiceResponseError | None = None
+        try:
+            answer = await attempt(timeout, number)
+        except (ServiceRequestError, ServiceResponseError) as e:
+            failure = e
+        else:
+            if answer[0] not in RETRIED_STATUS:
+                return answer
+        wait = policy.pause(number, deadline, retry_after(answer[1]) if answer is not None else None)
+        if wait is None:
+            if answer is not None:
+                return answer
+            assert failure is not None
+            raise failure
+        if answer is not None and discard is not None:
+            discard(answer[2])
+        await asyncio.sleep(wait)
+        number += 1
