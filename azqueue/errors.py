@@ -1,9 +1,12 @@
 """The one error tree of azqueue.
 
-Every error azqueue raises on purpose is one of these. Only the ``QueueError`` branch
-reaches a client: the HTTP layer renders it as Taskcluster's ``{code, message,
-requestInfo}`` with the status it carries; anything else that escapes a request is a bug
-or an outage, answered 500 with an incident id and logged with its traceback.
+Every error azqueue raises on purpose is one of these. Only the ``QueueError`` branch is
+an answer to a client: the HTTP layer (``api/middleware.py``) renders it as Taskcluster's
+``{code, message, requestInfo}`` with the status it carries. A ``StorageError`` is an
+outage or a failure of a service we depend on, not an answer: the same middleware maps it
+to its 5xx (``StorageUnavailable``: 503 with ``Retry-After``, the client tries again;
+any other: 500 with an incident id, logged with its cause). Anything else that escapes a
+request is a bug, answered 500 with an incident id and logged with its traceback.
 
     AzqueueError
     ├── ConfigError                  a setting is missing or malformed: the process does not start
@@ -15,6 +18,8 @@ or an outage, answered 500 with an incident id and logged with its traceback.
     │   ├── TransactionConflict      a batch failed on an ETag (412) or an existing entity (409)
     │   └── MessageGone              the queue message is gone or our pop receipt is stale
     │       └── ReceiptLost          ...after our own update whose answer was lost
+    ├── StorageError                 Azure failed in a way we did not expect   (HTTP: 500)
+    │   └── StorageUnavailable       Azure stayed busy or silent: try again    (HTTP: 503)
     └── QueueError                   an answer to a client, with its code and HTTP status
         ├── InputError               400 InputValidationError  a body or parameter breaks a rule
         ├── InvalidJson              400 MalformedPayload      the request body is not JSON
@@ -30,15 +35,17 @@ or an outage, answered 500 with an incident id and logged with its traceback.
         ├── TooLarge                 413 InputTooLarge
         ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
         ├── Unsupported              501 NotImplemented        a Queue API method this service lacks
-        ├── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
-        └── StorageError             500 InternalServerError   Azure failed in a way we did not expect
-            └── StorageUnavailable   503 StorageUnavailable    Azure stayed busy or silent: try again
+        └── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
 
 Errors raised by the Azure SDK never leave ``azqueue.storage``: ``storage/errors.py``
 translates them into the ``StorageCondition``s and ``StorageError``; ``events/publisher.py``
 does the same for aio-pika's with ``BrokerError``. ``TRANSIENT`` are the errors of a
 service we depend on that a retry may cure: loops that retry log them in one line, and
-anything else with its traceback.
+anything else with its traceback. Code that handles a failed request whatever its cause
+catches ``(QueueError, StorageError)``: the two branches, explicitly.
+
+The worker SDK (``azqueue.worker``) is a client of the HTTP API and has a tree of its
+own for task handlers: ``azqueue.worker.errors``.
 
 (``InvalidJson`` keeps Taskcluster's code ``MalformedPayload`` on the wire; in azqueue the
 name ``MalformedPayload`` means a task payload a worker cannot run, which resolves the
@@ -96,6 +103,18 @@ class ReceiptLost(MessageGone):
     """An update of the message was retried after its answer was lost, and the retry was
     told the receipt no longer matches: most likely the lost attempt was applied (the
     message changed as asked) and handed out a receipt nobody heard of."""
+
+
+class StorageError(AzqueueError):
+    """Azure Storage failed in a way the caller does not decide on; never an answer of
+    its own: the API answers it 500 with an incident id (``api/middleware.py``)."""
+
+
+class StorageUnavailable(StorageError):
+    """Azure Storage stayed busy (503 ServerBusy), failing or silent through every retry
+    the request's time allowed (``storage.retry``); nothing is wrong with the request.
+    The API answers it 503 ``StorageUnavailable`` with ``Retry-After``: the client tries
+    again (the official client does)."""
 
 
 class QueueError(AzqueueError):
@@ -180,21 +199,6 @@ class Unsupported(QueueError):
 class NotConfigured(QueueError):
     code = "NotConfigured"
     status = 503
-
-
-class StorageError(QueueError):
-    code = "InternalServerError"
-    status = 500
-
-
-class StorageUnavailable(StorageError):
-    """Azure Storage stayed busy (503 ServerBusy), failing or silent through every retry
-    the request's time allowed (``storage.retry``); nothing is wrong with the request.
-    Answered 503 with ``Retry-After``: the client tries again (the official client does)."""
-
-    code = "StorageUnavailable"
-    status = 503
-    retry_after = 2
 
 
 TRANSIENT: tuple[type[AzqueueError], ...] = (StorageError, BrokerError)

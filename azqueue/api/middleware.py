@@ -38,25 +38,40 @@ def error_response(request: web.Request, status: int, code: str, message: str) -
     return web.json_response(body, status=status)
 
 
+# A storage failure is no answer of its own (``errors``): here it becomes one.
+STORAGE_UNAVAILABLE = (503, "StorageUnavailable")
+STORAGE_FAILED = (500, "InternalServerError")
+STORAGE_RETRY_AFTER = 2  # seconds
+
+
+def _incident(request: web.Request, status: int, code: str, e: errors.AzqueueError
+              ) -> web.Response:
+    """A failure of ours: logged with its cause under a new incident id, which the answer
+    names."""
+    incident = uuid.uuid4().hex
+    log.error("incident %s: %s %s: %s", incident, request.method, request.path, e.message,
+              exc_info=e.__cause__ or e)
+    return error_response(request, status, code, f"{e.message} (incident {incident})")
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     try:
         return await handler(request)
     except errors.StorageUnavailable as e:
         # An outage, not a bug: one line, no incident; the client tries again.
-        log.warning("%s %s answered 503: %s", request.method, request.path, e.message)
-        response = error_response(request, e.status, e.code,
-                                  f"{e.message}; retry after {e.retry_after}s")
-        response.headers["Retry-After"] = str(e.retry_after)
+        status, code = STORAGE_UNAVAILABLE
+        log.warning("%s %s answered %d: %s", request.method, request.path, status, e.message)
+        response = error_response(request, status, code,
+                                  f"{e.message}; retry after {STORAGE_RETRY_AFTER}s")
+        response.headers["Retry-After"] = str(STORAGE_RETRY_AFTER)
         return response
+    except errors.StorageError as e:
+        return _incident(request, *STORAGE_FAILED, e)
     except errors.QueueError as e:
         if e.status >= 500 and not isinstance(e, errors.NotConfigured):
             # NotConfigured is the deployment's choice, announced at start-up: no incident.
-            incident = uuid.uuid4().hex
-            log.error("incident %s: %s %s: %s", incident, request.method, request.path, e.message,
-                      exc_info=e.__cause__ or e)
-            return error_response(request, e.status, e.code,
-                                  f"{e.message} (incident {incident})")
+            return _incident(request, e.status, e.code, e)
         return error_response(request, e.status, e.code, e.message)
     except web.HTTPRequestEntityTooLarge as e:
         return error_response(request, 413, "InputTooLarge",

@@ -278,7 +278,7 @@ class Claims:
         if isinstance(error, errors.StorageError):
             try:
                 fresh: Stored | None = await core.tasks.load(task_id)
-            except errors.QueueError:
+            except (errors.QueueError, errors.StorageError):
                 fresh = None
             if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
                                                              worker_group, worker_id):

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from azqueue.errors import QueueError
+from azqueue.errors import QueueError, StorageError
 from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.queue import QueueService
@@ -51,7 +51,7 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
                 await artifacts.blobs.delete(artifact.blob_name)
             await artifacts.records.delete(artifact)
             gone_artifacts += 1
-        except QueueError as e:
+        except (QueueError, StorageError) as e:
             log.warning("could not expire artifact %r of %s/%d: %s", artifact.name,
                         artifact.task_id, artifact.run_id, e)
     gone_tasks = 0
@@ -65,26 +65,26 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
             await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
             if await queue.tasks.delete_partition(task.task_id):  # the task row last
                 gone_tasks += 1
-        except QueueError as e:
+        except (QueueError, StorageError) as e:
             log.warning("could not expire task %s: %s", task.task_id, e)
     for group in await queue.groups.expired_records(timeutil.fmt(before)):
         try:  # a sealed group's record, once every task it had then has expired
             await queue.groups.drop_record(group)
-        except QueueError as e:
+        except (QueueError, StorageError) as e:
             log.warning("could not expire the record of task group %s: %s", group, e)
     for group, etag in await queue.groups.expired_announcements(timeutil.fmt(before)):
         try:  # which members were announced resolved, once they all have expired
             await queue.groups.drop_announcement(group, etag)
-        except QueueError as e:
+        except (QueueError, StorageError) as e:
             log.warning("could not expire the announcement of task group %s: %s", group, e)
     for group in await queue.groups.expired_records(timeutil.fmt(before), OWNER):
         try:
             await _expire_owner(queue, group, now)
-        except QueueError as e:
+        except (QueueError, StorageError) as e:
             log.warning("could not expire the schedulerId record of task group %s: %s", group, e)
     try:
         gone_workers = await queue.workerinfo.expire(now)
-    except QueueError as e:
+    except (QueueError, StorageError) as e:
         gone_workers = 0
         log.warning("could not expire workers and task queues: %s", e)
     if gone_tasks or gone_artifacts or gone_workers:

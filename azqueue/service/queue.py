@@ -456,7 +456,7 @@ class QueueService:
                 try:
                     change = await self.tasks.modify(task_id, fn, loaded, events.for_change,
                                                      watch.before_write, hold, speculative)
-                except errors.QueueError as e:
+                except (errors.QueueError, errors.StorageError) as e:
                     # A decision refused the change and nothing was written. A storage
                     # failure may have come after the write, though: then the trigger
                     # stays for recovery.

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import make_mocked_request
 
 from azqueue import errors
+from azqueue.api.middleware import error_middleware
 from azqueue.background import every
 from azqueue.config import ConfigError
 from azqueue.devstorage import free_port
@@ -23,7 +27,44 @@ def test_storage_errors_are_one_branch_of_the_tree_and_never_rendered() -> None:
         assert cls is getattr(errors, name)
         assert issubclass(cls, errors.StorageCondition) and not issubclass(cls, errors.QueueError)
     assert storage_errors.StorageError is errors.StorageError
-    assert issubclass(errors.StorageError, errors.QueueError)  # a 500 with an incident id
+
+
+def test_a_storage_failure_is_its_own_branch_and_no_answer_to_a_client() -> None:
+    for cls in (errors.StorageError, errors.StorageUnavailable):
+        assert issubclass(cls, errors.AzqueueError) and not issubclass(cls, errors.QueueError)
+        assert not issubclass(cls, errors.StorageCondition)
+        assert not hasattr(cls("Azure Storage failed"), "status")
+
+
+async def _answer(failure: Exception) -> web.Response:
+    async def handler(request: web.Request) -> web.StreamResponse:
+        raise failure
+
+    response = await error_middleware(make_mocked_request("GET", "/api/queue/v1/ping"), handler)
+    assert isinstance(response, web.Response)
+    return response
+
+
+async def test_the_api_answers_storage_that_stays_unavailable_503_with_retry_after() -> None:
+    response = await _answer(errors.StorageUnavailable("Azure Storage is busy"))
+    assert (response.status, response.headers["Retry-After"]) == (503, "2")
+    assert isinstance(response.body, bytes)
+    body = json.loads(response.body)
+    assert body["code"] == "StorageUnavailable"
+    assert body["message"] == "Azure Storage is busy; retry after 2s"
+
+
+async def test_the_api_answers_an_unexpected_storage_failure_500_with_an_incident(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.ERROR, logger="azqueue.api.middleware"):
+        response = await _answer(errors.StorageError("Azure Storage failed during a read: 400 X"))
+    assert response.status == 500
+    assert isinstance(response.body, bytes)
+    body = json.loads(response.body)
+    assert body["code"] == "InternalServerError"
+    [record] = caplog.records
+    incident = record.getMessage().split()[1].rstrip(":")
+    assert body["message"] == f"Azure Storage failed during a read: 400 X (incident {incident})"
 
 
 def test_a_configuration_mistake_is_not_an_http_error() -> None:
