@@ -34,7 +34,6 @@ request is a bug, answered 500 with an incident id and logged with its traceback
         ├── LengthRequired           411 LengthRequired        an upload without Content-Length
         ├── TooLarge                 413 InputTooLarge
         ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
-        ├── Unsupported              501 NotImplemented        a Queue API method this service lacks
         └── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
 
 Errors raised by the Azure SDK never leave ``azqueue.storage``: ``storage/errors.py``
@@ -189,11 +188,6 @@ class TooLarge(QueueError):
 class ArtifactFailed(QueueError):
     code = "ArtifactError"
     status = 424
-
-
-class Unsupported(QueueError):
-    code = "NotImplemented"
-    status = 501
 
 
 class NotConfigured(QueueError):

@@ -22,7 +22,6 @@ from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
                                 dispatch)
-from azqueue.api.unsupported import refusing_unimplemented
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
 from azqueue.service.wiring import open_services
@@ -104,5 +103,5 @@ def create_app(settings: Settings) -> web.Application:
     dashboard.add_routes(app.router)
     app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.
-    app.router.add_route("*", r"/{tail:[\s\S]*}", refusing_unimplemented(dispatch))
+    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
     return app
