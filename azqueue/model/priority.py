@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+NORMAL = "normal"  # in a task definition: lowest
+
 
 class Priority(StrEnum):
     HIGHEST = "highest"
@@ -16,7 +18,7 @@ class Priority(StrEnum):
 
     @classmethod
     def from_definition(cls, value: str) -> Priority:
-        return cls.LOWEST if value == "normal" else cls(value)
+        return cls.LOWEST if value == NORMAL else cls(value)
 
     @property
     def rank(self) -> int:
@@ -25,3 +27,6 @@ class Priority(StrEnum):
 
 
 ORDER: tuple[Priority, ...] = tuple(Priority)
+
+IN_DEFINITION: tuple[str, ...] = (*(p.value for p in ORDER), NORMAL)
+"""What a task definition's ``priority`` may say."""

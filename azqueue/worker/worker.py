@@ -37,7 +37,6 @@ import asyncio
 import contextlib
 import logging
 import random
-import re
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -49,6 +48,7 @@ from typing import Any, BinaryIO, Literal
 import aiohttp
 import taskcluster.aio
 
+from azqueue.model.identifiers import TASK_QUEUE_ID
 from azqueue.worker import client, errors
 from azqueue.worker.client import Credentials
 from azqueue.worker.sas import SasSource
@@ -63,7 +63,6 @@ FATAL_STATUSES = frozenset({400, 401, 403, 404})
 CLAIM_WORK = "claimWork"  # the key of ``Worker.requests`` counting claimWork calls
 
 Mode = Literal["sas", "claim-work"]
-TASK_QUEUE_ID = re.compile(r"[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}")
 
 
 class WorkerState(StrEnum):

@@ -1,0 +1,16 @@
+"""The names the Queue API gives workers and task queues, as Taskcluster's schemas define
+them: ``provisionerId``, ``workerType``, ``workerGroup`` and ``workerId`` are 1-38 of
+``[a-zA-Z0-9_-]``; a ``taskQueueId`` is ``<provisionerId>/<workerType>``.
+
+The JSON schemas served to clients (``api/schemas``) state the same patterns in their own
+words; a unit test checks that they agree with these.
+"""
+
+from __future__ import annotations
+
+import re
+
+_PART = r"[a-zA-Z0-9_-]{1,38}"
+
+IDENTIFIER = re.compile(rf"^{_PART}$")
+TASK_QUEUE_ID = re.compile(rf"^{_PART}/{_PART}$")

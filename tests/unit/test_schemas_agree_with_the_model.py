@@ -1,0 +1,51 @@
+"""The JSON schemas served to clients state the task queue and worker name patterns and
+the priorities in their own words; azqueue's code reads them from ``azqueue.model``
+only. Each statement in a schema is the model's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from azqueue.api.validation import schema, schema_names
+from azqueue.model.identifiers import IDENTIFIER, TASK_QUEUE_ID
+from azqueue.model.priority import IN_DEFINITION, NORMAL, ORDER, Priority
+
+def _nodes(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every object of a schema, with the key it is under ('' at the top and in lists)."""
+    stack: list[tuple[str, Any]] = [("", node)]
+    while stack:
+        key, node = stack.pop()
+        if isinstance(node, dict):
+            yield key, node
+            stack += list(node.items())
+        elif isinstance(node, list):
+            stack += [("", item) for item in node]
+
+
+def test_each_task_queue_and_worker_name_pattern_of_the_schemas_is_the_models() -> None:
+    found = 0
+    for name in schema_names():
+        for key, node in _nodes(schema(name)):
+            pattern = node.get("pattern")
+            if not isinstance(pattern, str) or "{1,38}" not in pattern:
+                continue
+            found += 1
+            expected = TASK_QUEUE_ID if "/" in pattern else IDENTIFIER
+            assert pattern == expected.pattern, (name, key)
+    assert found >= 8
+
+
+def test_each_priority_list_of_the_schemas_is_the_models() -> None:
+    values = [p.value for p in ORDER]
+    assert values == [p.value for p in Priority]
+    assert IN_DEFINITION == (*values, NORMAL)
+    found = []
+    for name in schema_names():
+        for _, node in _nodes(schema(name)):
+            enum = node.get("enum")
+            if isinstance(enum, list) and "lowest" in enum:
+                assert enum in (values, list(IN_DEFINITION)), name
+                found.append(name)
+    assert sorted(set(found)) == ["change-task-priority-request.json",
+                                  "task-definition-request.json", "task-messages.json"]
