@@ -22,7 +22,9 @@ from azqueue.testing.background import BackgroundLoop
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.worker import client
 from azqueue.worker.client import Credentials
-from azqueue.worker.worker import Handler, Worker, WorkerConfig
+from azqueue.worker.config import WorkerConfig
+from azqueue.worker.run import Handler
+from azqueue.worker.worker import Worker
 
 if TYPE_CHECKING:
     import taskcluster

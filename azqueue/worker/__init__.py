@@ -8,7 +8,9 @@ from azqueue.worker.errors import (
     ResourceUnavailable,
     TaskFailed,
 )
-from azqueue.worker.worker import TaskRun, Worker, WorkerConfig, WorkerState
+from azqueue.worker.config import WorkerConfig
+from azqueue.worker.run import TaskRun
+from azqueue.worker.worker import Worker, WorkerState
 
 __all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "QueueRefused", "ResourceUnavailable",
            "TaskFailed", "TaskRun", "Worker", "WorkerConfig", "WorkerState"]

@@ -40,7 +40,7 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 
 from azqueue.worker import client
-from azqueue.worker.worker import TaskRun
+from azqueue.worker.run import TaskRun
 
 log = logging.getLogger(__name__)
 

@@ -38,7 +38,7 @@ from typing import Any
 
 from azqueue.worker.errors import InternalError, MalformedPayload, TaskFailed
 from azqueue.worker.livelog import LiveLog, LogNotWritten
-from azqueue.worker.worker import TaskRun
+from azqueue.worker.run import TaskRun
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ loop until ``stop()``; every wait in the loop is bounded, so stopping takes seco
   capacity (document 001's remark on multiple messages).
 * Work comes from SAS URLs (``mode="sas"``, documents 000/001; see ``azqueue.worker.sas``
   for the order of polls and the sleeps between empty passes) or from claimWork
-  (``mode="claim-work"``, document 003).
+  (``mode="claim-work"``, document 003; ``azqueue.worker.claimwork``).
 * Each task is reclaimed ``reclaim_margin`` seconds before ``takenUntil`` with its own
   credentials, which are then swapped for the new ones. A 409 on reclaim cancels the
   handler at once and forgets the task: no artifacts, no report (document 003).
@@ -40,29 +40,29 @@ import random
 import signal
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any, BinaryIO, Literal
+from typing import Any
 
 import aiohttp
-import taskcluster.aio
 
-from azqueue.model.identifiers import TASK_QUEUE_ID
 from azqueue.worker import client, errors
+from azqueue.worker.claimwork import ClaimWorkSource
 from azqueue.worker.client import Credentials
+from azqueue.worker.config import WorkerConfig
+from azqueue.worker.run import Handler, TaskRun
 from azqueue.worker.sas import SasSource
+
+# ``WorkerConfig``, ``TaskRun`` and ``Handler`` live in modules of their own and are
+# importable from here too.
+__all__ = ["Handler", "TaskRun", "Worker", "WorkerConfig", "WorkerState"]
 
 log = logging.getLogger(__name__)
 
-CLAIM_WORK_TIMEOUT = 25.0
 SLOT_WAIT = 1.0
 MAX_RETRY_SLEEP = 30.0
 # Answers to a request for work that no retry can change.
 FATAL_STATUSES = frozenset({400, 401, 403, 404})
-CLAIM_WORK = "claimWork"  # the key of ``Worker.requests`` counting claimWork calls
-
-Mode = Literal["sas", "claim-work"]
 
 
 class WorkerState(StrEnum):
@@ -72,148 +72,6 @@ class WorkerState(StrEnum):
     RUNNING = "running"
     STOPPING = "stopping"
     STOPPED = "stopped"
-
-
-@dataclass(frozen=True, slots=True)
-class WorkerConfig:
-    """What a ``Worker`` is and how it gets work.
-
-    :param root_url: the queue's rootUrl, e.g. ``http://127.0.0.1:8080``.
-    :param credentials: the worker's own credentials (scopes: claim-task or claim-work
-        on the task queue, ``queue:worker-id:<workerGroup>/<workerId>``, and
-        ``queue:poll-task-urls:<taskQueueId>`` in ``sas`` mode); None for anonymous.
-    :param task_queue_id: ``<provisionerId>/<workerType>``.
-    :param worker_group: the ``workerGroup`` the worker claims as.
-    :param worker_id: the ``workerId`` the worker claims as, unique in its group.
-    :param capacity: how many tasks run at once, 1–32 (the most one Azure poll returns),
-        default 1. The worker asks for exactly its free capacity.
-    :param mode: ``"claim-work"`` (default): long-poll claimWork; ``"sas"``: poll the
-        Azure queues of pollTaskUrls directly.
-    :param reclaim_margin: seconds before ``takenUntil`` at which a task is reclaimed,
-        default 60 (document 003: "a few minutes prior to expiration" for the default
-        20-minute claims).
-    :param idle_sleep: ``sas`` mode: seconds slept after an empty pass over the queues,
-        default 1 ("sleep a second or so", document 000), with ±25% jitter; doubled
-        after each further empty pass in a row, up to ``max_idle_sleep``.
-    :param max_idle_sleep: ``sas`` mode: the longest sleep between empty passes (on
-        average; ±25% jitter), default 5. An idle worker asks the queue which queues
-        hold tips once per pass (no Azure request when none does; seven per pass without
-        ``hints``); a task created while it sleeps waits up to 1.25 × ``max_idle_sleep``
-        seconds for it.
-    :param priority_recheck: ``sas`` mode: a worker that keeps finding work in one queue
-        keeps polling that queue, and goes back to the top of the list (highest priority
-        first) when that queue is empty or when its last pass from the top is this many
-        seconds old, default 5. So a higher-priority task waits at most this much longer
-        for this worker than if every poll started at the top; with W workers sticky on
-        a lower queue, about ``priority_recheck / (W + 1)`` seconds on average. The
-        default equals ``max_idle_sleep``: a higher-priority task waits about as long
-        for busy workers as any task may wait for idle ones.
-    :param hints: ``sas`` mode: every pass from the top first asks the queue which of
-        the seven queues hold visible tips (pollTaskUrls with ``?pending=true``, answered
-        from a sample at most 2 s old that all the queue's workers share) and polls only
-        those, default True. False: every pass polls the queues in order until one has
-        work (six empty polls per recheck at a ``lowest`` backlog).
-    :param status_interval: seconds between two reads of each running task's status,
-        default 10 (with ±10% jitter): a run canceled or resolved by someone else stops
-        its handler that much later at most (plus the time of one status call). It
-        costs one ``status`` call per running task per interval; the call is made
-        without credentials (anonymous ``queue:status:*``, as in Taskcluster), with the
-        worker's own when that is refused.
-    :param log_interval: seconds between two appends of a running command's new output
-        to its live log (``azqueue.worker.shell``), default 2: readers see output that
-        much later at most. Only an interval with new output costs a request (one Append
-        Block per 4 MiB).
-    """
-
-    root_url: str
-    credentials: Credentials | None
-    task_queue_id: str
-    worker_group: str
-    worker_id: str
-    capacity: int = 1
-    mode: Mode = "claim-work"
-    reclaim_margin: float = 60.0
-    idle_sleep: float = 1.0
-    max_idle_sleep: float = 5.0
-    priority_recheck: float = 5.0
-    hints: bool = True
-    status_interval: float = 10.0
-    log_interval: float = 2.0
-
-    def __post_init__(self) -> None:
-        if not TASK_QUEUE_ID.fullmatch(self.task_queue_id):
-            raise ValueError(f"task_queue_id must be <provisionerId>/<workerType>, each 1-38 "
-                             f"letters, digits, - or _; not {self.task_queue_id!r}")
-        if self.mode not in ("sas", "claim-work"):
-            raise ValueError(f"mode must be 'sas' or 'claim-work', not {self.mode!r}")
-        if not 1 <= self.capacity <= 32:
-            raise ValueError(f"capacity must be 1-32, not {self.capacity}")
-        if self.reclaim_margin < 0:
-            raise ValueError(f"reclaim_margin must be 0 or more seconds, not {self.reclaim_margin}")
-        if not 0 < self.idle_sleep <= self.max_idle_sleep:
-            raise ValueError(f"idle_sleep ({self.idle_sleep}) must be over 0 and at most "
-                             f"max_idle_sleep ({self.max_idle_sleep})")
-        if self.status_interval <= 0:
-            raise ValueError(f"status_interval must be over 0 seconds, not "
-                             f"{self.status_interval}")
-        if self.log_interval <= 0:
-            raise ValueError(f"log_interval must be over 0 seconds, not {self.log_interval}")
-        if self.priority_recheck <= 0:
-            raise ValueError(f"priority_recheck must be over 0 seconds, not "
-                             f"{self.priority_recheck}")
-
-
-@dataclass(slots=True)
-class TaskRun:
-    """One claimed run, as a handler sees it.
-
-    ``task`` is the task definition and ``payload`` its payload; ``queue`` is a client
-    with the run's temporary credentials, swapped for new ones at every reclaim;
-    ``upload_artifact`` creates, uploads and finishes a blob artifact; ``log_interval``
-    is the worker's (seconds between appends to a live log). ``lost`` becomes
-    True when the run is no longer this worker's (a reclaim answered 409, or its status
-    shows it resolved by someone else; ``lost_because`` says which): the handler is
-    then cancelled.
-    """
-
-    task_id: str
-    run_id: int
-    task: dict[str, Any]
-    taken_until: datetime
-    credentials: Credentials
-    root_url: str
-    session: aiohttp.ClientSession
-    log_interval: float = 2.0
-    lost: bool = False
-    lost_because: str = ""
-
-    def lose(self, because: str) -> None:
-        self.lost, self.lost_because = True, because
-
-    @property
-    def payload(self) -> dict[str, Any]:
-        payload: dict[str, Any] = self.task.get("payload", {})
-        return payload
-
-    @property
-    def queue(self) -> taskcluster.aio.Queue:
-        """A queue client with the task's current temporary credentials."""
-        return client.queue(self.root_url, self.credentials, self.session)
-
-    async def upload_artifact(self, name: str, data: bytes | BinaryIO,
-                              content_type: str) -> None:
-        """A blob artifact expiring with the task: created, PUT, finished. ``data`` may be
-        an open file (read from its current position): it is streamed in chunks, never
-        held whole in memory."""
-        made = await self.queue.createArtifact(self.task_id, self.run_id, name, {
-            "storageType": "blob", "expires": self.task["expires"], "contentType": content_type})
-        async with self.session.put(made["putUrl"], data=data, headers=made["headers"]) as r:
-            if r.status not in (200, 201):
-                raise RuntimeError(f"uploading {name} answered {r.status}: {await r.text()}")
-        await self.queue.finishArtifact(self.task_id, self.run_id, name, {})
-
-
-Handler = Callable[[TaskRun], Awaitable[None]]
 
 
 class Worker:
@@ -344,35 +202,17 @@ class Worker:
 
     def _source(self, session: aiohttp.ClientSession) -> Callable[[int], Awaitable[list[Any]]]:
         c = self.config
+        source: SasSource | ClaimWorkSource
         if c.mode == "sas":
-            sas = SasSource(session, c.root_url, c.credentials, c.task_queue_id,
-                            c.worker_group, c.worker_id, c.idle_sleep,
-                            max_idle_sleep=c.max_idle_sleep,
-                            priority_recheck=c.priority_recheck, hints=c.hints,
-                            requests=self.requests)
-            return lambda n: sas.get(n, self._stop)
-        queue = client.queue(c.root_url, c.credentials, session)
-
-        async def claim_work(n: int) -> list[Any]:
-            """Up to ``n`` claims: document 003's ``tasks``, "the number of tasks it is
-            willing to process", is the free capacity."""
-            self.requests[CLAIM_WORK] += 1
-            call = asyncio.ensure_future(queue.claimWork(c.task_queue_id, {
-                "workerGroup": c.worker_group, "workerId": c.worker_id, "tasks": n}))
-            stop = asyncio.ensure_future(self._stop.wait())
-            done, _ = await asyncio.wait({call, stop}, timeout=CLAIM_WORK_TIMEOUT,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            stop.cancel()
-            if call not in done:
-                # Stopping (or stuck): give up the call. A task the server claimed for us
-                # just now expires and is retried; one answered while we gave up is run.
-                call.cancel()
-                await asyncio.wait({call})
-                if call.cancelled():
-                    return []
-            return list(call.result()["tasks"])
-
-        return claim_work
+            source = SasSource(session, c.root_url, c.credentials, c.task_queue_id,
+                               c.worker_group, c.worker_id, c.idle_sleep,
+                               max_idle_sleep=c.max_idle_sleep,
+                               priority_recheck=c.priority_recheck, hints=c.hints,
+                               requests=self.requests)
+        else:
+            source = ClaimWorkSource(session, c.root_url, c.credentials, c.task_queue_id,
+                                     c.worker_group, c.worker_id, requests=self.requests)
+        return lambda n: source.get(n, self._stop)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):
