@@ -7,65 +7,19 @@ the claim resolver must watch), ``dependencies``, ``workers`` (worker records an
 quarantine); the claim credentials are in
 ``model.taskcreds``. ``QueueService`` is what the API and the resolvers hold.
 
-Azure queue invariants (what must exist for which state, and why extra is harmless):
-
-* A **pending** run ``r`` has at least one tip ``{taskId, r}`` in its pending queue,
-  visible now or within a bounded time (a poll's visibility timeout). createTask puts
-  run 0's tip *before* inserting the task, and records its messageId in the same
-  transaction as the task: a createTask that dies in between leaves a tip of no task
-  (a claim answers 404 and the worker deletes it), never a task without a tip. A claim
-  waits up to ``claims.TIP_WAIT`` for the task; a task stored later than half that after
-  its tip gets another tip. A repeated createTask of a pending run 0 adds a tip again.
-  What a request that dies part-way leaves without a tip, the task's deadline message
-  (first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
-* A **running** run ``r`` claimed with a tip owns that message, rewritten to
-  ``{taskId, r + 1}`` and invisible until ``takenUntil``; the task entity itself holds
-  the messageId and the current pop receipt (``held``), written with the claim.
-  reclaimTask pushes the invisibility out; if nobody reclaims, the message reappears
-  exactly when the claim expires and whoever claims ``r + 1`` first resolves ``r`` as
-  claim-expired. The claim resolver expires the claims nobody polls for, from the claim
-  index (``claimindex``).
-* When run ``r`` is resolved, the write that resolves it clears ``held`` and ``settle``
-  fixes its message: made visible at once when the retry ``r + 1`` is pending (its text
-  already says ``r + 1``), deleted otherwise; a fresh tip is queued when the old one
-  cannot be used, unless the retry is claimed meanwhile (a worker's poll took the
-  message, which says ``r + 1``: ``RETRY_TIP_WAIT``). If the process dies before
-  ``settle``, the message reappears at ``takenUntil`` and serves the retry then (or
-  answers 409 and is deleted).
-* Duplicate and stale tips are harmless: a claim is decided by the Task entity alone
-  (conditional on its ETag), and a tip for a run that cannot be claimed answers 4xx,
-  upon which the worker deletes it.
-* Every message put with a tip is recorded (row ``tip:<messageId>`` in the task's
-  partition, read with the task in one request), and a worker's claim must name such a
-  message: a worker that pairs a tip with another message it holds is refused before
-  that message is touched. A rewrite keeps the messageId, so the record holds for
-  ``r + 1`` too.
-* A tip is claimable only in its task's own task queue: its signature covers the task
-  queue it was put for, claimWork claims only tasks of the task queue it polled, and
-  claimTask checks the caller's scopes for the task's queue on the task's first read. So
-  the tip a refused createTask put in the queue it named (it is dropped, but a poll may
-  take it first) serves nobody there, and the poller's refused claim deletes it.
-* An **unscheduled** task (waiting for dependencies, see ``dependencies``) has no tip;
-  it gets one when it is scheduled.
-* A task's tips live in the queue of its current priority. changeTaskPriority queues a
-  pending run's tip in the new priority's queue; the old tip is stale and harmless (a
-  claim rewrites the message in the task's current queue, finds none there and answers
-  400). A running run keeps its message where it is; ``settle`` gives its retry a fresh
-  tip rather than releasing a message from another priority's queue.
-* A decision may start from this process's copy of the task (``cache``), but only a
-  conditional write that succeeds makes it count; refusals are decided on a fresh read.
+The Azure queue invariants (which message must exist for which task state) are written
+in ``tips``; ``changes`` holds the shared core of every change and ``settle``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from azqueue import errors, metrics
+from azqueue import errors
 from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
 from azqueue.model import credentials, events
@@ -77,11 +31,14 @@ from azqueue.model.priority import ORDER
 from azqueue.model.tip import TipSigner
 from azqueue.service import paging
 from azqueue.service.cache import TaskCache
+from azqueue.service.changes import Changes
 from azqueue.service.claimindex import ClaimIndex
 from azqueue.service.claims import TIP_WAIT, Claims, TipClaim
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.hints import PendingHints
 from azqueue.service.resolution import Resolution
+from azqueue.service.tips import Tips
+from azqueue.service.waiting import Waiting
 from azqueue.service.workclaimer import WorkClaimer
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
@@ -108,9 +65,6 @@ log = logging.getLogger(__name__)
 
 # How long before the SAS URLs' reported expiry they actually stop working.
 SAS_SLACK = timedelta(minutes=5)
-# How long a resolution whose run's message was taken by a poll waits for the retry to be
-# claimed with it before queuing the retry another tip.
-RETRY_TIP_WAIT = timedelta(seconds=10)
 
 
 class QueueService:
@@ -142,9 +96,14 @@ class QueueService:
             self.tasks, DependentStore(account), self.queues, account.queue_name("dependencies"),
             timedelta(seconds=settings.dependencies_recovery_delay), self._schedule)
         self.index = ClaimIndex(ClaimStore(account), self.tasks, self.claim_timeout)
+        self.waiting = Waiting()
+        self.tips = Tips(self.signer, self.queues, self.pending, self.hints, self.tasks,
+                         self.waiting)
+        self.changes = Changes(self.tasks, outbox, self.dependencies, self.cache, self.queues,
+                               self.tips, self.index, settings.crash_after_commit)
         self.claims = Claims(self)
         self.workerinfo = WorkerInfo(WorkerStore(account), TaskQueueStore(account))
-        self.work = WorkClaimer(self)
+        self.work = WorkClaimer(self, self.waiting)
         self.resolution = Resolution(self)
 
     async def setup(self) -> None:
@@ -222,9 +181,7 @@ class QueueService:
                         task_id, loop.time() - tip_visible)
             await self.queue_tip(stored, 0)
         if stored is not None:
-            self.cache.put(stored)
-            metrics.count_change(None, task)
-            self._fault_point()
+            self.changes.inserted(stored)
             self.workerinfo.task_queue_active(task.task_queue_id)
         if self.outbox is not None and trigger is not None:
             # Published before a worker can claim the task (a claim waits for the task
@@ -241,7 +198,7 @@ class QueueService:
             await self.dependencies.drop(defining)
             return (await self.tasks.get(task_id)).status()
         if tip is not None:
-            self.work.offer(task, tip)
+            self.tips.hand_over(task, tip)
         return task.status()
 
     async def _defined_before(self, stored: Stored, definition: dict[str, Any],
@@ -260,8 +217,7 @@ class QueueService:
         pending = last is not None and last.state is RunState.PENDING
         if tip is not None and pending and last is not None and last.run_id == 0 and \
                 len(stored.tips) < MAX_TIPS:
-            await self.tasks.record_tip(existing.task_id, tip.message_id)
-            self.work.offer(existing, tip)
+            await self.tips.record(existing, tip)
             return existing.status()
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
@@ -361,118 +317,20 @@ class QueueService:
         return None
 
     async def _put_tip(self, task: Task, run_id: int) -> Message:
-        name = await self.pending.ensure(task.task_queue_id, task.priority)
-        message = await self.queues.put(name, self.signer.tip(task.task_queue_id, task.task_id, run_id).encode())
-        self.hints.tip_visible(task.task_queue_id, task.priority)
-        return message
+        return await self.tips.put(task, run_id)
 
     async def queue_tip(self, stored: Stored, run_id: int) -> None:
-        """Put a tip for run ``run_id`` of a stored task and record its messageId, so that
-        a claim can tell the task's own messages from others. A task with ``MAX_TIPS``
-        records gets no more (its entity would outgrow Azure's 252 properties)."""
-        task = stored.task
-        if len(stored.tips) >= MAX_TIPS:
-            log.warning("task %s has %d tips recorded: not queuing another for run %d",
-                        task.task_id, len(stored.tips), run_id)
-            return
-        message = await self._put_tip(task, run_id)
-        await self.tasks.record_tip(task.task_id, message.message_id)
-        self.work.offer(task, message)
+        await self.tips.queue(stored, run_id)
 
     # -- changes ---------------------------------------------------------------------
 
     async def change(self, task_id: str, fn: Callable[[Task], Task],
                      loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,
                      speculative: bool = False) -> Change:
-        """``tasks.modify`` with the change's events written to the outbox and published,
-        a resolution passed on to the tasks that depend on this one, and this process's
-        copy of the task kept up to date."""
-        watch = self.dependencies.watch(task_id)
-        try:
-            if self.outbox is None:
-                change = await self.tasks.modify(task_id, fn, loaded, None, watch.before_write,
-                                                 hold, speculative)
-                if change.changed:
-                    self._fault_point()
-            else:
-                trigger = await self.outbox.begin(task_id)
-                try:
-                    change = await self.tasks.modify(task_id, fn, loaded, events.for_change,
-                                                     watch.before_write, hold, speculative)
-                except errors.QueueError as e:
-                    # A decision refused the change and nothing was written. A storage
-                    # failure may have come after the write, though: then the trigger
-                    # stays for recovery.
-                    if not isinstance(e, errors.StorageError):
-                        await self.outbox.discard(trigger)
-                    raise
-                if change.changed:
-                    self._fault_point()
-                # With no change, this publishes what an earlier change may have left
-                # behind (one whose answer was lost after it was stored).
-                await self.outbox.finish(task_id, trigger)
-        except BaseException:
-            self.cache.drop(task_id)
-            raise
-        self.cache.put(change.stored)
-        if change.changed:
-            metrics.count_change(change.before, change.after)
-        await watch.after(change.before, change.after)
-        return change
+        return await self.changes.change(task_id, fn, loaded, hold, speculative)
 
     async def settle(self, change: Change, run_id: int) -> None:
-        """Bring run ``run_id``'s message and claim index in line with the resolution that
-        ``change`` wrote; nothing if the change did not resolve it (whoever did settles)."""
-        task = change.after
-        if not change.changed or run_id < 0 or run_id >= len(task.runs) or \
-                not task.runs[run_id].state.resolved or \
-                (run_id < len(change.before.runs) and change.before.runs[run_id].state.resolved):
-            return
-        retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
-        retry_pending = retry is not None and retry.state is RunState.PENDING
-        held = change.held_before
-        tip_ready = False
-        if held is not None and held.run_id == run_id:
-            # A message in another priority's queue than the task's (changeTaskPriority)
-            # cannot serve the retry: it goes, and the retry gets a fresh tip.
-            if retry_pending and held.queue_name == self.pending.name(task.task_queue_id,
-                                                                      task.priority):
-                tip_ready = await self.queues.release(held.queue_name, held.message_id,
-                                                      held.pop_receipt)
-                if tip_ready:
-                    self.hints.tip_visible(task.task_queue_id, task.priority)
-                    self.work.wake(task)
-            else:
-                await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
-        if retry_pending and not tip_ready and not (
-                held is not None and held.run_id == run_id
-                and await self._claimed_soon(task.task_id, run_id + 1)):
-            await self.queue_tip(change.stored, run_id + 1)
-        if run_id < len(change.before.runs) and \
-                change.before.runs[run_id].state is RunState.RUNNING:
-            await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
-
-    async def _claimed_soon(self, task_id: str, run_id: int) -> bool:
-        """Whether pending run ``run_id`` is claimed within ``RETRY_TIP_WAIT``. Asked when
-        the message of the run before could not be released: a poll took it, and the
-        worker who holds it is claiming this run with it (it says ``run_id``), so a new
-        tip would only cost it a refused claim; or it is gone, and the run needs one."""
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + RETRY_TIP_WAIT.total_seconds()
-        while loop.time() < give_up:
-            await asyncio.sleep(0.5)
-            try:
-                runs = (await self.tasks.get(task_id)).runs
-            except errors.NotFound:
-                return True
-            if run_id >= len(runs) or runs[run_id].state is not RunState.PENDING:
-                return True
-        return False
-
-    def _fault_point(self) -> None:
-        if self.settings.crash_after_commit:
-            log.critical("AZQUEUE_TEST_CRASH_AFTER_COMMIT: exiting after a stored change")
-            os._exit(70)
+        await self.changes.settle(change, run_id)
 
     # -- the operations of the components, as the API and the resolvers call them ----
 

@@ -30,16 +30,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from azqueue import errors
 from azqueue.model.priority import ORDER
-from azqueue.model.task import Task
 from azqueue.model.tip import Tip
 from azqueue.service.claims import TipClaim
+from azqueue.service.waiting import Waiter, WaitingQueue, Waiting
 from azqueue.storage.queues import Message
 
 if TYPE_CHECKING:
@@ -61,70 +60,14 @@ HIDDEN_MARGIN = 0.25
 RECHECK = 1.0
 # How often a waiting caller checks that its client is still connected.
 CONNECTED_CHECK = 1.0
-MAX_TASK_QUEUES = 10_000
-
-
-class _Waiter:
-    """One claimWork call waiting for tips."""
-
-    def __init__(self, wanted: int, connected: Callable[[], bool]) -> None:
-        self.wanted = wanted
-        self.connected = connected
-        self.busy = False  # claiming what it was handed: wants nothing more meanwhile
-        self.inbox: list[Message] = []
-        self.arrived = asyncio.Event()
-
-    @property
-    def room(self) -> int:
-        if self.busy or not self.connected():
-            return 0
-        return max(0, self.wanted - len(self.inbox))
-
-    def give(self, message: Message) -> None:
-        self.inbox.append(message)
-        self.arrived.set()
-
-    async def take(self, timeout: float) -> list[Message]:
-        try:
-            await asyncio.wait_for(self.arrived.wait(), timeout)
-        except TimeoutError:
-            pass
-        taken, self.inbox = self.inbox, []
-        self.arrived.clear()
-        return taken
-
-
-class _TaskQueue:
-    """The waiters of one task queue in this process, and its poller."""
-
-    def __init__(self) -> None:
-        self.waiters: deque[_Waiter] = deque()
-        self.poller: asyncio.Task[None] | None = None
-        self.wake = asyncio.Event()
-        self.start_rank = 0
-        self.recheck_at = 0.0
-        self.found_nothing_at = float("-inf")  # when a round from the top last found nothing
-        # When tips hidden by a receive whose answer was lost should be visible again.
-        self.hidden_until = float("-inf")
-
-    def demand(self) -> int:
-        return sum(w.room for w in self.waiters)
-
-    def hand(self, message: Message) -> bool:
-        """Give ``message`` to the longest-waiting caller with room for it."""
-        for waiter in self.waiters:
-            if waiter.room > 0:
-                waiter.give(message)
-                return True
-        return False
 
 
 class WorkClaimer:
     """claimWork for this process: waiting callers, one poller per task queue, hand-over."""
 
-    def __init__(self, core: QueueService) -> None:
+    def __init__(self, core: QueueService, waiting: Waiting) -> None:
         self.core = core
-        self._queues: dict[str, _TaskQueue] = {}
+        self.waiting = waiting
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
@@ -139,8 +82,8 @@ class WorkClaimer:
             return []
         for priority in ORDER:
             await self.core.pending.ensure(task_queue_id, priority)
-        tq = self._queues.get(task_queue_id) or self._task_queue(task_queue_id)
-        waiter = _Waiter(count, connected)
+        tq = self.waiting.entry(task_queue_id)
+        waiter = Waiter(count, connected)
         tq.waiters.append(waiter)
         self._poll(task_queue_id, tq)
         claims: list[dict[str, Any]] = []
@@ -168,28 +111,7 @@ class WorkClaimer:
                            [(c["status"]["taskId"], c["runId"]) for c in claims])
         return claims
 
-    def _task_queue(self, task_queue_id: str) -> _TaskQueue:
-        """A new entry; kept when its callers leave (it remembers when its queues were
-        found empty), but at most ``MAX_TASK_QUEUES`` idle ones."""
-        if len(self._queues) >= MAX_TASK_QUEUES:
-            for name in [n for n, q in self._queues.items() if not q.waiters and q.poller is None]:
-                del self._queues[name]
-        tq = self._queues[task_queue_id] = _TaskQueue()
-        return tq
-
-    def offer(self, task: Task, message: Message) -> None:
-        """A tip was just put for ``task``: hand it to a caller waiting here, if any."""
-        tq = self._queues.get(task.task_queue_id)
-        if tq is not None:
-            tq.hand(message)
-
-    def wake(self, task: Task) -> None:
-        """A tip of ``task`` became visible again: have the poller look now."""
-        tq = self._queues.get(task.task_queue_id)
-        if tq is not None:
-            tq.wake.set()
-
-    async def _pass_on(self, tq: _TaskQueue, message: Message) -> None:
+    async def _pass_on(self, tq: WaitingQueue, message: Message) -> None:
         """A tip handed to a caller that no longer needs it: to another caller, or back."""
         if not tq.hand(message):
             await self._release(message)
@@ -204,7 +126,7 @@ class WorkClaimer:
 
     # -- polling ---------------------------------------------------------------------
 
-    def _poll(self, task_queue_id: str, tq: _TaskQueue) -> None:
+    def _poll(self, task_queue_id: str, tq: WaitingQueue) -> None:
         """A caller came: start the poller, and have it look now unless it found nothing
         less than a poll interval ago (tips put in this process since were handed over;
         others wait for the next round, as they would for a caller already waiting). So
@@ -216,7 +138,7 @@ class WorkClaimer:
         if now - tq.found_nothing_at >= self.core.settings.claim_work_poll_interval:
             tq.wake.set()
 
-    async def _poller(self, task_queue_id: str, tq: _TaskQueue) -> None:
+    async def _poller(self, task_queue_id: str, tq: WaitingQueue) -> None:
         interval = self.core.settings.claim_work_poll_interval
         try:
             while tq.waiters:
@@ -245,7 +167,7 @@ class WorkClaimer:
             if tq.waiters:  # a caller came just as it ended
                 self._poll(task_queue_id, tq)
 
-    async def _receive(self, task_queue_id: str, tq: _TaskQueue, demand: int) -> int:
+    async def _receive(self, task_queue_id: str, tq: WaitingQueue, demand: int) -> int:
         """Receive up to ``demand`` tips, highest priority first, and share them out (all
         at once, so that a caller gets what one round found)."""
         now = asyncio.get_running_loop().time()
