@@ -1,7 +1,8 @@
 """The aiohttp application and the lifecycles it owns.
 
 Cleanup contexts run in registration order and are torn down in reverse: the storage
-account first, then the queue service on it, then the background resolvers.
+account and the services on it first (``service.wiring``), then the background
+resolvers.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
-from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
-                                dispatch)
+from azqueue.api.routes import AUTH_KEY, SERVICES_KEY, STARTED_KEY, dispatch
 from azqueue.api.unsupported import refusing_unimplemented
 from azqueue.background import resolvers
 from azqueue.config import Settings
@@ -34,8 +34,6 @@ MAX_BODY = 2 * 1024 * 1024
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     async with open_services(app[SETTINGS_KEY]) as services:
         app[SERVICES_KEY] = services
-        app[SERVICE_KEY] = services.queue
-        app[ARTIFACTS_KEY] = services.artifacts
         yield
 
 
@@ -76,7 +74,7 @@ def create_app(settings: Settings) -> web.Application:
     app.cleanup_ctx.append(_service_ctx)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
-    app.router.add_get(METRICS_PATH, serve_metrics)
+    app.router.add_get(METRICS_PATH, serve_metrics(lambda: app.get(SERVICES_KEY)))
     dashboard.add_routes(app.router)
     app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 
 from azqueue import errors, metrics
@@ -36,23 +37,21 @@ log = logging.getLogger(__name__)
 RETRY_TIP_WAIT = timedelta(seconds=10)
 
 
+@dataclass(frozen=True, slots=True)
 class Changes:
     """Writing a task's changes, and settling its runs' messages after them.
 
     ``crash_after_commit`` (a test setting) exits the process right after each stored
     change, to test what a replica that dies there leaves."""
 
-    def __init__(self, tasks: TaskStore, outbox: Outbox | None, dependencies: Dependencies,
-                 cache: TaskCache, queues: Queues, tips: Tips, index: ClaimIndex,
-                 crash_after_commit: bool = False) -> None:
-        self.tasks = tasks
-        self.outbox = outbox
-        self.dependencies = dependencies
-        self.cache = cache
-        self.queues = queues
-        self.tips = tips
-        self.index = index
-        self.crash_after_commit = crash_after_commit
+    tasks: TaskStore
+    outbox: Outbox | None
+    dependencies: Dependencies
+    cache: TaskCache
+    queues: Queues
+    tips: Tips
+    index: ClaimIndex
+    crash_after_commit: bool = False
 
     async def change(self, task_id: str, fn: Callable[[Task], Task],
                      loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,

@@ -22,7 +22,11 @@ from datetime import datetime, timedelta
 from azqueue.errors import QueueError
 from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
-from azqueue.service.queue import QueueService
+from azqueue.service.workers import WorkerInfo
+from azqueue.storage.claims import ClaimStore
+from azqueue.storage.dependents import DependentStore
+from azqueue.storage.groups import GroupStore
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -38,43 +42,54 @@ class Expired:
     workers: int = 0  # workers, task queues and provisioners
 
 
-async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime) -> Expired:
-    """Delete the artifacts and the tasks that expired before ``now - GRACE``."""
-    before = now - GRACE
-    gone_artifacts = 0
-    for artifact in await artifacts.records.expired(before):
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """The expiry resolver's pass. ``claim_store``: the claim index's rows."""
+
+    tasks: TaskStore
+    claim_store: ClaimStore
+    dependents: DependentStore
+    groups: GroupStore
+    workerinfo: WorkerInfo
+    artifacts: ArtifactService
+
+    async def expire(self, now: datetime) -> Expired:
+        """Delete the artifacts and the tasks that expired before ``now - GRACE``."""
+        before = now - GRACE
+        gone_artifacts = 0
+        for artifact in await self.artifacts.records.expired(before):
+            try:
+                if artifact.has_content:
+                    await self.artifacts.blobs.delete(artifact.blob_name)
+                await self.artifacts.records.delete(artifact)
+                gone_artifacts += 1
+            except QueueError as e:
+                log.warning("could not expire artifact %r of %s/%d: %s", artifact.name,
+                            artifact.task_id, artifact.run_id, e)
+        gone_tasks = 0
+        for task in await self.tasks.expired(before):
+            if not task.state.resolved or await self.tasks.outbox(task.task_id):
+                continue
+            try:
+                await self.artifacts.blobs.delete_all(f"{task.task_id}/")
+                await self.claim_store.delete_task(task.task_id)
+                await self.dependents.delete_all(task.task_id)
+                await self.groups.drop(task.definition["taskGroupId"], task.task_id)
+                if await self.tasks.delete_partition(task.task_id):  # the task row last
+                    gone_tasks += 1
+            except QueueError as e:
+                log.warning("could not expire task %s: %s", task.task_id, e)
+        for group in await self.groups.expired_records(timeutil.fmt(before)):
+            try:  # a sealed group's record, once every task it had then has expired
+                await self.groups.drop_record(group)
+            except QueueError as e:
+                log.warning("could not expire the record of task group %s: %s", group, e)
         try:
-            if artifact.has_content:
-                await artifacts.blobs.delete(artifact.blob_name)
-            await artifacts.records.delete(artifact)
-            gone_artifacts += 1
+            gone_workers = await self.workerinfo.expire(now)
         except QueueError as e:
-            log.warning("could not expire artifact %r of %s/%d: %s", artifact.name,
-                        artifact.task_id, artifact.run_id, e)
-    gone_tasks = 0
-    for task in await queue.tasks.expired(before):
-        if not task.state.resolved or await queue.tasks.outbox(task.task_id):
-            continue
-        try:
-            await artifacts.blobs.delete_all(f"{task.task_id}/")
-            await queue.index.store.delete_task(task.task_id)
-            await queue.dependencies.dependents.delete_all(task.task_id)
-            await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
-            if await queue.tasks.delete_partition(task.task_id):  # the task row last
-                gone_tasks += 1
-        except QueueError as e:
-            log.warning("could not expire task %s: %s", task.task_id, e)
-    for group in await queue.groups.expired_records(timeutil.fmt(before)):
-        try:  # a sealed group's record, once every task it had then has expired
-            await queue.groups.drop_record(group)
-        except QueueError as e:
-            log.warning("could not expire the record of task group %s: %s", group, e)
-    try:
-        gone_workers = await queue.workerinfo.expire(now)
-    except QueueError as e:
-        gone_workers = 0
-        log.warning("could not expire workers and task queues: %s", e)
-    if gone_tasks or gone_artifacts or gone_workers:
-        log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
-                 "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
-    return Expired(gone_tasks, gone_artifacts, gone_workers)
+            gone_workers = 0
+            log.warning("could not expire workers and task queues: %s", e)
+        if gone_tasks or gone_artifacts or gone_workers:
+            log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
+                     "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
+        return Expired(gone_tasks, gone_artifacts, gone_workers)

@@ -58,6 +58,7 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 from azqueue.model.task import Task
 from azqueue.model.tip import TipSigner
@@ -69,17 +70,16 @@ from azqueue.storage.tasks import MAX_TIPS, HeldMessage, Stored, TaskStore
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
 class Tips:
     """Putting, recording and handing over the tips of pending runs."""
 
-    def __init__(self, signer: TipSigner, queues: Queues, pending: PendingQueues,
-                 hints: PendingHints, tasks: TaskStore, waiting: Waiting) -> None:
-        self.signer = signer
-        self.queues = queues
-        self.pending = pending
-        self.hints = hints
-        self.tasks = tasks
-        self.waiting = waiting
+    signer: TipSigner
+    queues: Queues
+    pending: PendingQueues
+    hints: PendingHints
+    tasks: TaskStore
+    waiting: Waiting
 
     async def put(self, task: Task, run_id: int) -> Message:
         """Put a tip for run ``run_id`` in the pending queue of the task's priority (made

@@ -1,9 +1,9 @@
 """The work claimer: claimWork, served from one poller per task queue (Taskcluster's
 ``workclaimer``).
 
-A claimWork call registers as a waiter for up to ``tasks`` tips and claims each tip it
-is handed through ``Claims.claim_task``, exactly as a SAS worker would, so these claims
-expire, reclaim and retry like any other. Tips reach waiters two ways:
+A claimWork call registers as a waiter (``waiting``) for up to ``tasks`` tips and claims
+each tip it is handed through ``Claims.claim``, exactly as a SAS worker would, so these
+claims expire, reclaim and retry like any other. Tips reach waiters two ways:
 
 * **Handed over**: a createTask (or anything queuing a tip) in this process gives the
   message it just put, with its pop receipt, to the longest-waiting caller of that task
@@ -31,18 +31,17 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import errors
 from azqueue.model.priority import ORDER
 from azqueue.model.tip import Tip
-from azqueue.service.claims import TipClaim
-from azqueue.service.waiting import Waiter, WaitingQueue, Waiting
-from azqueue.storage.queues import Message
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.service.claims import Claims, TipClaim
+from azqueue.service.waiting import Waiter, Waiting, WaitingQueue
+from azqueue.service.workers import WorkerInfo
+from azqueue.storage.queues import Message, PendingQueues, Queues
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +50,7 @@ log = logging.getLogger(__name__)
 # It is also how long a receive whose answer was lost hides the tips it took, and a
 # caller waiting for them waits that long. A claim that outlives it still holds: the
 # receipt stays valid until another poll receives the tip; if one does, the two claims
-# are decided on the task as any two claims of one run (see ``claims.claim_task``).
+# are decided on the task as any two claims of one run (see ``Claims.claim``).
 CLAIM_WORK_HOLD = timedelta(seconds=2)
 # After a receive whose answer may have been lost, look again this long after its tips
 # should have reappeared (Azure's clock and ours differ by a little).
@@ -62,26 +61,35 @@ RECHECK = 1.0
 CONNECTED_CHECK = 1.0
 
 
+@dataclass(frozen=True, slots=True)
 class WorkClaimer:
-    """claimWork for this process: waiting callers, one poller per task queue, hand-over."""
+    """claimWork for this process: waiting callers, one poller per task queue, hand-over.
 
-    def __init__(self, core: QueueService, waiting: Waiting) -> None:
-        self.core = core
-        self.waiting = waiting
+    ``wait``: how long a call waits for work (``claim_work_wait``);
+    ``poll_interval``: how often a task queue's poller looks while nothing is found
+    (``claim_work_poll_interval``)."""
+
+    queues: Queues
+    pending: PendingQueues
+    claims: Claims
+    workerinfo: WorkerInfo
+    waiting: Waiting
+    wait: float
+    poll_interval: float
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
         """Claim up to ``count`` tasks, waiting up to ``claim_work_wait`` seconds for some."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + self.core.settings.claim_work_wait
-        info = self.core.workerinfo
+        end = loop.time() + self.wait
+        info = self.workerinfo
         if await info.quarantined_until(task_queue_id, worker_group, worker_id) is not None:
             info.worker_active(task_queue_id, worker_group, worker_id)
             while connected() and loop.time() < end:
                 await asyncio.sleep(min(CONNECTED_CHECK, end - loop.time()))
             return []
         for priority in ORDER:
-            await self.core.pending.ensure(task_queue_id, priority)
+            await self.pending.ensure(task_queue_id, priority)
         tq = self.waiting.entry(task_queue_id)
         waiter = Waiter(count, connected)
         tq.waiters.append(waiter)
@@ -118,8 +126,8 @@ class WorkClaimer:
 
     async def _release(self, message: Message) -> None:
         try:
-            await self.core.queues.release(message.queue_name, message.message_id,
-                                           message.pop_receipt)
+            await self.queues.release(message.queue_name, message.message_id,
+                                      message.pop_receipt)
         except errors.StorageError as e:  # it becomes visible by itself when its hold ends
             log.warning("could not release message %s of %s: %s", message.message_id,
                         message.queue_name, e)
@@ -135,11 +143,11 @@ class WorkClaimer:
             tq.poller = asyncio.create_task(self._poller(task_queue_id, tq),
                                             name=f"claimWork poller {task_queue_id}")
         now = asyncio.get_running_loop().time()
-        if now - tq.found_nothing_at >= self.core.settings.claim_work_poll_interval:
+        if now - tq.found_nothing_at >= self.poll_interval:
             tq.wake.set()
 
     async def _poller(self, task_queue_id: str, tq: WaitingQueue) -> None:
-        interval = self.core.settings.claim_work_poll_interval
+        interval = self.poll_interval
         try:
             while tq.waiters:
                 demand = tq.demand()
@@ -175,10 +183,10 @@ class WorkClaimer:
         found: list[Message] = []
         try:
             for priority in ORDER[start:]:
-                name = self.core.pending.name(task_queue_id, priority)
+                name = self.pending.name(task_queue_id, priority)
                 sent = asyncio.get_running_loop().time()
-                got = await self.core.queues.receive_batch(name, CLAIM_WORK_HOLD,
-                                                           limit=min(demand - len(found), 32))
+                got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD,
+                                                      limit=min(demand - len(found), 32))
                 if got.others_hidden:
                     tq.hidden_until = max(tq.hidden_until, sent + HIDDEN_MARGIN +
                                           CLAIM_WORK_HOLD.total_seconds())
@@ -205,7 +213,7 @@ class WorkClaimer:
         """Claim the tip ``message`` carries, received from ``task_queue_id``'s pending
         queues: only a task of that task queue (the caller is authorized for it, no other);
         None (and the tip deleted or released) if not."""
-        queues = self.core.queues
+        queues = self.queues
         try:
             tip = Tip.decode(message.text)
         except ValueError:
@@ -214,7 +222,7 @@ class WorkClaimer:
             await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
             return None
         try:
-            return await self.core.claims.claim_task(
+            return await self.claims.claim(
                 tip.task_id, tip.run_id, worker_group, worker_id,
                 TipClaim(message.message_id, message.pop_receipt, tip.signature),
                 polled_from=task_queue_id)

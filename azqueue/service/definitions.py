@@ -1,14 +1,15 @@
-"""The queue service: task definitions, tips, and the shared core of every state change.
+"""Task definitions: createTask and scheduleTask, and what reads definitions and statuses
+(task, status, listTaskGroup's page of tasks, listDependentTasks).
 
-The operations live in one module per component, all over this core, as Taskcluster's
-queue splits them: ``claims`` (claimTask, reclaimTask), ``workclaimer`` (claimWork),
-``resolution`` (reports, cancel, claim expiry, deadlines), ``claimindex`` (which claims
-the claim resolver must watch), ``dependencies``, ``workers`` (worker records and
-quarantine); the claim credentials are in
-``model.taskcreds``. ``QueueService`` is what the API and the resolvers hold.
-
-The Azure queue invariants (which message must exist for which task state) are written
-in ``tips``; ``changes`` holds the shared core of every change and ``settle``.
+createTask writes, before the task itself and all at once, the task's deadline message
+(which also triggers the tip repair, ``repair``), its task group's member row (a sealed
+group refuses new tasks with 409 first, ``groups``) and run 0's tip (``tips``, where the
+Azure queue invariants are written), so that the tip's record is written in the same
+transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
+first and no tip (``dependencies``). A repeated createTask with the same definition
+finishes what a first attempt that failed may have left undone and answers the same; a
+different definition is 409. scheduleTask, and a dependency resolved, give an unscheduled
+task its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
 """
 
 from __future__ import annotations
@@ -16,113 +17,54 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from azqueue import errors
-from azqueue.config import Settings
 from azqueue.events.outbox import Outbox
-from azqueue.model import credentials, events
 from azqueue.model import definition as definitions
+from azqueue.model import events
 from azqueue.model import task as model
 from azqueue.model import timeutil
-from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.model.priority import ORDER
-from azqueue.model.tip import TipSigner
+from azqueue.model.task import RunState, Task
 from azqueue.service import paging
-from azqueue.service.cache import TaskCache
 from azqueue.service.changes import Changes
-from azqueue.service.claimindex import ClaimIndex
-from azqueue.service.claims import TIP_WAIT, Claims, TipClaim
+from azqueue.service.claims import TIP_WAIT
 from azqueue.service.dependencies import Dependencies, gather_limited
-from azqueue.service.hints import PendingHints
-from azqueue.service.resolution import Resolution
 from azqueue.service.tips import Tips
-from azqueue.service.waiting import Waiting
-from azqueue.service.workclaimer import WorkClaimer
 from azqueue.service.workers import WorkerInfo
-from azqueue.storage.account import StorageAccount
-from azqueue.storage.claims import ClaimRecord, ClaimStore
-from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore
-from azqueue.storage.queues import Message, PendingQueues, Queues, encode_json
-from azqueue.storage.tasks import (
-    KEEP,
-    MAX_DEFINITION_CHARS,
-    MAX_TIPS,
-    Change,
-    HeldMessage,
-    Keep,
-    Stored,
-    TaskStore,
-    definition_size,
-)
-from azqueue.storage.workers import TaskQueueStore, WorkerStore
-
-__all__ = ["QueueService", "TipClaim"]
+from azqueue.storage.queues import Message, Queues, encode_json
+from azqueue.storage.tasks import (MAX_DEFINITION_CHARS, MAX_TIPS, Stored, TaskStore,
+                                   definition_size)
 
 log = logging.getLogger(__name__)
 
-# How long before the SAS URLs' reported expiry they actually stop working.
-SAS_SLACK = timedelta(minutes=5)
 
+@dataclass(frozen=True, slots=True)
+class Definitions:
+    """Defining and scheduling tasks, and reading their definitions and statuses.
 
-class QueueService:
-    """The queue's operations on one storage account, for one process.
+    ``deadline_queue`` is the internal queue of deadline messages, each put to surface
+    first ``repair_delay`` after createTask (the tip repair's look) or at the deadline."""
 
-    Holds the stores, the tip signer, this process's task copies and claimWork waiters,
-    and the components (``claims``, ``work``, ``resolution``, ``index``) that share them.
-    """
-
-    def __init__(self, settings: Settings, account: StorageAccount,
-                 outbox: Outbox | None = None) -> None:
-        self.settings = settings
-        self.outbox = outbox
-        self.account = account
-        self.tasks = TaskStore(account)
-        self.queues = Queues(account)
-        self.pending = PendingQueues(account, self.queues)
-        self.hints = PendingHints(self.queues, self.pending)
-        self.signer = TipSigner(settings.tip_secrets)
-        self.groups = GroupStore(account)
-        self.cache = TaskCache()
-        self.claim_timeout = timedelta(seconds=settings.claim_timeout)
-        # The deadline message first surfaces then, to repair a missing tip (``repair``).
-        self.repair_delay = timedelta(seconds=settings.tip_repair_delay)
-        self.deadline_queue = account.queue_name("deadline")
-        root = settings.root
-        self.issuer = credentials.Principal(root.client_id, root.access_token, root.scopes)
-        self.dependencies = Dependencies(
-            self.tasks, DependentStore(account), self.queues, account.queue_name("dependencies"),
-            timedelta(seconds=settings.dependencies_recovery_delay), self._schedule)
-        self.index = ClaimIndex(ClaimStore(account), self.tasks, self.claim_timeout)
-        self.waiting = Waiting()
-        self.tips = Tips(self.signer, self.queues, self.pending, self.hints, self.tasks,
-                         self.waiting)
-        self.changes = Changes(self.tasks, outbox, self.dependencies, self.cache, self.queues,
-                               self.tips, self.index, settings.crash_after_commit)
-        self.claims = Claims(self)
-        self.workerinfo = WorkerInfo(WorkerStore(account), TaskQueueStore(account))
-        self.work = WorkClaimer(self, self.waiting)
-        self.resolution = Resolution(self)
+    tasks: TaskStore
+    groups: GroupStore
+    queues: Queues
+    deadline_queue: str
+    repair_delay: timedelta
+    dependencies: Dependencies
+    tips: Tips
+    changes: Changes
+    outbox: Outbox | None
+    workerinfo: WorkerInfo
 
     async def setup(self) -> None:
-        """Create the tables and internal queues (idempotent), start the claim index."""
+        """Create the tasks and groups tables and the deadline queue (idempotent)."""
         await self.tasks.ensure()
-        await self.index.store.ensure()
-        await self.workerinfo.setup()
         await self.groups.ensure()
         await self.queues.ensure(self.deadline_queue)
-        await self.dependencies.setup()
-        self.index.start()
-
-    async def close(self) -> None:
-        """Index the claims still running, let in-flight bookkeeping finish (briefly)."""
-        await self.index.close()
-        await self.workerinfo.close()
-        await self.dependencies.close()
-
-    # -- tasks -----------------------------------------------------------------------
 
     async def create_task(self, task_id: str, body: dict[str, Any],
                           authorize: Callable[[dict[str, Any]], None] = lambda d: None
@@ -160,7 +102,7 @@ class QueueService:
 
         async def put_tip() -> Message:
             nonlocal tip_visible
-            message = await self._put_tip(task, 0)
+            message = await self.tips.put(task, 0)
             tip_visible = loop.time()  # a worker may poll it from now on
             return message
 
@@ -179,7 +121,7 @@ class QueueService:
             # worker delete the tip, so the run gets another.
             log.warning("task %s was stored %.1fs after its tip: queuing another",
                         task_id, loop.time() - tip_visible)
-            await self.queue_tip(stored, 0)
+            await self.tips.queue(stored, 0)
         if stored is not None:
             self.changes.inserted(stored)
             self.workerinfo.task_queue_active(task.task_queue_id)
@@ -222,7 +164,7 @@ class QueueService:
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
         if pending and last is not None:
-            await self.queue_tip(stored, last.run_id)
+            await self.tips.queue(stored, last.run_id)
         elif last is None and existing.dependencies:
             await self.dependencies.recheck(existing)
             existing = await self.tasks.get(existing.task_id)
@@ -236,16 +178,16 @@ class QueueService:
         if not loaded.task.runs and timeutil.utcnow() >= loaded.task.deadline:
             raise errors.Conflict(f"task {task_id} passed its deadline "
                                   f"{loaded.task.definition['deadline']} and cannot be scheduled")
-        return (await self._schedule(task_id, loaded, True)).status()
+        return (await self.schedule(task_id, loaded, True)).status()
 
-    async def _schedule(self, task_id: str, loaded: Stored | None, requeue: bool) -> Task:
+    async def schedule(self, task_id: str, loaded: Stored | None, requeue: bool) -> Task:
         """Give an unscheduled task its pending run 0 and queue its tip. With ``requeue``,
         a task that was pending already gets a tip again (the first may have been lost)."""
         now = timeutil.utcnow()
-        change = await self.change(task_id, lambda t: model.schedule(t, now), loaded)
+        change = await self.changes.change(task_id, lambda t: model.schedule(t, now), loaded)
         last = change.after.last_run
         if last is not None and last.state is RunState.PENDING and (change.changed or requeue):
-            await self.queue_tip(change.stored, last.run_id)
+            await self.tips.queue(change.stored, last.run_id)
         return change.after
 
     async def list_task_group(self, task_group_id: str, continuation: str | None,
@@ -293,7 +235,7 @@ class QueueService:
     async def status(self, task_id: str) -> dict[str, Any]:
         return (await self.tasks.get(task_id)).status()
 
-    # -- tips ------------------------------------------------------------------------
+    # -- task groups -----------------------------------------------------------------
 
     async def _add_to_group(self, task: Task) -> None:
         """A member row for the task's group; the group's own task (taskGroupId = its
@@ -315,91 +257,3 @@ class QueueService:
 
     async def _no_tip(self) -> None:
         return None
-
-    async def _put_tip(self, task: Task, run_id: int) -> Message:
-        return await self.tips.put(task, run_id)
-
-    async def queue_tip(self, stored: Stored, run_id: int) -> None:
-        await self.tips.queue(stored, run_id)
-
-    # -- changes ---------------------------------------------------------------------
-
-    async def change(self, task_id: str, fn: Callable[[Task], Task],
-                     loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,
-                     speculative: bool = False) -> Change:
-        return await self.changes.change(task_id, fn, loaded, hold, speculative)
-
-    async def settle(self, change: Change, run_id: int) -> None:
-        await self.changes.settle(change, run_id)
-
-    # -- the operations of the components, as the API and the resolvers call them ----
-
-    async def poll_task_urls(self, provisioner_id: str, worker_type: str,
-                             pending: bool = False) -> dict[str, Any]:
-        """The SAS URLs; with ``pending``, also which queues hold visible tips (``hints``)."""
-        now = timeutil.utcnow()
-        expires = now + timedelta(seconds=self.settings.sas_lifetime)
-        task_queue_id = f"{provisioner_id}/{worker_type}"
-        urls = await self.pending.signed_urls(task_queue_id, start=now - SAS_SLACK,
-                                              expiry=expires + SAS_SLACK)
-        answer: dict[str, Any] = {
-            "expires": timeutil.fmt(expires),
-            "queues": [{"signedPollUrl": u.signed_poll_url,
-                        "signedDeleteUrl": u.signed_delete_url} for u in urls]}
-        if pending and (sample := await self.hints.sample(task_queue_id)) is not None:
-            answer["pending"] = sample.answer(asyncio.get_running_loop().time())
-        return answer
-
-    async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
-                         tip: TipClaim | None = None,
-                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
-        claim = await self.claims.claim_task(task_id, run_id, worker_group, worker_id, tip,
-                                             authorize)
-        self.workerinfo.worker_active(claim["status"]["taskQueueId"], worker_group, worker_id,
-                                      [(task_id, run_id)])
-        return claim
-
-    async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
-        claim = await self.claims.reclaim_task(task_id, run_id)
-        self.workerinfo.worker_active(claim["status"]["taskQueueId"], claim["workerGroup"],
-                                      claim["workerId"])
-        return claim
-
-    async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
-                         count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
-        return await self.work.claim_work(task_queue_id, worker_group, worker_id, count,
-                                          connected)
-
-    async def report(self, task_id: str, run_id: int, state: RunState,
-                     reason: ReasonResolved) -> dict[str, Any]:
-        return await self.resolution.report(task_id, run_id, state, reason)
-
-    async def cancel_task(self, task_id: str,
-                          authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
-        return await self.resolution.cancel_task(task_id, authorize)
-
-    async def expire_claim(self, record: ClaimRecord) -> bool:
-        return await self.resolution.expire_claim(record)
-
-    async def expired_claims(self) -> list[ClaimRecord]:
-        return await self.resolution.expired_claims()
-
-    async def resolve_deadlines(self, invisible_for: timedelta) -> int:
-        return await self.resolution.resolve_deadlines(invisible_for)
-
-    async def check_storage(self) -> None:
-        """Raise unless the Tasks table answers."""
-        try:
-            await self.tasks.get("heartbeat")
-        except errors.NotFound:
-            pass
-
-    async def pending_tips(self, task_queue_id: str) -> dict[str, int]:
-        """Azure's approximate message count of each priority queue of ``task_queue_id``
-        (stale tips included), by priority: seven requests."""
-        names = [self.pending.name(task_queue_id, p) for p in ORDER]
-        counts = await asyncio.gather(*(self.queues.approximate_count(n) for n in names))
-        return {str(p): n for p, n in zip(ORDER, counts)}
-
-    def storage_requests(self) -> dict[str, int]:
-        return dict(self.account.requests)
