@@ -373,7 +373,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     server = await faulty_servers(claim_work_wait=2.0, tip_repair_delay=120.0)  # no repair tip
     task_queue_id = "prov/lapsed"
     task_id = await _create(http, server, task_queue_id)  # before the call: polled, not handed
-    pending = server.service.pending.name(task_queue_id, Priority.LOWEST)
+    pending = server.services.tips.pending.name(task_queue_id, Priority.LOWEST)
     rewrite = proxy.hold("PUT", f"/{pending}/messages/")
     calling = asyncio.create_task(sas.post(
         http, f"{server.api}/claim-work/prov%2Flapsed", {"workerGroup": "wg",
@@ -383,7 +383,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
         urls = await sas.poll_task_urls(http, server.api, "prov", "lapsed")
         queue = urls["queues"][6]
         if order == "nobody else polls":
-            await eventually(lambda: server.service.queues.peek(pending),
+            await eventually(lambda: server.services.tips.queues.peek(pending),
                              what="the tip visible again after the hold")
             rewrite.release()
         else:
@@ -415,7 +415,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     assert code == 200 and [r["state"] for r in done["status"]["runs"]] == ["completed"], done
     # The message went with the run: held by the claim and deleted when it was resolved,
     # or deleted by the worker whose claim was refused.
-    assert await server.service.queues.approximate_count(pending) == 0
+    assert await server.services.tips.queues.approximate_count(pending) == 0
 
 
 @pytest.mark.parametrize("fault", ["timed out", "dropped"])
@@ -428,7 +428,7 @@ async def test_claim_work_looks_again_when_the_tips_a_lost_receive_hid_reappear(
     once they were visible again. (No tip repair meanwhile: it would hand a new tip over.)"""
     server = await faulty_servers(claim_work_poll_interval=60.0, tip_repair_delay=120.0)
     task_id = await _create(http, server, "prov/lostreceive")
-    pending = server.service.pending.name("prov/lostreceive", Priority.LOWEST)
+    pending = server.services.tips.pending.name("prov/lostreceive", Priority.LOWEST)
     proxy.once("GET", f"/{pending}/messages", fault)
     code, answer = await sas.post(http, f"{server.api}/claim-work/prov%2Flostreceive",
                                   {"workerGroup": "wg", "workerId": "cw", "tasks": 1})
