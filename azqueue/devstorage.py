@@ -1,15 +1,20 @@
-"""An embedded Azurite for development and tests: installed on first use, started on
-free ports, stopped on exit."""
+"""An embedded Azurite for development and tests: found or installed on first use (see
+``azurite_bin``), started on free ports, stopped on exit."""
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
 from azqueue.config import ConfigError
@@ -17,7 +22,9 @@ from azqueue.config import ConfigError
 ACCOUNT = "devstoreaccount1"
 # Azurite's well-known development key (public, documented by Microsoft).
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# A checkout's pinned Azurite; a wheel carries a copy of its PIN_FILES in azqueue/azurite/.
 AZURITE_DIR = Path(__file__).resolve().parent.parent / "azurite"
+PIN_FILES = ("package.json", "package-lock.json")
 
 
 def free_port() -> int:
@@ -27,20 +34,101 @@ def free_port() -> int:
 
 
 def azurite_bin() -> Path:
-    """The pinned Azurite, installed with ``npm ci`` into ``azurite/`` if missing."""
+    """The pinned Azurite: ``AZQUEUE_AZURITE_BIN`` if set; in a checkout, ``azurite/``
+    (installed there with ``npm ci`` if missing); otherwise (azqueue installed from a
+    wheel) the per-user cache, ``~/.cache/azqueue/azurite-<version>``, installed there
+    with npm on first use."""
     override = os.environ.get("AZQUEUE_AZURITE_BIN")
     if override:
         return Path(override)
-    binary = AZURITE_DIR / "node_modules" / ".bin" / "azurite"
+    if (AZURITE_DIR / "package-lock.json").exists():
+        return _installed(AZURITE_DIR)
+    pin = pinned_azurite()
+    if pin is None:
+        raise ConfigError("no Azurite: this azqueue has no pinned Azurite version (neither "
+                          f"{AZURITE_DIR} nor the package's own copy exists); reinstall "
+                          "azqueue, or set AZQUEUE_AZURITE_BIN to an azurite executable")
+    return install_into_cache(pin)
+
+
+@dataclass(frozen=True, slots=True)
+class AzuritePin:
+    """The pinned Azurite as shipped in the package: its version, and the ``package.json``
+    and ``package-lock.json`` that ``npm ci`` installs exactly."""
+
+    version: str
+    files: dict[str, bytes]
+
+
+def pinned_azurite(package: Traversable | None = None) -> AzuritePin | None:
+    """The pin copied into the package from ``azurite/`` when the wheel is built (see
+    setup.py); None in a checkout, which uses ``azurite/`` itself."""
+    folder = (package or resources.files("azqueue")) / "azurite"
+    files: dict[str, bytes] = {}
+    for name in PIN_FILES:
+        entry = folder / name
+        if not entry.is_file():
+            return None
+        files[name] = entry.read_bytes()
+    version = json.loads(files["package.json"])["dependencies"]["azurite"]
+    return AzuritePin(str(version), files)
+
+
+def cache_dir(version: str, env: Mapping[str, str] = os.environ) -> Path:
+    """Where the pinned Azurite is installed for this user: ``$XDG_CACHE_HOME/azqueue`` (by
+    default ``~/.cache/azqueue``), one folder per version."""
+    root = Path(env.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return root / "azqueue" / f"azurite-{version}"
+
+
+def npm_command(npm: str, prefix: Path) -> list[str]:
+    """The command that installs the pinned tree (its lock file) into ``prefix``."""
+    return [npm, "ci", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error"]
+
+
+def install_into_cache(pin: AzuritePin, env: Mapping[str, str] = os.environ) -> Path:
+    """The cached Azurite of ``pin``, installed with npm first if missing. Installs run
+    one at a time per user (a lock file) and into a fresh folder renamed into place, so
+    parallel test processes and an interrupted install leave no half-installed tree."""
+    target = cache_dir(pin.version, env)
+    binary = target / "node_modules" / ".bin" / "azurite"
     if binary.exists():
         return binary
-    if not (AZURITE_DIR / "package-lock.json").exists():
-        raise ConfigError(f"no Azurite: {AZURITE_DIR}/package-lock.json is missing; run azqueue "
-                          "from a checkout, or set AZQUEUE_AZURITE_BIN to an azurite executable")
+    npm = shutil.which("npm", path=env.get("PATH"))
+    if npm is None:
+        raise ConfigError(
+            f"Azurite {pin.version} (the storage emulator azqueue runs on) is installed with "
+            "npm on first use, and npm is not on PATH: install Node.js 20 or newer with npm "
+            "(https://nodejs.org, or e.g. `apt install nodejs npm`), or set "
+            "AZQUEUE_AZURITE_BIN to an azurite executable")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".azurite-{pin.version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be installing it now
+        if binary.exists():
+            return binary
+        staging = Path(tempfile.mkdtemp(prefix=f".azurite-{pin.version}-", dir=target.parent))
+        try:
+            for name, content in pin.files.items():
+                (staging / name).write_bytes(content)
+            done = subprocess.run(npm_command(npm, staging), capture_output=True, text=True)
+            if done.returncode != 0:
+                raise ConfigError(f"installing Azurite {pin.version} with npm into {target} "
+                                  f"failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+            staging.rename(target)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return binary
+
+
+def _installed(folder: Path) -> Path:
+    """``folder``'s Azurite (a checkout's ``azurite/``), installed with ``npm ci`` if missing."""
+    binary = folder / "node_modules" / ".bin" / "azurite"
+    if binary.exists():
+        return binary
     npm = shutil.which("npm")
     if npm is None:
         raise ConfigError("Azurite needs Node.js and npm (Node 20 or newer); install them first")
-    subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=AZURITE_DIR,
+    subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder,
                    check=True)
     return binary
 

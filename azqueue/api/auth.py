@@ -60,7 +60,7 @@ class Authenticator:
         self._clients = {c.client_id: Principal(c.client_id, c.access_token, c.scopes)
                          for c in (settings.root, *settings.clients)}
         self._anonymous = Caller(None, settings.anonymous_scopes)
-        self._replays = hawk.ReplayCache()
+        self.replays = hawk.ReplayCache()
         self._default_port = 443 if settings.public_root_url.startswith("https:") else 80
 
     def authenticate(self, *, method: str, target: str, host: str, content_type: str,
@@ -113,7 +113,7 @@ class Authenticator:
         if kind == "header":
             if header.hash and not hawk.equal(hawk.payload_hash(content_type, body), header.hash):
                 raise AuthenticationFailed("the Hawk payload hash does not match the request body")
-            self._replays.check_and_add(header)
+            self.replays.check_and_add(header, now.timestamp())
         held = principal.scopes
         if "authorizedScopes" in ext:
             authorized = ext["authorizedScopes"]

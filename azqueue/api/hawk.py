@@ -2,7 +2,7 @@
 
 The MAC covers ``hawk.1.header``, ts, nonce, method, the raw request target, host, port,
 the payload hash and ``ext``. Unlike Taskcluster we refuse a replayed (id, ts, nonce)
-within the skew window, in this process.
+within the skew window, in this process (``ReplayCache``).
 """
 
 from __future__ import annotations
@@ -10,16 +10,20 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import heapq
 import hmac
 import re
 import time
-from collections import deque
 from dataclasses import dataclass
 from urllib.parse import unquote
 
 from azqueue.errors import AuthenticationFailed
 
 SKEW_SECONDS = 15 * 60
+# Hawk clients send a few random characters (6 for the official clients' libraries).
+MAX_NONCE = 64
+# Requests remembered to refuse their replays (``ReplayCache``), per process.
+MAX_REPLAY_ENTRIES = 100_000
 _ATTR_RE = re.compile(r'\s*(\w+)="([^"\\]*)"\s*(?:,|$)')
 _ALLOWED = {"id", "ts", "nonce", "hash", "ext", "mac", "app", "dlg"}
 
@@ -54,6 +58,9 @@ def parse(value: str) -> HawkHeader:
     missing = [k for k in ("id", "ts", "nonce", "mac") if not attrs.get(k)]
     if missing:
         raise AuthenticationFailed(f"the Hawk header lacks {', '.join(missing)}")
+    if len(attrs["nonce"]) > MAX_NONCE:
+        raise AuthenticationFailed(f"the Hawk `nonce` has {len(attrs['nonce'])} characters; "
+                                   f"use at most {MAX_NONCE}")
     return HawkHeader(**attrs)
 
 
@@ -116,20 +123,42 @@ def _wire(text: str) -> bytes:
 
 
 class ReplayCache:
-    """(id, ts, nonce) seen within the skew window, forgotten after it."""
+    """The (id, ts, nonce) of the requests received within the skew window, to refuse
+    them a second time.
 
-    def __init__(self, window: float = 2 * SKEW_SECONDS) -> None:
+    Only requests whose MAC (and payload hash) verified are remembered, as a SHA-256
+    digest of the three, so an entry's size does not depend on what the client sent. An
+    entry is forgotten once its ``ts`` is out of the skew window (a replay of it is refused
+    for its timestamp then), and there are at most ``max_entries``: when full, the entry
+    closest to its end goes first. Refusing new requests instead would let any client with
+    credentials, whatever its scopes, lock every other client out by filling the cache;
+    dropping one only lets a request sent that long ago be replayed, as Taskcluster itself
+    allows any replay within the skew window. At about 200 bytes an entry, the default cap
+    holds about 20 MB; with clients' clocks in step an entry lives 15 minutes, so a process
+    receiving fewer than 110 requests a second keeps every entry as long as it is needed.
+    """
+
+    def __init__(self, window: float = SKEW_SECONDS, max_entries: int = MAX_REPLAY_ENTRIES
+                 ) -> None:
         self._window = window
-        self._seen: set[tuple[str, str, str]] = set()
-        self._order: deque[tuple[float, tuple[str, str, str]]] = deque()
+        self._max = max_entries
+        self._seen: set[bytes] = set()
+        self._ends: list[tuple[float, bytes]] = []  # (when forgotten, digest): a heap
 
-    def check_and_add(self, h: HawkHeader) -> None:
-        now = time.monotonic()
-        while self._order and self._order[0][0] < now - self._window:
-            self._seen.discard(self._order.popleft()[1])
-        key = (h.id, h.ts, h.nonce)
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def check_and_add(self, h: HawkHeader, now: float | None = None) -> None:
+        """AuthenticationFailed if ``h`` was received before; else remember it. ``now``:
+        seconds since 1970 (the clock ``ts`` is on)."""
+        now = time.time() if now is None else now
+        while self._ends and self._ends[0][0] < now:
+            self._seen.discard(heapq.heappop(self._ends)[1])
+        key = hashlib.sha256(_wire(f"{h.id}\n{h.ts}\n{h.nonce}")).digest()
         if key in self._seen:
             raise AuthenticationFailed("this request was already received (same id, ts and "
                                        "nonce): replayed requests are refused")
+        if len(self._ends) >= self._max:
+            self._seen.discard(heapq.heappop(self._ends)[1])
         self._seen.add(key)
-        self._order.append((now, key))
+        heapq.heappush(self._ends, (int(h.ts) + self._window, key))

@@ -46,6 +46,20 @@ MAX_ARTIFACT_NAME = 1024
 # listTaskGroup and listDependentTasks load each task: a smaller page unless `limit` asks.
 LIST_PAGE = 100
 
+# What one anonymous request may cost: at most 100 storage requests. The listings that
+# read each task they list (listTaskGroup, listDependentTasks, tasks, statuses,
+# listPendingTasks, listClaimedTasks) give anonymous callers at most ANONYMOUS_PAGE
+# entries a page, whatever `limit` asks (a smaller page is legal: the continuationToken
+# says where to go on), and taskQueueCountsBatch counts at most ANONYMOUS_COUNTS task
+# queues for them (7 to 14 requests each). Besides the bound come costs that grow with
+# what the deployment holds, not with what a request asks: the scan of the claim index
+# that claimed counts and listings share (``service.counts``: at most one per
+# COUNTS_TTL seconds and process, however many requests ask), and the rows of a task
+# group not yet sealed (``service.groups``, read for its first page). Callers with
+# credentials get up to 1000 a page and a batch.
+ANONYMOUS_PAGE = 50
+ANONYMOUS_COUNTS = 5
+
 SERVICES_KEY = web.AppKey("services", Services)
 AUTH_KEY = web.AppKey("authenticator", Authenticator)
 STARTED_KEY = web.AppKey("started", float)
@@ -133,6 +147,7 @@ class Route:
     body: str | None  # the JSON schema of the request body; None: no body is read
     what: str  # the body, in error messages
     fixed: Mapping[str, Any]  # keywords the handler gets from the declaration
+    max_body: int | None  # bytes; None: the application's limit (MAX_BODY)
 
 
 ROUTES: list[Route] = []
@@ -140,11 +155,12 @@ ROUTES: list[Route] = []
 
 def route(method: str, path: str, name: str, *, scopes: Template | None = None,
           body: str | None = None, what: str = "", fixed: Mapping[str, Any] | None = None,
-          ) -> Callable[[Handler], Handler]:
+          max_body: int | None = None) -> Callable[[Handler], Handler]:
     """Declare the endpoint ``name`` at ``path`` (under ``API`` unless it starts with
     ``/schemas``): the handler is called as ``handler(call, **parameters, **fixed)``
     once the parameters are converted, the body (if ``body`` names its schema) is
-    validated and the scopes that the path alone determines are checked."""
+    validated and the scopes that the path alone determines are checked. A body longer
+    than ``max_body`` bytes is refused (413) before it is authenticated or parsed."""
     full = path if path.startswith("/schemas/") else f"{API}{path}"
     for parameter in re.findall(r"<(\w+)>", full):
         if parameter not in PARAMETERS:
@@ -155,7 +171,7 @@ def route(method: str, path: str, name: str, *, scopes: Template | None = None,
 
     def register(handler: Handler) -> Handler:
         ROUTES.append(Route(method, full, name, handler, re.compile(f"^{regex}$"), scopes,
-                            body, what or f"the {name} request", fixed or {}))
+                            body, what or f"the {name} request", fixed or {}, max_body))
         return handler
 
     return register
@@ -196,9 +212,27 @@ class Call:
             raise errors.InputError(f"query parameter `limit` is {raw!r}; use 1-1000")
         return int(raw)
 
+    def page(self, default: int = LIST_PAGE) -> int:
+        """The page size of a listing that reads each entry: ``limit`` or ``default``, and
+        at most ANONYMOUS_PAGE for an anonymous caller."""
+        size = self.limit() or default
+        return size if self.caller.client_id else min(size, ANONYMOUS_PAGE)
+
     @property
     def continuation(self) -> str | None:
         return self.request.query.get("continuationToken")
+
+
+async def _check_size(request: web.Request, r: Route) -> None:
+    """TooLarge if the body is longer than the route allows: from Content-Length when
+    there is one, else once read (the application's limit bounds that read)."""
+    assert r.max_body is not None
+    size = request.content_length
+    if size is None:
+        size = len(await request.read())
+    if size > r.max_body:
+        raise errors.TooLarge(f"{r.what} is {size} bytes; {r.name} takes at most "
+                              f"{r.max_body // 1024} KiB")
 
 
 async def _read_body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
@@ -261,6 +295,7 @@ async def get_schema(call: Call, schema: str) -> Any:
        what="the task definition", scopes={"AllOf": [
            {"for": "scope", "in": "scopes", "each": "<scope>"},
            {"for": "route", "in": "routes", "each": "queue:route:<route>"},
+           "queue:create-task:project:<projectId>",
            "queue:scheduler-id:<schedulerId>",
            # A scope for a higher priority also allows lower ones.
            {"AnyOf": [{"for": "priority", "in": "priorities",
@@ -270,8 +305,8 @@ async def create_task(call: Call, task_id: str) -> Any:
     def authorize(definition: dict[str, Any]) -> None:
         rank = Priority.from_definition(definition["priority"]).rank
         call.authorize(scopes=definition["scopes"], routes=definition["routes"],
-                       schedulerId=definition["schedulerId"], priorities=ORDER[:rank + 1],
-                       taskQueueId=definition["taskQueueId"])
+                       projectId=definition["projectId"], schedulerId=definition["schedulerId"],
+                       priorities=ORDER[:rank + 1], taskQueueId=definition["taskQueueId"])
 
     return {"status": await call.services.definitions.create_task(task_id, call.body, authorize)}
 
@@ -310,14 +345,14 @@ async def cancel_task(call: Call, task_id: str) -> Any:
        scopes="queue:list-task-group:<taskGroupId>")
 async def list_task_group(call: Call, task_group_id: str) -> Any:
     return await call.services.groups.list_tasks(task_group_id, call.continuation,
-                                                 call.limit() or LIST_PAGE)
+                                                 call.page())
 
 
 @route("GET", "/task/<taskId>/dependents", "listDependentTasks",
        scopes="queue:list-dependent-tasks:<taskId>")
 async def list_dependent_tasks(call: Call, task_id: str) -> Any:
     return await call.services.definitions.list_dependents(task_id, call.continuation,
-                                                           call.limit() or LIST_PAGE)
+                                                           call.page())
 
 
 # -- workers ------------------------------------------------------------------------------
@@ -411,6 +446,8 @@ async def _call(request: web.Request, r: Route, params: dict[str, str]) -> web.S
     determines, and run the handler; its result is the JSON answer."""
     request[PARAMS_KEY] = params
     request[ENDPOINT_KEY] = r.name
+    if r.max_body is not None:
+        await _check_size(request, r)
     caller = request[CALLER_KEY] = request.app[AUTH_KEY].authenticate(
         method=request.method, target=request.raw_path, host=request.host,
         content_type=request.headers.get("Content-Type", ""), body=await request.read(),

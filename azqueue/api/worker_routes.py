@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from azqueue import errors
-from azqueue.api.routes import LIST_PAGE, Call, route
+from azqueue.api.routes import ANONYMOUS_COUNTS, Call, route
 from azqueue.model import timeutil
 
 # Taskcluster's page size for the metadata listings, which read nothing but their rows.
@@ -133,8 +133,12 @@ async def task_queue_counts(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.counts(task_queue_id)
 
 
+# At most 1000 taskQueueIds of at most 77 characters each (task-queue-counts-request.json).
+COUNTS_BODY = 128 * 1024
+
+
 @route("POST", "/task-queues/counts", "taskQueueCountsBatch", body="task-queue-counts-request.json",
-       scopes={"AllOf": [
+       max_body=COUNTS_BODY, scopes={"AllOf": [
            {"for": "taskQueueId", "in": "taskQueueIds",
             "each": "queue:pending-count:<taskQueueId>"},
            {"for": "taskQueueId", "in": "taskQueueIds",
@@ -142,6 +146,12 @@ async def task_queue_counts(call: Call, task_queue_id: str) -> Any:
 async def task_queue_counts_batch(call: Call) -> Any:
     ids = call.body["taskQueueIds"]
     call.authorize(taskQueueIds=ids)
+    if call.caller.client_id is None and len(ids) > ANONYMOUS_COUNTS:
+        # Each task queue costs 7 to 14 storage requests (service.counts).
+        raise errors.InputError(
+            f"an anonymous taskQueueCountsBatch counts at most {ANONYMOUS_COUNTS} task queues "
+            f"(this one asks for {len(ids)}): ask in several calls, or with credentials "
+            "(up to 1000)")
     return {"taskQueueCounts": await call.services.counts.counts_batch(ids)}
 
 
@@ -149,11 +159,11 @@ async def task_queue_counts_batch(call: Call) -> Any:
        scopes="queue:pending-list:<taskQueueId>")
 async def list_pending_tasks(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.list_pending(task_queue_id, call.continuation,
-                                                   call.limit() or LIST_PAGE)
+                                                   call.page())
 
 
 @route("GET", "/task-queues/<taskQueueId>/claimed", "listClaimedTasks",
        scopes="queue:claimed-list:<taskQueueId>")
 async def list_claimed_tasks(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.list_claimed(task_queue_id, call.continuation,
-                                                   call.limit() or LIST_PAGE)
+                                                   call.page())

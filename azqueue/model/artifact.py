@@ -10,7 +10,10 @@
   ``blobType`` ``block`` (the default): the content is PUT whole; ``append``: an empty
   append blob is PUT, finished at once (readers then see what has been appended so far)
   and grown with Append Block, as a live log is. Readers see either as ``s3``: what
-  clients read is Taskcluster's vocabulary only.
+  clients read is Taskcluster's vocabulary only. The putUrl outlives the run, so readers
+  are served a snapshot taken at finishArtifact (a block blob's at once; an append blob's
+  once the run can no longer get artifacts, the snapshot of its last finishArtifact) with
+  the content type recorded then; finishArtifact follows the rule of createArtifact.
 * ``object`` needs Taskcluster's object service, which this queue does not have: 400.
 * Artifacts can be created while the run is running, and for 20 minutes after it was
   resolved exception; never after completed or failed ("Artifacts can be uploaded until
@@ -47,6 +50,7 @@ class Artifact:
     message: str = ""
     present: bool = True
     blob_type: str = ""  # a blob's: "block" or "append"; "" for the other types
+    snapshot: str = ""  # a finished blob's: the snapshot of its content readers get
 
     @property
     def public_type(self) -> str:

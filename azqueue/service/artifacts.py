@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue import errors
@@ -101,6 +101,12 @@ class ArtifactService:
         return {"storageType": wanted.storage_type}
 
     async def finish(self, task_id: str, run_id: int, name: str) -> None:
+        """Make a ``blob`` artifact readable: its content as it is now, kept in a snapshot
+        that is what readers get from then on (a block blob's), or once the run can no
+        longer get artifacts (an append blob's: until then readers follow it as it grows,
+        and finishing it again records its newer content). Refused once the run can no
+        longer get artifacts: the snapshot is taken first and counts only if the run could
+        still get them after it, so none holds what was written after that."""
         found = await self.records.get(task_id, run_id, name)
         if found is None:
             raise errors.NotFound(f"run {run_id} of task {task_id} has no artifact {name!r}; "
@@ -111,13 +117,17 @@ class ArtifactService:
                 "finish" + (": it is present once the PUT of its content to putUrl succeeded"
                             if found.storage_type == "s3" else
                             ": it was complete when createArtifact answered"))
-        if found.present:
-            return
-        content_type = await self.blobs.content_type(found.blob_name)
-        if content_type is None:
+        if found.present and found.snapshot and found.blob_type != "append":
+            return  # finished: artifacts cannot be changed
+        taken = await self.blobs.snapshot(found.blob_name)
+        task = await self.tasks.get(task_id)
+        model.check_can_create(task, run_id, timeutil.utcnow(), "finished")
+        if taken is None:
             raise errors.Conflict(f"artifact {name!r} has no content yet: PUT it to the putUrl "
                                   "from createArtifact, then finish it")
-        await self.records.mark_present(found, content_type)
+        snapshot, content_type = taken
+        if found.snapshot < snapshot:  # snapshot ids are times: a later one holds more
+            await self.records.mark_present(found, content_type, snapshot)
 
     async def _task(self, task_id: str) -> Task:
         return await self.tasks.get(task_id)
@@ -153,9 +163,23 @@ class ArtifactService:
                                           and await self._uploaded(found)):
                 raise errors.NotFound(f"artifact {found.name!r} has not been uploaded yet: "
                                       "its content is PUT to the putUrl createArtifact answered")
+            now = timeutil.utcnow()
+            snapshot = found.snapshot
+            if found.blob_type == "append" and await self._growing(found, now):
+                snapshot = ""
             return Target(found, names, await self.blobs.download_url(
-                found.blob_name, timeutil.utcnow(), DOWNLOAD_URL_LIFETIME))
+                found.blob_name, now, DOWNLOAD_URL_LIFETIME, found.info()["contentType"],
+                snapshot))
         return Target(found, names)
+
+    async def _growing(self, artifact: Artifact, now: datetime) -> bool:
+        """Whether an append blob is still written (its run can get artifacts), so that
+        readers follow the blob itself rather than what was last finished."""
+        try:
+            model.check_can_create(await self.tasks.get(artifact.task_id), artifact.run_id, now)
+        except errors.Conflict:
+            return False
+        return True
 
     async def _uploaded(self, artifact: Artifact) -> bool:
         """Whether an s3 artifact not yet marked present has its content after all (an

@@ -12,13 +12,16 @@ until ``takenUntil``). So:
   running claims and stale tips. So 7 to 14 requests per task queue.
 * **Claimed count** and **listClaimedTasks**: the claim index (``claimindex``), which has
   a row only for runs still running ``min(30 s, claimTimeout / 2)`` after their claim:
-  shorter runs are not counted. A scan of the claims table (a request per 1000 rows of
-  all task queues), as the claim resolver's.
+  shorter runs are not counted. One scan of the claims table for every task queue at
+  once (a request per 1000 running rows), kept ``COUNTS_TTL`` seconds and shared by every
+  request meanwhile, those that ask while it runs included: however many task queues are
+  asked about, and however often, a process scans at most once per ``COUNTS_TTL``.
 * **listPendingTasks**: the first 32 visible tips of each priority, highest first, with
   each task read (a request per task, fewer with this process's copies) to drop stale ones.
 
-Counts are kept ``COUNTS_TTL`` seconds per task queue and process. The metrics' gauge of
-pending tips (``pending_tips``) is Azure's approximate count of each priority queue.
+Pending counts are kept ``COUNTS_TTL`` seconds per task queue and process. The metrics'
+gauge of pending tips (``pending_tips``) is Azure's approximate count of each priority
+queue.
 """
 
 from __future__ import annotations
@@ -50,22 +53,21 @@ _Cache = dict[str, tuple[float, int]]
 @dataclass(frozen=True, slots=True)
 class TaskQueueCounts:
     """pendingTasks, taskQueueCounts, the pending and claimed listings, and the metrics'
-    approximate counts. ``claim_store``: the claim index's rows (``claimindex``)."""
+    approximate counts. ``running``: the claim index's runs by task queue."""
 
     tasks: TaskStore
     queues: Queues
     pending_queues: PendingQueues
     signer: TipSigner
     cache: TaskCache
-    claim_store: ClaimStore
+    running: RunningClaims
     _pending: _Cache = field(default_factory=dict, init=False, repr=False)
-    _claimed: _Cache = field(default_factory=dict, init=False, repr=False)
 
     async def pending(self, task_queue_id: str) -> int:
         return await _cached(self._pending, task_queue_id, self._count_pending)
 
     async def claimed(self, task_queue_id: str) -> int:
-        return await _cached(self._claimed, task_queue_id, self._count_claimed)
+        return len((await self.running.by_task_queue()).get(task_queue_id, ()))
 
     async def pending_tasks(self, task_queue_id: str) -> dict[str, Any]:
         """The pendingTasks answer."""
@@ -118,11 +120,6 @@ class TaskQueueCounts:
             return False
         return stored.task.runs[run_id].state is not RunState.PENDING
 
-    async def _count_claimed(self, task_queue_id: str) -> int:
-        store = self.claim_store
-        return len({(r.task_id, r.run_id)
-                    async for r in store.running_in(task_queue_id, timeutil.utcnow())})
-
     # -- listings --------------------------------------------------------------------
 
     async def list_pending(self, task_queue_id: str, continuation: str | None,
@@ -165,8 +162,7 @@ class TaskQueueCounts:
         runs in the claim index (running longer than the index's delay), by taskId. A page
         reads at most ``limit`` tasks."""
         after = paging.after(continuation)
-        rows = sorted({(r.task_id, r.run_id) async for r in self.claim_store.running_in(
-            task_queue_id, timeutil.utcnow())})
+        rows = (await self.running.by_task_queue()).get(task_queue_id, [])
         if after is not None:
             rows = [r for r in rows if _claim_key(*r) > after]
         page = rows[:limit]
@@ -183,6 +179,41 @@ class TaskQueueCounts:
         if len(rows) > limit:
             return {"tasks": listed, "continuationToken": paging.token(_claim_key(*page[-1]))}
         return {"tasks": listed}
+
+
+class RunningClaims:
+    """The runs of the claim index by task queue, from one scan of the claims table kept
+    ``COUNTS_TTL`` seconds; a request that asks while a scan runs waits for that scan."""
+
+    def __init__(self, store: ClaimStore) -> None:
+        self.store = store
+        self._taken: tuple[float, dict[str, list[tuple[str, int]]]] | None = None
+        self._scan: asyncio.Future[dict[str, list[tuple[str, int]]]] | None = None
+
+    async def by_task_queue(self) -> dict[str, list[tuple[str, int]]]:
+        """(taskId, runId) of the indexed runs of each task queue, sorted."""
+        now = asyncio.get_running_loop().time()
+        if self._taken is not None and now - self._taken[0] < COUNTS_TTL:
+            return self._taken[1]
+        if self._scan is None:
+            self._scan = asyncio.ensure_future(self._read(now))
+            self._scan.add_done_callback(self._scanned)
+        # Shielded: a waiter that gives up does not cancel the scan the others wait for.
+        return await asyncio.shield(self._scan)
+
+    async def _read(self, now: float) -> dict[str, list[tuple[str, int]]]:
+        runs: dict[str, set[tuple[str, int]]] = {}
+        async for r in self.store.running(timeutil.utcnow()):
+            if r.task_queue_id:
+                runs.setdefault(r.task_queue_id, set()).add((r.task_id, r.run_id))
+        taken = {task_queue_id: sorted(found) for task_queue_id, found in runs.items()}
+        self._taken = (now, taken)
+        return taken
+
+    def _scanned(self, scan: asyncio.Future[dict[str, list[tuple[str, int]]]]) -> None:
+        self._scan = None
+        if not scan.cancelled():
+            scan.exception()  # retrieved: its waiters have it, or nobody waits any more
 
 
 async def _cached(cache: _Cache, task_queue_id: str,

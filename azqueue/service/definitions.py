@@ -2,8 +2,9 @@
 (task, status, listTaskGroup's page of tasks, listDependentTasks).
 
 createTask writes, before the task itself and all at once, the task's deadline message
-(which also triggers the tip repair, ``repair``), its task group's member row (a sealed
-group refuses new tasks with 409 first, ``groups``) and run 0's tip (``tips``, where the
+(which also triggers the tip repair, ``repair``), its task group's member row (a task
+whose schedulerId is not its group's, or new to a sealed group, is refused with 409
+before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the
 Azure queue invariants are written), so that the tip's record is written in the same
 transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
 first and no tip (``dependencies``). A repeated createTask with the same definition
@@ -32,6 +33,7 @@ from azqueue.service import paging
 from azqueue.service.changes import Changes
 from azqueue.service.claims import TIP_WAIT
 from azqueue.service.dependencies import Dependencies, gather_limited
+from azqueue.service.groupowner import GroupOwners
 from azqueue.service.tips import Tips
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
@@ -51,6 +53,7 @@ class Definitions:
 
     tasks: TaskStore
     groups: GroupStore
+    owners: GroupOwners
     queues: Queues
     deadline_queue: str
     repair_delay: timedelta
@@ -245,13 +248,32 @@ class Definitions:
             await self.groups.add(d["taskGroupId"], task.task_id, d["expires"], d["schedulerId"])
 
     async def _check_group_open(self, task_id: str, definition: dict[str, Any]) -> None:
-        """Conflict if the task's group is sealed and the task is not in it already (a
-        repeated createTask answers as before). A group's own task is not checked: it
-        writes no group row, and a group is sealed after its first task."""
-        group = definition["taskGroupId"]
-        if group == task_id or await self.groups.meta(group) is None:
-            return
-        if await self.tasks.find(task_id) is None:
+        """Conflict if the task's schedulerId is not its group's, or if the group is sealed
+        and the task is not in it already (a repeated createTask answers as before).
+
+        The first task of a group records its schedulerId (``groups.record_owner``, a
+        conditional insert): a group's own task always tries to (one request; two when the
+        group had a task first), another task reads the group's records (one request, as
+        the sealed check needs anyway) and records it only if none did yet. Nothing of a
+        refused task is written: this runs before its writes."""
+        group, scheduler = definition["taskGroupId"], definition["schedulerId"]
+        if group == task_id and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=False):
+            return  # the group's first task
+        records = await self.groups.records(group)
+        owner = await self.owners.scheduler(group, records.owner)
+        if owner is None and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=True):
+            owner = scheduler
+        elif owner is None:  # another first task of the group recorded it just now
+            owner = await self.owners.scheduler(group, await self.groups.owner(group))
+        if owner != scheduler:
+            raise errors.Conflict(
+                f"task group {group} belongs to schedulerId {owner!r}, this task has "
+                f"schedulerId {scheduler!r}: all tasks of a task group must have the same "
+                f"schedulerId; create the task with schedulerId {owner!r} or in another "
+                "taskGroupId")
+        if records.sealed is not None and await self.tasks.find(task_id) is None:
             raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
                                   "no new tasks; create the task in another taskGroupId")
 

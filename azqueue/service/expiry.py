@@ -4,7 +4,8 @@ An artifact goes (its row and its blob, snapshots included) once its own ``expir
 passed; a task once the task's has, with everything kept under its taskId: the rows of
 its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
 depended on it and its task group membership; a sealed task group's record once the
-``expires`` it recorded has passed; workers, task queues and provisioners once theirs
+``expires`` it recorded has passed, and the record of its schedulerId once it has no
+task left; workers, task queues and provisioners once theirs
 has (``workers``). All wait ``GRACE`` longer (but the workers), so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
@@ -25,7 +26,7 @@ from azqueue.service.artifacts import ArtifactService
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.claims import ClaimStore
 from azqueue.storage.dependents import DependentStore
-from azqueue.storage.groups import GroupStore
+from azqueue.storage.groups import OWNER, GroupStore
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,12 @@ class Expiry:
                 await self.groups.drop_record(group)
             except QueueError as e:
                 log.warning("could not expire the record of task group %s: %s", group, e)
+        for group in await self.groups.expired_records(timeutil.fmt(before), OWNER):
+            try:
+                await self._expire_owner(group, now)
+            except QueueError as e:
+                log.warning("could not expire the schedulerId record of task group %s: %s",
+                            group, e)
         try:
             gone_workers = await self.workerinfo.expire(now)
         except QueueError as e:
@@ -93,3 +100,19 @@ class Expiry:
             log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
                      "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
         return Expired(gone_tasks, gone_artifacts, gone_workers)
+
+    async def _expire_owner(self, group: str, now: datetime) -> None:
+        """The record of a group's schedulerId goes once the group has no task left; while
+        it has, its ``expires`` becomes its tasks' latest."""
+        own = await self.tasks.find(group)
+        members = [m for m in await self.groups.members(group) if m.task_id != group]
+        if (own is None or own.definition["taskGroupId"] != group) and not members:
+            await self.groups.drop_owner(group)
+            return
+        expires = [m.expires for m in members if m.expires is not None]
+        if own is not None and own.definition["taskGroupId"] == group:
+            expires.append(own.definition["expires"])
+        # Rows of earlier versions carry no expires: looked at again in a while.
+        latest = max(expires, key=timeutil.parse, default=timeutil.fmt(now + GRACE))
+        await self.groups.renew_owner(group, max(latest, timeutil.fmt(now + GRACE),
+                                                 key=timeutil.parse))

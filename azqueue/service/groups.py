@@ -2,15 +2,16 @@
 and the group metadata of listTaskGroup.
 
 A group exists while it has a task: its own (taskId = taskGroupId) or a member row
-(``storage.groups``). Its metadata is read from them: ``schedulerId`` is its tasks'
-(own task first), ``expires`` the latest of its tasks' (member rows carry it). Reading it
+(``storage.groups``). Its metadata is read from them: ``schedulerId`` is the one its first
+task recorded (``groupowner``: createTask refuses a task of another),
+``expires`` the latest of its tasks' (member rows carry it). Reading it
 costs one request per 1000 member rows (plus the own task), so a sealed group, which can
 take no more members, keeps what sealing read in its record (``~group``) and is read in
 one request.
 
 Sealing writes that record once; createTask of a new task into a sealed group is 409
-(``Definitions.create_task`` reads the record first: one request more for a task
-created into another task's group, none for a group's own task). As Taskcluster says,
+(``Definitions.create_task`` reads the group's records first, in the request that also
+checks its schedulerId). As Taskcluster says,
 this is not atomic with createTask: a createTask racing the seal may still get in.
 
 cancelTaskGroup and changeTaskGroupPriority go through the members in taskId order,
@@ -46,6 +47,7 @@ from azqueue.service import paging
 from azqueue.service.changes import Changes
 from azqueue.service.definitions import Definitions
 from azqueue.service.dependencies import gather_limited
+from azqueue.service.groupowner import GroupOwners
 from azqueue.service.priority import TaskPriority
 from azqueue.storage.groups import GroupMeta, GroupStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
@@ -68,6 +70,7 @@ class TaskGroups:
 
     tasks: TaskStore
     groups: GroupStore
+    owners: GroupOwners
     queues: Queues
     passes: str
     outbox: Outbox | None
@@ -102,7 +105,11 @@ class TaskGroups:
         if not known:
             raise errors.NotFound(f"task group {task_group_id} has no tasks (or does not exist)")
         expires = max((timeutil.parse(e) for e, _ in known if e is not None))
-        scheduler = next((s for _, s in known if s is not None), "-")
+        # The group's record says whose it is (a task of another schedulerId sorting first
+        # says nothing).
+        scheduler = await self.owners.scheduler(
+            task_group_id, await self.groups.owner(task_group_id)) or \
+            next((s for _, s in known if s is not None), "-")
         return GroupMeta(scheduler, timeutil.fmt(expires), "",
                          len(members) + (1 if own is not None else 0))
 

@@ -30,10 +30,11 @@ from azqueue.service.cache import TaskCache
 from azqueue.service.changes import Changes
 from azqueue.service.claimindex import ClaimIndex
 from azqueue.service.claims import Claims
-from azqueue.service.counts import TaskQueueCounts
+from azqueue.service.counts import RunningClaims, TaskQueueCounts
 from azqueue.service.definitions import Definitions
 from azqueue.service.dependencies import Dependencies
 from azqueue.service.expiry import Expiry
+from azqueue.service.groupowner import GroupOwners
 from azqueue.service.groups import TaskGroups
 from azqueue.service.health import Health
 from azqueue.service.hints import PendingHints
@@ -109,7 +110,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     index = ClaimIndex(ClaimStore(account), tasks, claim_timeout)
     changes = Changes(tasks, outbox, dependencies, cache, queues, tips, index,
                       settings.crash_after_commit)
-    definitions = Definitions(tasks, groups, queues, deadline_queue,
+    owners = GroupOwners(tasks, groups)
+    definitions = Definitions(tasks, groups, owners, queues, deadline_queue,
                               timedelta(seconds=settings.tip_repair_delay), dependencies, tips,
                               changes, outbox, workerinfo)
     root = settings.root
@@ -127,12 +129,13 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
                          settings.claim_work_wait, settings.claim_work_poll_interval),
         resolution=Resolution(tasks, queues, cache, changes, index.store, deadline_queue,
                               repair),
-        groups=TaskGroups(tasks, groups, queues, account.queue_name("group-passes"), outbox,
-                          changes, definitions, priority),
+        groups=TaskGroups(tasks, groups, owners, queues, account.queue_name("group-passes"),
+                          outbox, changes, definitions, priority),
         priority=priority,
         rerun=Rerun(tasks, groups, changes, tips, events_on=outbox is not None),
         batch=BatchReads(tasks),
-        counts=TaskQueueCounts(tasks, queues, pending, signer, cache, index.store),
+        counts=TaskQueueCounts(tasks, queues, pending, signer, cache,
+                               RunningClaims(index.store)),
         workers=workerinfo,
         task_urls=TaskUrls(pending, hints, timedelta(seconds=settings.sas_lifetime)),
         artifacts=artifacts,

@@ -232,6 +232,19 @@ class StorageAccount:
     def queue_name(self, suffix: str) -> str:
         return f"{self.settings.prefix}-{suffix}"
 
+    async def delete_all(self) -> None:
+        """Delete every queue, table and blob container of this prefix (a throwaway
+        deployment's, in tests): all its state."""
+        prefix = self.settings.prefix
+        with translate(f"deleting the storage of prefix {prefix}"):
+            async for queue in self.queues.list_queues(name_starts_with=f"{prefix}-"):
+                await self.queues.delete_queue(queue.name)
+            async for table in self.tables.list_tables():
+                if table.name.startswith(prefix):
+                    await self.tables.delete_table(table.name)
+            async for container in self.blobs.list_containers(name_starts_with=f"{prefix}-"):
+                await self.blobs.delete_container(container.name)
+
     async def close(self) -> None:
         await self.tables.close()
         await self.queues.close()

@@ -44,7 +44,8 @@ def _to_entity(a: Artifact) -> dict[str, Any]:
     return {"PartitionKey": a.task_id, "RowKey": _row(a.run_id, a.name), "runId": a.run_id,
             "name": a.name, "storageType": a.storage_type, "expires": a.expires,
             "contentType": a.content_type, "url": a.url, "link": a.link, "reason": a.reason,
-            "message": a.message, "present": a.present, "blobType": a.blob_type}
+            "message": a.message, "present": a.present, "blobType": a.blob_type,
+            "snapshot": a.snapshot}
 
 
 def _from_entity(e: Any) -> Artifact:
@@ -53,7 +54,8 @@ def _from_entity(e: Any) -> Artifact:
                     content_type=e.get("contentType", ""), url=e.get("url", ""),
                     link=e.get("link", ""), reason=e.get("reason", ""),
                     message=e.get("message", ""), present=bool(e.get("present")),
-                    blob_type=e.get("blobType", "block" if e["storageType"] == "blob" else ""))
+                    blob_type=e.get("blobType", "block" if e["storageType"] == "blob" else ""),
+                    snapshot=e.get("snapshot", ""))
 
 
 class ArtifactStore:
@@ -98,13 +100,18 @@ class ArtifactStore:
             return None
         return _from_entity(entity)
 
-    async def mark_present(self, artifact: Artifact, content_type: str) -> None:
+    async def mark_present(self, artifact: Artifact, content_type: str,
+                           snapshot: str = "") -> None:
+        """Mark the artifact present with ``content_type``; a ``blob`` artifact with the
+        ``snapshot`` of its content that readers are served."""
+        fields: dict[str, Any] = {"present": True, "contentType": content_type}
+        if snapshot:
+            fields["snapshot"] = snapshot
         try:
             with translate(f"finishing artifact {artifact.name}"):
                 await self._table.update_entity(
                     {"PartitionKey": artifact.task_id,
-                     "RowKey": _row(artifact.run_id, artifact.name),
-                     "present": True, "contentType": content_type},
+                     "RowKey": _row(artifact.run_id, artifact.name), **fields},
                     mode=UpdateMode.MERGE, match_condition=MatchConditions.Unconditionally)
         except EntityNotFound:
             raise NotFound(f"artifact {artifact.name!r} of {artifact.task_id}/{artifact.run_id} "

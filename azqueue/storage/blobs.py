@@ -3,6 +3,12 @@
 Uploaders get a URL with only create and write permission (and add, to append to an
 append blob); readers a read-only one. Both are short-lived, signed with the account key or, with azure-identity, a user
 delegation key. Blob names are ``<taskId>/<runId>/<artifact name>``.
+
+Create and write let an uploader replace the blob, set its properties and snapshot it for
+as long as its URL lives, whatever became of the run. What is finished is therefore read
+from a snapshot (``snapshot``): a snapshot is read-only, and deleting one needs the delete
+permission no upload URL has. A read URL of a snapshot grants that snapshot alone, not the
+blob, and states the content type it is served with.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ class BlobStore:
             pass
 
     async def _url(self, blob: str, permission: BlobSasPermissions, now: datetime,
-                   lifetime: timedelta) -> str:
+                   lifetime: timedelta, snapshot: str = "", content_type: str = "") -> str:
         signing: dict[str, Any]
         if self._account.account_key:
             signing = {"account_key": self._account.account_key}
@@ -63,10 +69,13 @@ class BlobStore:
                                 "to sign blob SAS URLs; configure a connection string with "
                                 "AccountKey, or one with neither AccountKey nor "
                                 "SharedAccessSignature to sign in with azure-identity")
+        if content_type:
+            signing["content_type"] = content_type  # rsct: the Content-Type answered
         sas = generate_blob_sas(self._account.account_name, self.container, blob,
-                                permission=permission, start=now - SAS_START_SLACK,
-                                expiry=now + lifetime, **signing)
-        return self._account.public_url("blob", f"{self._client.url}/{quote(blob)}?{sas}")
+                                snapshot=snapshot or None, permission=permission,
+                                start=now - SAS_START_SLACK, expiry=now + lifetime, **signing)
+        query = f"snapshot={quote(snapshot)}&{sas}" if snapshot else sas
+        return self._account.public_url("blob", f"{self._client.url}/{quote(blob)}?{query}")
 
     async def upload_url(self, blob: str, now: datetime, lifetime: timedelta,
                          append: bool = False) -> str:
@@ -75,8 +84,12 @@ class BlobStore:
         return await self._url(blob, BlobSasPermissions(create=True, write=True, add=append),
                                now, lifetime)
 
-    async def download_url(self, blob: str, now: datetime, lifetime: timedelta) -> str:
-        return await self._url(blob, BlobSasPermissions(read=True), now, lifetime)
+    async def download_url(self, blob: str, now: datetime, lifetime: timedelta,
+                           content_type: str, snapshot: str = "") -> str:
+        """A URL to read ``blob`` (with ``snapshot``, that snapshot of it and nothing else),
+        answered with ``Content-Type: content_type`` whatever the blob's properties say."""
+        return await self._url(blob, BlobSasPermissions(read=True), now, lifetime,
+                               snapshot, content_type)
 
     async def allow_browsers(self, origins: tuple[str, ...]) -> bool:
         """Let pages of ``origins`` read blobs through the read URLs (a CORS rule for GET
@@ -147,6 +160,18 @@ class BlobStore:
             names = [b.name async for b in self._client.list_blobs(name_starts_with=prefix)]
         for name in names:
             await self.delete(name)
+
+    async def snapshot(self, blob: str) -> tuple[str, str] | None:
+        """Take a snapshot of the blob: its id and content type; None if there is no blob."""
+        client = self._client.get_blob_client(blob)
+        try:
+            with translate(f"taking a snapshot of blob {blob}"):
+                taken = str((await client.create_snapshot())["snapshot"])
+                props = await self._client.get_blob_client(
+                    blob, snapshot=taken).get_blob_properties()
+        except EntityNotFound:
+            return None
+        return taken, str(props.content_settings.content_type or "")
 
     async def content_type(self, blob: str) -> str | None:
         """The uploaded blob's content type, or None if nothing was uploaded."""

@@ -77,13 +77,12 @@ class ClaimStore(TableStore):
                 "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
         await delete_rows(self._table, task_id, runs, f"deleting the claims of task {task_id}")
 
-    async def running_in(self, task_queue_id: str, now: datetime) -> AsyncIterator[ClaimRecord]:
-        """The rows of the task queue's runs claimed beyond ``now``, in key order: a scan
-        of the table (as ``expired`` is), a request per 1000 rows."""
-        with translate(f"listing the claims of {task_queue_id}"):
+    async def running(self, now: datetime) -> AsyncIterator[ClaimRecord]:
+        """The rows of the runs claimed beyond ``now``, of every task queue: a scan of the
+        table (as ``expired`` is), a request per 1000 rows."""
+        with translate("listing the running claims"):
             pages = self._table.query_entities(
-                "taskQueueId eq @tq and takenUntil ge @now",
-                parameters={"tq": task_queue_id, "now": now}, results_per_page=1000)
+                "takenUntil ge @now", parameters={"now": now}, results_per_page=1000)
             async for entity in pages:
                 yield ClaimRecord.from_entity(entity)
 

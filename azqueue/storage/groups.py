@@ -17,6 +17,13 @@ row, no extra request), so the group's metadata can be read from its partition a
 The row ``~group`` exists once the group is sealed (``GroupMeta``): when, and the
 group's schedulerId, expires and size as they were then (a sealed group takes no more
 members).
+
+The row ``~scheduler`` (``Owner``) names the schedulerId the group belongs to: written
+once, by a conditional insert, by the first createTask of the group, so of two racing
+first tasks only one establishes it. Written by the group's own task it is
+``verified`` false until a reader has checked it against the group's tasks (a group of
+an earlier version may have tasks and no record yet); its ``expires`` is renewed by the
+expiry resolver while the group has tasks.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from azure.core import MatchConditions
-from azure.data.tables import UpdateMode
+from azure.data.tables import TableEntity, UpdateMode
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.tables import TableStore
@@ -36,6 +43,7 @@ from azqueue.storage.rows import key_page
 ORPHAN_AGE = timedelta(minutes=5)
 ANNOUNCED = "~announced"
 META = "~group"
+OWNER = "~scheduler"
 # Rows whose RowKey starts with this are the group's own records, not members.
 RECORD = "~"
 
@@ -58,6 +66,27 @@ class GroupMeta:
     expires: str
     sealed: str
     size: int
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The record of the schedulerId the group belongs to, with its ETag."""
+
+    scheduler_id: str
+    verified: bool
+    etag: str
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """The group's own records, read in one request."""
+
+    sealed: GroupMeta | None
+    owner: Owner | None
+
+
+def _owner(row: TableEntity) -> Owner:
+    return Owner(str(row["schedulerId"]), bool(row.get("verified")), str(row.metadata["etag"]))
 
 
 class GroupStore(TableStore):
@@ -106,13 +135,78 @@ class GroupStore(TableStore):
         return GroupMeta(str(row["schedulerId"]), str(row["expires"]), str(row["sealed"]),
                          int(row["size"]))
 
-    async def expired_records(self, before: str) -> list[str]:
-        """The sealed groups whose recorded ``expires`` is before ``before`` (an ISO time
-        in the API's form, which sorts as it compares): a scan of the whole table."""
+    async def records(self, task_group_id: str) -> Records:
+        """The group's sealed record and the record of its schedulerId (one request)."""
+        with translate(f"reading group {task_group_id}"):
+            rows = [r async for r in self._table.query_entities(
+                "PartitionKey eq @pk and RowKey ge @records",
+                parameters={"pk": task_group_id, "records": RECORD})]
+        sealed = next((r for r in rows if r["RowKey"] == META), None)
+        owner = next((r for r in rows if r["RowKey"] == OWNER), None)
+        return Records(
+            GroupMeta(str(sealed["schedulerId"]), str(sealed["expires"]), str(sealed["sealed"]),
+                      int(sealed["size"])) if sealed is not None else None,
+            _owner(owner) if owner is not None else None)
+
+    async def owner(self, task_group_id: str) -> Owner | None:
+        try:
+            with translate(f"reading group {task_group_id}"):
+                row = await self._table.get_entity(task_group_id, OWNER)
+        except EntityNotFound:
+            return None
+        return _owner(row)
+
+    async def record_owner(self, task_group_id: str, scheduler_id: str, expires: str,
+                           verified: bool) -> bool:
+        """Record the group's schedulerId if it has none yet (a conditional insert):
+        whether this call recorded it."""
+        try:
+            with translate(f"recording the schedulerId of group {task_group_id}"):
+                await self._rest.create_entity(self.name, {
+                    "PartitionKey": task_group_id, "RowKey": OWNER,
+                    "schedulerId": scheduler_id, "expires": expires, "verified": verified})
+        except EntityExists:
+            return False
+        return True
+
+    async def settle_owner(self, task_group_id: str, owner: Owner, scheduler_id: str) -> bool:
+        """Mark the record verified, naming ``scheduler_id``, if it is still ``owner``:
+        whether it was."""
+        try:
+            with translate(f"recording the schedulerId of group {task_group_id}"):
+                await self._table.update_entity(
+                    {"PartitionKey": task_group_id, "RowKey": OWNER, "schedulerId": scheduler_id,
+                     "verified": True},
+                    mode=UpdateMode.MERGE, etag=owner.etag,
+                    match_condition=MatchConditions.IfNotModified)
+        except (ETagMismatch, EntityNotFound):
+            return False
+        return True
+
+    async def renew_owner(self, task_group_id: str, expires: str) -> None:
+        """Set the record's ``expires`` (if it is still there)."""
+        try:
+            with translate(f"renewing the record of group {task_group_id}"):
+                await self._table.update_entity({"PartitionKey": task_group_id, "RowKey": OWNER,
+                                                 "expires": expires}, mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            pass
+
+    async def drop_owner(self, task_group_id: str) -> None:
+        try:
+            with translate(f"deleting the record of group {task_group_id}"):
+                await self._table.delete_entity(task_group_id, OWNER)
+        except EntityNotFound:
+            pass
+
+    async def expired_records(self, before: str, record: str = META) -> list[str]:
+        """The groups whose ``record`` (the sealed record unless told) has an ``expires``
+        before ``before`` (an ISO time in the API's form, which sorts as it compares): a
+        scan of the whole table."""
         with translate("looking for expired group records"):
             return [str(r["PartitionKey"]) async for r in self._table.query_entities(
-                "RowKey eq @meta and expires lt @before",
-                parameters={"meta": META, "before": before}, select=["PartitionKey"])]
+                "RowKey eq @record and expires lt @before",
+                parameters={"record": record, "before": before}, select=["PartitionKey"])]
 
     async def drop_record(self, task_group_id: str) -> None:
         with translate(f"deleting the record of group {task_group_id}"):

@@ -19,6 +19,10 @@ Azure except the two queue calls:
    (The putUrl has no read permission, so the blob's length is not read instead.)
 4. The putUrl lives 30 minutes: ``createArtifact`` with the same definition is asked
    again ``REFRESH_MARGIN`` before it expires (or after a 403), for a fresh one.
+5. Readers of the resolved run get the log as it was last finished, whatever is written
+   to the blob after (a putUrl outlives the run): ``finishArtifact`` is called again
+   once the rest is appended (``close()``), and every ``FINISH_EVERY`` while appends go
+   on, so a run resolved by someone else (cancelTask, its deadline) keeps most of its log.
 
 Failures while the command runs are logged as warnings and retried at the next tick:
 a run never fails because one append failed. ``close()`` appends the rest and raises
@@ -42,6 +46,7 @@ log = logging.getLogger(__name__)
 
 CHUNK = 4 * 1024 * 1024  # Azure's largest Append Block before API version 2022-11-02
 REFRESH_MARGIN = timedelta(minutes=5)
+FINISH_EVERY = timedelta(minutes=1)
 # The pauses between the last tries to append the rest of a log, once the command ended.
 FINAL_PAUSES = (1.0, 3.0)
 REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=120, sock_connect=30)
@@ -70,6 +75,7 @@ class LiveLog:
         self._expires = datetime.min.replace(tzinfo=UTC)
         self._doubt = 0  # the size of a failed append that may have been applied
         self._stop = asyncio.Event()
+        self._finished = datetime.min.replace(tzinfo=UTC)  # when finishArtifact last was
 
     async def start(self) -> None:
         """Create the artifact and its empty blob, and finish it; a failure is a warning
@@ -93,17 +99,19 @@ class LiveLog:
         self._stop.set()
 
     async def close(self) -> None:
-        """Append the rest of the file, tried once more after each of ``FINAL_PAUSES``;
-        ``LogNotWritten`` if it still cannot be done."""
+        """Append the rest of the file and finish the log again, tried once more after each
+        of ``FINAL_PAUSES``; ``LogNotWritten`` if it still cannot be done."""
         for pause in FINAL_PAUSES:
             try:
                 await self._append_new(final=True)
+                await self._finish_again()
                 return
             except LogNotWritten as e:
                 log.warning("task %s/%d: %s; trying again in %g s", self.run.task_id,
                             self.run.run_id, e, pause)
                 await asyncio.sleep(pause)
         await self._append_new(final=True)
+        await self._finish_again()
 
     # -- the protocol ------------------------------------------------------------------
 
@@ -143,6 +151,17 @@ class LiveLog:
         except client.EXPECTED as e:
             raise self._fail(f"finishArtifact failed: {client.describe(e)}", final) from None
         self._created = True
+        self._finished = datetime.now(UTC)
+
+    async def _finish_again(self) -> None:
+        """finishArtifact on the whole log: what readers get once the run is resolved."""
+        if not self._created:
+            return  # nothing was ever written
+        try:
+            await self.run.queue.finishArtifact(self.run.task_id, self.run.run_id, self.name, {})
+        except client.EXPECTED as e:
+            raise self._fail(f"finishArtifact failed: {client.describe(e)}", True) from None
+        self._finished = datetime.now(UTC)
 
     async def _append_new(self, final: bool = False) -> None:
         """Append everything the file holds beyond ``offset``, ``CHUNK`` bytes at most per
@@ -154,6 +173,12 @@ class LiveLog:
             length = self._doubt or min(CHUNK, size - self.offset)
             data = await asyncio.to_thread(os.pread, self.fd, length, self.offset)
             await self._append(data, final)
+        if not final and datetime.now(UTC) - self._finished >= FINISH_EVERY:
+            try:
+                await self._finish_again()
+            except LogNotWritten as e:
+                log.warning("task %s/%d: %s; trying again after the next append",
+                            self.run.task_id, self.run.run_id, e)
 
     async def _append(self, data: bytes, final: bool) -> None:
         retry = self._doubt > 0

@@ -229,6 +229,11 @@ class Worker:
     ``completed`` counts the runs reported completed; ``requests`` counts the requests
     made to get work (``azqueue.worker.sas.REQUEST_KINDS``, and ``"claimWork"``), and
     ``claimed`` the claims they brought: their ratio is what a task costs in polls.
+    ``passes`` counts the times the worker asked for work and had its answer (claims, none,
+    or an error), each counted once the claims it brought are running; ``running`` is how
+    many runs it holds now (handler running, or outcome being reported). So once
+    ``passes`` has grown past its value at some moment with ``claimed`` unchanged, no
+    request for work that was under way then brought anything.
     """
 
     def __init__(self, config: WorkerConfig, handler: Handler) -> None:
@@ -241,6 +246,7 @@ class Worker:
         self._shutdown = False
         self.completed = 0
         self.claimed = 0
+        self.passes = 0
         self.requests: Counter[str] = Counter()
         self._refused: errors.QueueRefused | None = None
         self._status_credentials: Credentials | None = None
@@ -264,6 +270,7 @@ class Worker:
                     try:
                         claims = await source(free)
                     except client.EXPECTED as e:
+                        self.passes += 1
                         status = client.status_of(e)
                         if status in FATAL_STATUSES:
                             self._refused = errors.QueueRefused(
@@ -278,6 +285,7 @@ class Worker:
                         await self._sleep(pause)
                         continue
                     except Exception:  # a bug: say where, and keep the worker alive
+                        self.passes += 1
                         failures += 1
                         log.error("getting work failed unexpectedly; retrying", exc_info=True)
                         await self._sleep(self._retry_sleep(failures))
@@ -286,6 +294,7 @@ class Worker:
                     self.claimed += len(claims)
                     for claim in claims:
                         self._spawn(session, claim)
+                    self.passes += 1
                 await self._finish_running()
         finally:
             self.state = WorkerState.STOPPED
@@ -294,6 +303,11 @@ class Worker:
             self._stopped.set()
         if self._refused is not None:
             raise self._refused
+
+    @property
+    def running(self) -> int:
+        """How many runs the worker holds now."""
+        return len(self._running)
 
     def _retry_sleep(self, failures: int) -> float:
         """Exponential backoff with jitter after ``failures`` failures in a row."""

@@ -21,7 +21,8 @@ from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import definition, slugid
 
 LIMITED = Client("limited", "limited-access-token-0123456789", (
-    "queue:scheduler-id:-", "queue:create-task:lowest:prov/other", "queue:status:*"))
+    "queue:scheduler-id:-", "queue:create-task:lowest:prov/other",
+    "queue:create-task:project:none", "queue:status:*"))
 ISSUER = Client("issuer", "issuer-access-token-0123456789abc", (
     "queue:create-task:*", "queue:scheduler-id:*", "queue:status:*", "queue:get-task:*",
     "auth:create-client:temp/*"))
@@ -162,7 +163,8 @@ async def test_missing_create_task_scope_is_403_naming_it_and_writes_nothing(
 async def test_temporary_credentials_named_and_unnamed(auth_server: Server,
                                                        flavour: str) -> None:
     now = datetime.now(UTC)
-    scopes = ["queue:create-task:lowest:prov/temp", "queue:scheduler-id:-", "queue:status:*"]
+    scopes = ["queue:create-task:lowest:prov/temp", "queue:create-task:project:none",
+              "queue:scheduler-id:-", "queue:status:*"]
     for name in (None, "temp/ci-job"):
         temp = taskcluster.createTemporaryCredentials(
             ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1), scopes, name=name)
@@ -249,5 +251,6 @@ async def test_sas_worker_needs_its_scopes(auth_server: Server,
     await asyncio.to_thread(queue(auth_server, creds(ROOT)).createTask, task_id, definition())
     code, err = await sas.post(anonymous, f"{auth_server.api}/task/{task_id}/runs/0/claim",
                                {"workerGroup": "g", "workerId": "w"})
-    assert code == 403
-    assert "queue:claim-task:prov/wt" in err["message"] and "queue:worker-id:g/w" in err["message"]
+    # The worker's identity is checked first, before the task is read for its task queue
+    # (tests/security/test_tenant_isolation.py checks the task queue's scope).
+    assert code == 403 and "queue:worker-id:g/w" in err["message"]

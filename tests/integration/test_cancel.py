@@ -83,14 +83,14 @@ async def test_cancel_task_needs_its_scope_and_a_refusal_changes_nothing(
         make_server: ServerFactory) -> None:
     server = await make_server(clients=(CANCELER,), anonymous_scopes=())
     root, canceler = _queue(server), _queue(server, CANCELER)
-    group = slugid()
+    group, elsewhere = slugid(), slugid()
     mine, other = slugid(), slugid()
     await root.createTask(mine, definition(taskGroupId=group))
-    await root.createTask(other, definition(taskGroupId=group, schedulerId="elsewhere"))
+    await root.createTask(other, definition(taskGroupId=elsewhere, schedulerId="elsewhere"))
     with pytest.raises(TaskclusterRestFailure) as info:
         await canceler.cancelTask(other)
     assert info.value.status_code == 403
-    assert f"queue:cancel-task:elsewhere/{group}/{other}" in info.value.body["message"]
+    assert f"queue:cancel-task:elsewhere/{elsewhere}/{other}" in info.value.body["message"]
     assert (await root.status(other))["status"]["state"] == "pending"
     assert (await canceler.cancelTask(mine))["status"]["state"] == "exception"
     with pytest.raises(TaskclusterRestFailure) as info:

@@ -208,9 +208,13 @@ async def test_a_sealed_groups_record_expires_with_its_tasks(
     code, sealed = await sas.post(http, f"{server.api}/task-group/{group}/seal")
     assert code == 200
 
+    groups = server.services.definitions.groups
     await server.services.expiry.expire(now + timedelta(days=2))
-    assert await server.services.definitions.groups.meta(group) is not None
+    assert await groups.meta(group) is not None
+    assert await groups.owner(group) is not None
     await server.services.expiry.expire(timeutil.parse(sealed["expires"]) + timedelta(days=1))
-    assert await server.services.definitions.groups.meta(group) is None
+    assert await groups.meta(group) is None
+    # The record of the group's schedulerId goes with its last task.
+    assert await groups.owner(group) is None
     async with http.get(f"{server.api}/task-group/{group}") as r:
         assert r.status == 404

@@ -1,0 +1,91 @@
+"""The pytest plugin as a downstream project uses it: a project of its own (no import
+from tests/), run with `python -m pytest` in a directory of its own, sync and asyncio
+tests, pytest-asyncio in auto mode and warnings as errors."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN = "azqueue.testing.pytest_plugin"
+INI = """[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = function
+filterwarnings = error
+"""
+
+
+def run_pytest(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """`python -m pytest` in ``cwd`` with this checkout's azqueue importable, loading the
+    plugin as its entry point does (explicitly when azqueue is installed without it)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    declared = subprocess.run(
+        [sys.executable, "-c", "from importlib.metadata import entry_points; print(any("
+         f"e.value == {PLUGIN!r} for e in entry_points(group='pytest11')))"],
+        cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
+    plugin = [] if declared == "True" else ["-p", PLUGIN]
+    return subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
+                           *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def downstream_project(path: Path, tests: str) -> Path:
+    (path / "pytest.ini").write_text(INI)
+    (path / "test_downstream.py").write_text(tests)
+    return path
+
+
+@pytest.mark.timeout(300)
+def test_a_downstream_project_tests_its_worker_with_the_plugins_fixtures(tmp_path: Path) -> None:
+    """Tasks created with the official client are run by the handler (claimWork and SAS
+    workers), a raising handler fails its run, a second test sees none of the first's
+    tasks, an asyncio test drives the same fixtures while its own loop runs on, and
+    tasks complete while storage is throttled; drain gives up after its timeout."""
+    project = downstream_project(tmp_path, (Path(__file__).parent / "downstream_tests.py")
+                                 .read_text())
+    done = run_pytest(project, "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\b7 passed\b", done.stdout), done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_keep_leaves_a_tests_storage_and_says_where_it_is(tmp_path: Path) -> None:
+    project = downstream_project(tmp_path, """
+import taskcluster
+
+def test_creates_a_task(azqueue_server):
+    azqueue_server.queue().createTask(taskcluster.slugId(), {
+        "taskQueueId": "kept/tasks", "created": taskcluster.fromNowJSON("0 seconds"),
+        "deadline": taskcluster.fromNowJSON("1 hour"), "payload": {},
+        "metadata": {"name": "kept", "description": "kept", "owner": "dev@example.com",
+                     "source": "https://example.com"}})
+""")
+    done = run_pytest(project, "-q", "--azqueue-keep")
+    assert done.returncode == 0, done.stdout + done.stderr
+    kept = re.search(r"test_creates_a_task: prefix (t[0-9a-f]+), Azurite data in (\S+)",
+                     done.stdout)
+    assert kept, done.stdout
+    data = Path(kept[2])
+    try:
+        assert any(data.rglob("*")), f"nothing kept in {data}"
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.mark.timeout(300)
+def test_azqueues_own_suite_keeps_its_fixtures_with_the_plugin_loaded() -> None:
+    """tests/conftest.py's `azurite` overrides the plugin's: the whole suite collects, and
+    a test on the conftest's fixtures passes."""
+    collected = run_pytest(REPO, "--collect-only", "-q", "tests")
+    assert collected.returncode == 0, collected.stdout[-3000:] + collected.stderr
+    sample = run_pytest(REPO, "-q", "tests/integration/test_create_task.py", "-k",
+                        "idempotent")
+    assert sample.returncode == 0, sample.stdout[-3000:] + sample.stderr
+    assert re.search(r"\b[1-9]\d* passed\b", sample.stdout), sample.stdout
