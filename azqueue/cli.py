@@ -36,7 +36,8 @@ DEFAULT_MAX_RUN_TIME = 3600
 CLIENT_VARIABLES = """\
 environment: TASKCLUSTER_ROOT_URL (required), TASKCLUSTER_CLIENT_ID and
 TASKCLUSTER_ACCESS_TOKEN (anonymous without them), TASKCLUSTER_CERTIFICATE
-(temporary credentials), as `azqueue dev` prints them."""
+(temporary credentials), as `azqueue dev` prints them; TASKCLUSTER_ACCESS_TOKEN_FILE
+instead of TASKCLUSTER_ACCESS_TOKEN: a file holding the token (first line)."""
 
 SERVE_VARIABLES = """\
 Configured entirely by environment variables (README.md, "Running it", describes each):
@@ -50,7 +51,9 @@ Configured entirely by environment variables (README.md, "Running it", describes
   clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
   events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
   timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
-  logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)"""
+  logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)
+  metrics:   AZQUEUE_METRICS_PORT (/metrics on a listener of its own, not the API's),
+             AZQUEUE_METRICS_HOST (127.0.0.1)"""
 
 
 def _log_level(value: str) -> str:

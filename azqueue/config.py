@@ -54,7 +54,7 @@ class StorageSettings:
     bundle to trust for the storage endpoints (an emulator with its own certificate).
     """
 
-    connection_string: str
+    connection_string: str = field(repr=False)  # may hold the account key
     prefix: str = "azq"
     ca_file: str | None = None
     credential: object | None = field(default=None, compare=False, repr=False)
@@ -112,30 +112,54 @@ class StorageSettings:
                    **({"prefix": prefix} if prefix else {}))
 
 
+MIN_ACCESS_TOKEN = 22
+
+
 @dataclass(frozen=True, slots=True)
 class Client:
     """A permanent client: Hawk id, access token and the scopes it holds."""
 
     client_id: str
-    access_token: str
+    access_token: str = field(repr=False)
     scopes: tuple[str, ...]
 
     def __post_init__(self) -> None:
-        if not self.client_id or len(self.access_token) < 22:
+        if not self.client_id or len(self.access_token) < MIN_ACCESS_TOKEN:
             raise ConfigError(f"client {self.client_id!r}: needs a clientId and an accessToken "
                               "of at least 22 characters")
+
+
+# What examples write where a secret goes ("change-me-to-a-long-random-token"): a server
+# started with one is open to everyone who read the example.
+_PLACEHOLDER_RE = re.compile(r"change[-_ ]?me|replace[-_ ]?me|placeholder|your[-_ ]?(secret|token)",
+                             re.IGNORECASE)
+def is_placeholder(secret: str) -> bool:
+    """Whether ``secret`` is an example's stand-in for one, such as ``change-me-...``."""
+    return _PLACEHOLDER_RE.search(secret) is not None
+
+
+def _example_value(variable: str) -> ConfigError:
+    return ConfigError(f"{variable} holds an example value (such as change-me-...), not a "
+                       "secret: set a long random one, e.g. the output of `python -c 'import "
+                       "secrets; print(secrets.token_urlsafe(32))'`")
 
 
 def _load_clients(path: str) -> tuple[Client, ...]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        return tuple(Client(str(c["clientId"]), str(c["accessToken"]),
-                            tuple(str(s) for s in c.get("scopes", []))) for c in data)
+        clients = tuple(Client(str(c["clientId"]), str(c["accessToken"]),
+                               tuple(str(s) for s in c.get("scopes", []))) for c in data)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(
             f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
             '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
+    for client in clients:
+        if is_placeholder(client.access_token):
+            raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: the accessToken of client "
+                              f"{client.client_id!r} is an example value (such as "
+                              "change-me-...): give it a long random one")
+    return clients
 
 
 # Reading tasks, public artifacts, task groups and what the queue knows of task queues
@@ -153,13 +177,16 @@ DEFAULT_ANONYMOUS_SCOPES = (
 class Settings:
     storage: StorageSettings
     # Secrets for signing tips; the first signs, all verify (rotation).
-    tip_secrets: tuple[str, ...]
+    tip_secrets: tuple[str, ...] = field(repr=False)
     # The root client (scope `*`); it also issues the credentials handed out with claims.
     root: Client
     clients: tuple[Client, ...] = ()
     anonymous_scopes: tuple[str, ...] = DEFAULT_ANONYMOUS_SCOPES
     host: str = "127.0.0.1"
     port: int = 8080
+    # `GET /metrics` on a listener of its own (0: on the API's, to anyone who asks).
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
     root_url: str = ""
     claim_timeout: float = 20 * 60
     sas_lifetime: float = 30 * 60
@@ -169,7 +196,7 @@ class Settings:
     claim_work_wait: float = 20.0
     claim_work_poll_interval: float = 2.0
     # Events: off without an AMQP URL.
-    amqp_url: str = ""
+    amqp_url: str = field(default="", repr=False)  # may hold the broker's password
     exchange_prefix: str = "exchange/taskcluster-queue/v1/"
     events_recovery_delay: float = 30.0
     events_resolver_interval: float = 2.0
@@ -229,16 +256,29 @@ class Settings:
         if not root_id or not root_token:
             raise ConfigError("AZQUEUE_ROOT_CLIENT_ID and AZQUEUE_ROOT_ACCESS_TOKEN must be set: "
                               "the root client holds scope `*` and signs claim credentials")
+        if any(is_placeholder(s) for s in tip_secrets):
+            raise _example_value("AZQUEUE_TIP_SECRETS")
+        if is_placeholder(root_token):
+            raise _example_value("AZQUEUE_ROOT_ACCESS_TOKEN")
+        if len(root_token) < MIN_ACCESS_TOKEN:
+            raise ConfigError(f"AZQUEUE_ROOT_ACCESS_TOKEN is {len(root_token)} characters long: "
+                              f"the root client's token (scope `*`) needs at least "
+                              f"{MIN_ACCESS_TOKEN}, e.g. the output of `python -c 'import secrets; "
+                              "print(secrets.token_urlsafe(32))'`")
         given: dict[str, object] = {
             name: env[variable] for name, variable in _TEXT_VARIABLES.items() if env.get(variable)}
         given.update((name, _seconds(env, variable)) for name, variable in
                      _SECONDS_VARIABLES.items() if env.get(variable))
-        port_raw = env.get("AZQUEUE_PORT")
-        if port_raw:
-            try:
-                given["port"] = int(port_raw)
-            except ValueError:
-                raise ConfigError(f"AZQUEUE_PORT={port_raw!r} is not a port number") from None
+        for name, variable in (("port", "AZQUEUE_PORT"), ("metrics_port", "AZQUEUE_METRICS_PORT")):
+            port_raw = env.get(variable)
+            if port_raw:
+                try:
+                    port = int(port_raw)
+                except ValueError:
+                    port = -1
+                if not 0 <= port < 65536:
+                    raise ConfigError(f"{variable}={port_raw!r} is not a port number")
+                given[name] = port
         clients_file = env.get("AZQUEUE_CLIENTS_FILE", "")
         if clients_file:
             given["clients"] = _load_clients(clients_file)
@@ -262,6 +302,7 @@ class Settings:
 # The settings read as they are written, and those in seconds; the rest are special.
 _TEXT_VARIABLES = {
     "host": "AZQUEUE_HOST",
+    "metrics_host": "AZQUEUE_METRICS_HOST",
     "root_url": "AZQUEUE_ROOT_URL",
     "amqp_url": "AZQUEUE_AMQP_URL",
     "exchange_prefix": "AZQUEUE_EXCHANGE_PREFIX",

@@ -10,7 +10,7 @@ SIGINT, SIGTERM and SIGHUP (a closed terminal); ``dev`` then stops its Azurite t
 
 ``dev --data DIR`` keeps Azurite's data, the tip secrets and the root credentials in DIR
 (``DEV_STATE``, mode 0600), so a restart keeps every stored task and every pending tip
-valid.
+valid. DIR is made 0700 (Azurite's own files are readable by all).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import stat
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -246,7 +247,26 @@ def _data_dir(raw: str | None) -> Path | None:
         raise StartupError(f"--data {raw}: cannot create it: {e.strerror or e}") from None
     if not os.access(path, os.W_OK | os.X_OK):
         raise StartupError(f"--data {raw}: not writable by this user")
+    _make_private(path, raw)
     return path
+
+
+def _make_private(path: Path, raw: str) -> None:
+    """Make the data directory 0700: Azurite's files in it (every payload and artifact)
+    are readable by all, so the directory is what keeps other users out. A directory
+    shared with others (sticky, as /tmp) is refused rather than closed to them."""
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        if mode & stat.S_ISVTX:
+            raise StartupError(f"--data {raw}: a directory shared with other users (sticky, as "
+                               f"/tmp); give a directory of its own, such as {raw}/azqueue")
+        if mode & 0o077:
+            path.chmod(0o700)
+            log.warning("--data %s was open to other users (mode %04o); made it 0700",
+                        raw, mode)
+    except OSError as e:
+        raise StartupError(f"--data {raw}: cannot make it private to this user (mode 0700): "
+                           f"{e.strerror or e}") from None
 
 
 async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:

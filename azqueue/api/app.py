@@ -24,7 +24,7 @@ from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routes import AUTH_KEY, SERVICES_KEY, STARTED_KEY, dispatch
 from azqueue.api.unsupported import refusing_unimplemented
 from azqueue.background import resolvers
-from azqueue.config import Settings
+from azqueue.config import ConfigError, Settings
 from azqueue.service.wiring import open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
@@ -35,6 +35,27 @@ async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     async with open_services(app[SETTINGS_KEY]) as services:
         app[SERVICES_KEY] = services
         yield
+
+
+async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
+    """``GET /metrics`` on ``metrics_host:metrics_port`` (AZQUEUE_METRICS_PORT), apart
+    from the API, for a scraper the operator lets reach it."""
+    settings = app[SETTINGS_KEY]
+    services = app[SERVICES_KEY]
+    metrics_app = web.Application()
+    metrics_app.router.add_get(METRICS_PATH, serve_metrics(lambda: services))
+    runner = web.AppRunner(metrics_app, access_log=None)
+    await runner.setup()
+    try:
+        try:
+            await web.TCPSite(runner, settings.metrics_host, settings.metrics_port).start()
+        except OSError as e:
+            raise ConfigError(f"cannot listen on {settings.metrics_host}:{settings.metrics_port} "
+                              f"for /metrics: {e.strerror or e}; check AZQUEUE_METRICS_HOST and "
+                              "AZQUEUE_METRICS_PORT") from None
+        yield
+    finally:
+        await runner.cleanup()
 
 
 async def _resolvers_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -72,9 +93,12 @@ def create_app(settings: Settings) -> web.Application:
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_service_ctx)
+    if settings.metrics_port:
+        app.cleanup_ctx.append(_metrics_listener_ctx)
+    else:
+        app.router.add_get(METRICS_PATH, serve_metrics(lambda: app.get(SERVICES_KEY)))
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
-    app.router.add_get(METRICS_PATH, serve_metrics(lambda: app.get(SERVICES_KEY)))
     dashboard.add_routes(app.router)
     app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.

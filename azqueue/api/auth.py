@@ -2,13 +2,17 @@
 
 Requests without an Authorization header are anonymous and hold the configured
 anonymous scopes. Everything that fails authentication is a 401 that says what was
-wrong; no secret ever goes into a message or a log line.
+wrong; no secret ever goes into a message or a log line. An unknown clientId (or
+certificate issuer) is answered as a wrong signature is, so a caller cannot learn which
+clients exist; the log says which it was.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import logging
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -18,6 +22,8 @@ from azqueue.errors import AuthenticationFailed, InsufficientScopes
 from azqueue.model import credentials, jsontext, scopes
 from azqueue.model.credentials import Principal
 from azqueue.api import hawk
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +66,17 @@ class Authenticator:
         self._clients = {c.client_id: Principal(c.client_id, c.access_token, c.scopes)
                          for c in (settings.root, *settings.clients)}
         self._anonymous = Caller(None, settings.anonymous_scopes)
+        self._nobody = Principal("", secrets.token_urlsafe(32), ())
         self.replays = hawk.ReplayCache()
         self._default_port = 443 if settings.public_root_url.startswith("https:") else 80
+
+    def _known(self, client_id: str) -> Principal | None:
+        """The client ``client_id``; None, noted in the log, if there is none (the caller
+        is told no more than for a wrong signature)."""
+        found = self._clients.get(client_id)
+        if found is None:
+            log.info("authentication failed: clientId %r is not a known client", client_id)
+        return found
 
     def authenticate(self, *, method: str, target: str, host: str, content_type: str,
                      body: bytes, authorization: str | None, now: datetime) -> Caller:
@@ -97,19 +112,22 @@ class Authenticator:
             kind = "header"
         ext = _decode_ext(header.ext) if header.ext else {}
         if "certificate" in ext:
-            principal = credentials.verify(ext["certificate"], header.id, self._clients.get, now)
+            principal = credentials.verify(ext["certificate"], header.id, self._known, now)
         else:
-            found = self._clients.get(header.id)
-            if found is None:
-                raise AuthenticationFailed(f"unknown clientId {header.id!r}")
-            principal = found
+            # An unknown clientId is checked against a key nobody holds, and answered as a
+            # wrong signature is: the caller cannot tell which clientIds exist.
+            principal = self._known(header.id) or self._nobody
         hostname, port = _host_port(host, self._default_port)
         expected = hawk.mac(principal.access_token, kind, header, method, target, hostname,
                             port, header.hash)
-        if not hawk.equal(expected, header.mac):
+        if not hawk.equal(expected, header.mac) or principal is self._nobody:
+            if principal is not self._nobody:
+                log.info("authentication failed: the Hawk signature of clientId %r does not "
+                         "match", header.id)
             raise AuthenticationFailed(
-                f"the Hawk signature of clientId {header.id!r} does not match: wrong accessToken, "
-                f"or the request was signed for another URL (signed for host {hostname}:{port}?)")
+                f"the Hawk signature of clientId {header.id!r} does not match: no such client, "
+                "or a wrong accessToken, or the request was signed for another URL (signed "
+                f"for host {hostname}:{port}?)")
         if kind == "header":
             if header.hash and not hawk.equal(hawk.payload_hash(content_type, body), header.hash):
                 raise AuthenticationFailed("the Hawk payload hash does not match the request body")

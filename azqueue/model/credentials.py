@@ -25,7 +25,7 @@ import hmac
 import json
 import secrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -41,7 +41,7 @@ class Principal:
     """Someone who can sign requests: a Hawk id, its key and the scopes it holds."""
 
     client_id: str
-    access_token: str
+    access_token: str = field(repr=False)
     scopes: tuple[str, ...]
 
 
@@ -124,12 +124,14 @@ def verify(raw: Any, hawk_id: str, lookup: Callable[[str], Principal | None],
         name = hawk_id
     else:
         issuer_id = hawk_id
+    # An unknown issuer and a wrong signature answer alike: a caller cannot tell which
+    # clientIds exist (``lookup`` may note which it was, for the operator).
     issuer = lookup(issuer_id)
-    if issuer is None:
-        raise _fail(f"the issuer {issuer_id!r} is not a known client")
-    if not hmac.compare_digest(_signature(issuer.access_token, cert, name).encode(),
-                               str(cert["signature"]).encode()):
-        raise _fail("the certificate signature does not match its issuer's access token")
+    if issuer is None or not hmac.compare_digest(
+            _signature(issuer.access_token, cert, name).encode(),
+            str(cert["signature"]).encode()):
+        raise _fail(f"the certificate signature does not match the access token of its issuer "
+                    f"{issuer_id!r}, or no such client exists")
     excess = scopeset.missing_scopes(issuer.scopes, cert_scopes)
     if excess:
         raise _fail(f"the certificate grants scopes its issuer {issuer_id!r} lacks: "

@@ -18,7 +18,7 @@ import base64
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -67,8 +67,10 @@ class Peeked:
 
 @dataclass(frozen=True, slots=True)
 class SignedQueueUrls:
-    signed_poll_url: str
-    signed_delete_url: str
+    """SAS URLs: credentials, kept out of reprs."""
+
+    signed_poll_url: str = field(repr=False)
+    signed_delete_url: str = field(repr=False)
 
 
 def _seconds(delta: timedelta) -> int:

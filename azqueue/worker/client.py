@@ -1,7 +1,8 @@
 """The worker's view of the queue: the official client, plus the one call it lacks.
 
 * ``Credentials``: a client's or a claim's credentials (temporary ones carry a
-  ``certificate``), read from the usual ``TASKCLUSTER_*`` variables or a claim answer.
+  ``certificate``), read from the usual ``TASKCLUSTER_*`` variables (or the token from
+  the file ``TASKCLUSTER_ACCESS_TOKEN_FILE`` names) or a claim answer.
 * ``queue()``: the official ``taskcluster.aio.Queue`` on a shared aiohttp session; it
   signs with Hawk and retries 5xx answers and connection errors with backoff.
 * ``poll_task_urls()``: ``GET poll-task-url/<provisionerId>/<workerType>`` is not in the
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -48,8 +49,8 @@ class Credentials:
     """
 
     client_id: str
-    access_token: str
-    certificate: str | None = None
+    access_token: str = field(repr=False)
+    certificate: str | None = field(default=None, repr=False)
 
     def as_options(self) -> dict[str, str]:
         out = {"clientId": self.client_id, "accessToken": self.access_token}
@@ -66,12 +67,36 @@ class Credentials:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Credentials | None:
-        """``TASKCLUSTER_CLIENT_ID``/``_ACCESS_TOKEN``/``_CERTIFICATE``; None if unset."""
+        """``TASKCLUSTER_CLIENT_ID``/``_ACCESS_TOKEN``/``_CERTIFICATE``; None if unset.
+
+        ``TASKCLUSTER_ACCESS_TOKEN_FILE`` names a file holding the access token instead
+        (its first line), so that the token is in no process's environment; ValueError
+        saying what is wrong if it cannot be read, or if both are set."""
         client_id = env.get("TASKCLUSTER_CLIENT_ID", "")
         token = env.get("TASKCLUSTER_ACCESS_TOKEN", "")
+        token_file = env.get("TASKCLUSTER_ACCESS_TOKEN_FILE", "")
+        if token and token_file:
+            raise ValueError("set TASKCLUSTER_ACCESS_TOKEN or TASKCLUSTER_ACCESS_TOKEN_FILE, "
+                             "not both")
+        if token_file:
+            token = _read_token(token_file)
         if not client_id or not token:
             return None
         return cls(client_id, token, env.get("TASKCLUSTER_CERTIFICATE") or None)
+
+
+def _read_token(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ValueError(f"TASKCLUSTER_ACCESS_TOKEN_FILE={path!r}: cannot read it ({why})"
+                         ) from None
+    if not token:
+        raise ValueError(f"TASKCLUSTER_ACCESS_TOKEN_FILE={path!r} is empty: write the access "
+                         "token on its first line")
+    return token
 
 
 def queue(root_url: str, credentials: Credentials | None,

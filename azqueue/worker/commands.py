@@ -2,7 +2,8 @@
 submitters (its arguments are parsed in ``azqueue.cli``).
 
 All read the usual ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID``,
-``TASKCLUSTER_ACCESS_TOKEN`` (and ``TASKCLUSTER_CERTIFICATE``) and use the official
+``TASKCLUSTER_ACCESS_TOKEN`` (or ``TASKCLUSTER_ACCESS_TOKEN_FILE``, a file holding it, so
+that it is in no environment) and ``TASKCLUSTER_CERTIFICATE``, and use the official
 client. A queue that cannot be reached, or a rootUrl that does not answer as a queue,
 is one line naming the URL (exit status 1), never a traceback.
 """
@@ -94,7 +95,10 @@ def explain(error: TaskclusterFailure, root_url: str) -> str:
 
 
 def _credentials() -> Credentials | None:
-    return Credentials.from_env()
+    try:
+        return Credentials.from_env()
+    except ValueError as e:
+        raise CommandError(str(e)) from None
 
 
 def _queue(root_url: str) -> taskcluster.Queue:
@@ -121,6 +125,8 @@ async def _worker(args: argparse.Namespace, root_url: str) -> int:
     except ValueError as e:
         raise CommandError(f"worker: {e}") from None
     await _check_queue(root_url)
+    # The commands it runs are of the same user: keep them out of its /proc environment.
+    shell.hide_environment()
     worker = Worker(config, shell.run_command)
     print(f"azqueue worker {args.worker_group}/{args.worker_id} on {args.task_queue} "
           f"({args.mode}, capacity {args.capacity}) at {root_url}", file=sys.stderr, flush=True)

@@ -9,19 +9,27 @@ that cannot be written then is exception ``internal-error``. Exit 0: completed; 
 other exit, or running past ``maxRunTime`` (the process group is killed): failed; a
 payload that does not fit: exception ``malformed-payload`` with the explanation in the
 log. The command does not inherit the worker's environment (and so never its
-credentials): it gets PATH, HOME, LANG, the payload's ``env``, TASK_ID and RUN_ID. It
+credentials): it gets PATH, HOME, LANG, TZ, the payload's ``env``, TASK_ID and RUN_ID. It
 runs in a fresh scratch directory (``azqueue-<taskId>-<runId>-*`` in the system's
 temporary directory), removed with all it holds once the command has ended; a canceled
 run (or one the worker lost) kills the command's process group.
+
+The command runs as the worker's own user, so it can do whatever that user can: read
+the files the worker reads (a token file among them) and, were it not for
+``hide_environment()``, the worker's initial environment in ``/proc/<pid>/environ``.
+A worker that runs tasks it does not trust runs them as another user, in a container
+or a virtual machine.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +45,30 @@ LOG_CONTENT_TYPE = "text/plain; charset=utf-8"
 DEFAULT_MAX_RUN_TIME = 3600
 MAX_RUN_TIME = 86400
 INHERITED = ("PATH", "HOME", "LANG", "TZ")
+
+
+PR_SET_DUMPABLE = 4
+
+
+def hide_environment() -> bool:
+    """Make this process not dumpable (Linux ``prctl(PR_SET_DUMPABLE, 0)``): the files of
+    ``/proc/<pid>`` then belong to root, so a process of the same user that is not
+    privileged, such as a task's command, can neither read the worker's environment
+    (``/proc/<pid>/environ``, where a ``TASKCLUSTER_ACCESS_TOKEN`` passed to it stays
+    however ``os.environ`` changes) nor attach to it with ptrace. Root still can. The
+    command itself is dumpable again once it is executed. False where this is not
+    possible (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        done: bool = libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+    if not done:
+        log.warning("could not make the worker's process undumpable (errno %d): tasks of "
+                    "its user can read its environment", ctypes.get_errno())
+    return done
 
 
 def check_payload(payload: Any) -> tuple[list[str], dict[str, str], int]:

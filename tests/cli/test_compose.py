@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import subprocess
 import sys
@@ -28,10 +29,11 @@ def compose() -> dict[str, Any]:
 
 
 def _published(service: dict[str, Any]) -> set[int]:
-    """The host ports a service publishes ("10000-10002:10000-10002", "8080:8080")."""
+    """The host ports a service publishes ("127.0.0.1:10000-10002:10000-10002",
+    "127.0.0.1:8080:8080")."""
     ports: set[int] = set()
     for mapping in service.get("ports", []):
-        host = str(mapping).split(":")[0]
+        host = str(mapping).split(":")[-2]
         low, _, high = host.partition("-")
         ports.update(range(int(low), int(high or low) + 1))
     return ports
@@ -56,7 +58,10 @@ def test_the_server_settings_are_complete_and_name_what_clients_reach(
     AMQP points at the rabbitmq service, storage at the azurite service, and the
     endpoints handed to clients at the ports published on the host."""
     services = compose["services"]
-    env = {k: str(v) for k, v in services["azqueue"]["environment"].items()}
+    # What the user puts in .env for the variables compose asks for (`${NAME:?why}`).
+    given = {"AZQUEUE_TIP_SECRETS": "s" * 32, "AZQUEUE_ROOT_ACCESS_TOKEN": "t" * 32}
+    env = {k: re.sub(r"\$\{(\w+):\?[^}]*\}", lambda m: given[m[1]], str(v))
+           for k, v in services["azqueue"]["environment"].items()}
     settings = Settings.from_env(env)
     amqp = urlsplit(settings.amqp_url)
     assert (amqp.scheme, amqp.hostname, amqp.port) == ("amqp", "rabbitmq", 5672)
