@@ -94,6 +94,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     cache = TaskCache()
     claim_timeout = timedelta(seconds=settings.claim_timeout)
     deadline_queue = account.queue_name("deadline")
+    repair_delay = timedelta(seconds=settings.tip_repair_delay)
     hints = PendingHints(queues, pending)
     waiting = Waiting()
     tips = Tips(signer, queues, pending, hints, tasks, waiting)
@@ -111,14 +112,13 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     changes = Changes(tasks, outbox, dependencies, cache, queues, tips, index,
                       settings.crash_after_commit)
     owners = GroupOwners(tasks, groups)
-    definitions = Definitions(tasks, groups, owners, queues, deadline_queue,
-                              timedelta(seconds=settings.tip_repair_delay), dependencies, tips,
-                              changes, outbox, workerinfo)
+    definitions = Definitions(tasks, groups, owners, queues, deadline_queue, repair_delay,
+                              dependencies, tips, changes, outbox, workerinfo)
     root = settings.root
     claims = Claims(tasks, queues, pending, signer, cache, changes, tips, index, workerinfo,
                     credentials.Principal(root.client_id, root.access_token, root.scopes),
                     claim_timeout)
-    repair = Repair(changes, tips, timedelta(seconds=settings.tip_repair_delay))
+    repair = Repair(changes, tips, repair_delay)
     priority = TaskPriority(tasks, changes, tips)
     artifacts = ArtifactService(account, tasks, UploadSigner(settings.tip_secrets),
                                 settings.public_root_url, outbox)
