@@ -121,7 +121,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     repair = Repair(changes, tips, repair_delay)
     priority = TaskPriority(tasks, changes, tips)
     artifacts = ArtifactService(account, tasks, UploadSigner(settings.tip_secrets),
-                                settings.public_root_url, outbox)
+                                settings.public_root_url, outbox,
+                                upload_read_timeout=settings.upload_read_timeout)
     return Services(
         definitions=definitions,
         claims=claims,
