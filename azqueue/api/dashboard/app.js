@@ -416,7 +416,16 @@ async function queuePage(taskQueueId) {
     "waiting"], [...pendingTasks].sort((a, b) => (a.inserted < b.inserted ? -1 : 1)).map((t) => [
     taskLink(t.taskId), t.runId ?? "", t.task && t.task.metadata ? t.task.metadata.name : "",
     t.task ? t.task.priority : "", since(t.inserted)]), { class: "pending" }));
+  // listClaimedTasks lists runs once they have run a while (the claim index); runs this
+  // replica saw claimed since are added from its recent changes.
   const running = claimed.value ? (claimed.value.tasks || []) : [];
+  const listed = new Set(running.map((t) => t.taskId));
+  for (const t of (recent.value ? recent.value.tasks : [])) {
+    if (t.state === "running" && !listed.has(t.taskId)) {
+      running.push({ taskId: t.taskId, runId: t.runId, workerGroup: t.workerGroup,
+        workerId: t.workerId, claimed: t.started, task: { metadata: { name: t.name } } });
+    }
+  }
   out.push(el("h2", {}, "Running"));
   out.push(claimed.error ? failure(claimed.error) : table(["task", "run", "name", "worker",
     "running for"], running.map((t) => [taskLink(t.taskId), t.runId ?? "",
@@ -690,6 +699,7 @@ async function render() {
 
 function showSignedIn() {
   const creds = credentials();
+  kept.clear(); // forms and answers of whoever was signed in before
   document.getElementById("signin").hidden = !!creds;
   document.getElementById("signed").hidden = !creds;
   document.getElementById("signed-as").textContent = creds ? `signed in as ${creds.clientId}` : "";
@@ -697,7 +707,8 @@ function showSignedIn() {
 
 document.getElementById("signin").addEventListener("submit", (event) => {
   event.preventDefault();
-  const clientId = document.getElementById("signin-client").value.trim();
+  const client = document.getElementById("signin-client");
+  const clientId = client.value.trim();
   const token = document.getElementById("signin-token");
   const problem = document.getElementById("signin-error");
   problem.hidden = true;
@@ -708,7 +719,7 @@ document.getElementById("signin").addEventListener("submit", (event) => {
     problem.textContent = "Give a clientId (letters, digits and !@/:.+|_-) and its accessToken.";
   } else {
     sessionStorage.setItem(CREDENTIALS, JSON.stringify({ clientId, accessToken: token.value }));
-    token.value = "";
+    token.value = client.value = "";
     showSignedIn();
     render();
     return;
