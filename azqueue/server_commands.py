@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 from collections.abc import Awaitable, Callable
@@ -177,6 +178,24 @@ async def _allow_browsers(app: web.Application, origins: tuple[str, ...]) -> Non
              "now lets" if changed else "lets", ", ".join(origins))
 
 
+def _check_can_listen(settings: Settings) -> None:
+    """StartupError if the server could not listen where ``settings`` say, found out by
+    binding that address once (as the server will: reusing one in TIME_WAIT), before
+    ``dev`` starts anything."""
+    try:
+        infos = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise StartupError(f"cannot listen on {settings.host}:{settings.port}: "
+                           f"{e.strerror or e}; check AZQUEUE_HOST") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                raise StartupError(_listen_error(settings, e)) from None
+
+
 def _listen_error(settings: Settings, e: OSError) -> str:
     where = f"{settings.host}:{settings.port}"
     if e.errno == errno.EADDRINUSE:
@@ -280,7 +299,7 @@ async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
     # known yet: any well-formed one stands in for it).
     env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
     env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
-    Settings.from_env(env)
+    _check_can_listen(Settings.from_env(env))
     azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))
     if azurite is None:
         return
