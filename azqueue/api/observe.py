@@ -57,5 +57,6 @@ async def serve_metrics(request: web.Request) -> web.Response:
     if services is not None:
         outbox = services.outbox
         await metrics.PENDING.sample(services.queue.pending_tips,
-                                     outbox.pending if outbox is not None else None)
+                                     outbox.pending if outbox is not None else None,
+                                     services.counts.claimed)
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
