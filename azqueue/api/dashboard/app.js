@@ -12,7 +12,9 @@ const REFRESH_MS = 3000;
 const LOG_POLL_MS = 2000;
 const MAX_COUNTED_QUEUES = 50;
 const MAX_DETAILED_WORKERS = 20;
-const MAX_GROUP_PAGES = 10;
+const MAX_GROUP_PAGES = 4;
+// A group page reads each member it shows (up to 200 reads): it refreshes less often.
+const GROUP_REFRESH_MS = 15000;
 const CREDENTIALS = "azqueue.credentials";
 const BACKLOG = "azqueue.backlog";
 const BACKLOG_KEEP_MS = 30 * 60 * 1000;
@@ -694,7 +696,7 @@ async function render() {
   window.scrollTo(0, scrolled);
   if (follower) follower.scroll();
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
-  timer = setTimeout(render, REFRESH_MS);
+  timer = setTimeout(render, hash.startsWith("#/group/") ? GROUP_REFRESH_MS : REFRESH_MS);
 }
 
 function showSignedIn() {
