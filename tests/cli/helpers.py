@@ -4,19 +4,19 @@ code."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from collections.abc import Mapping
 
 from tests.servers import Server
-from tests.worker.helpers import AZQUEUE, cli_env
+from tests.worker.helpers import AZQUEUE, checkout_env, cli_env
 
 
 async def azqueue(*args: str, env: Mapping[str, str] | None = None,
                   timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``azqueue ARGS``, run to its end (``timeout`` bounds a stuck one)."""
+    """``azqueue ARGS``, run to its end (``timeout`` bounds a stuck one), importing this
+    checkout's azqueue."""
     return await asyncio.to_thread(
-        subprocess.run, [AZQUEUE, *args], env=dict(env if env is not None else os.environ),
+        subprocess.run, [AZQUEUE, *args], env=checkout_env(env),
         capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 

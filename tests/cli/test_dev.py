@@ -4,7 +4,6 @@ its tasks, its credentials and its tip secrets; SIGHUP stops it and its Azurite.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import stat
@@ -18,7 +17,7 @@ from azqueue.server_commands import DEV_STATE
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.signing import hawk_signer
 from tests.tasks import definition, slugid
-from tests.worker.helpers import AZQUEUE, alive, eventually, running
+from tests.worker.helpers import AZQUEUE, alive, checkout_env, eventually, running
 
 BANNER_TIMEOUT = 120.0
 
@@ -27,7 +26,7 @@ class Dev:
     """A running `azqueue dev --data DIR --port PORT` and what its banner said."""
 
     def __init__(self, data: Path, port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")}
+        env = {k: v for k, v in checkout_env().items() if not k.startswith("AZQUEUE_")}
         self.process = subprocess.Popen(
             [AZQUEUE, "dev", "--data", str(data), "--port", str(port)], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
