@@ -409,8 +409,9 @@ def _main(argv: list[str] | None) -> int:
             return server_commands.run(args)
         from azqueue.worker import commands
         return commands.run(args)
-    except ConfigError as e:
-        print(f"azqueue: {e.message}", file=sys.stderr)
+    except ConfigError as e:  # every wrong setting, a line each
+        for line in e.message.splitlines():
+            print(f"azqueue: {line}", file=sys.stderr)
         return USAGE
 
 
