@@ -178,8 +178,9 @@ def parser() -> argparse.ArgumentParser:
         "dev", formatter_class=_formatter,
         help="serve on a private Azurite started and stopped with it",
         description="Serve on a private Azurite that starts and stops with it; prints the "
-                    "rootUrl and root credentials. Ctrl-C, SIGTERM or SIGHUP stops both. "
-                    "AZQUEUE_* variables apply as for `serve` (storage excepted).")
+                    "rootUrl, the dashboard's URL and root credentials. Ctrl-C, SIGTERM or "
+                    "SIGHUP stops both. AZQUEUE_* variables apply as for `serve` (storage "
+                    "excepted). One `dev` at a time uses a --data directory.")
     dev.add_argument("--data", metavar="DIR",
                      help="keep Azurite's data, the tip secrets and the root credentials in "
                           "DIR (created if missing), so a restart keeps tasks and pending tips "
@@ -187,6 +188,8 @@ def parser() -> argparse.ArgumentParser:
                           "credentials each start)")
     dev.add_argument("--port", type=_number(int, 1, 65535, "port number"),
                      help="HTTP port (default: AZQUEUE_PORT, else 8080)")
+    dev.add_argument("--access-log", action="store_true",
+                     help="log a line per request (default: only with --log-level DEBUG)")
 
     resolve = sub.add_parser(
         "resolve", formatter_class=_formatter, epilog=SERVE_VARIABLES,
