@@ -58,6 +58,7 @@ Configured entirely by environment variables (README.md, "Running it", describes
   clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
   events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
   timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
+  uploads:   AZQUEUE_UPLOAD_READ_TIMEOUT (seconds a putUrl PUT may send nothing, 60)
   logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)
   metrics:   AZQUEUE_METRICS_PORT (/metrics on a listener of its own, not the API's),
              AZQUEUE_METRICS_HOST (127.0.0.1)"""

@@ -233,6 +233,9 @@ class Settings:
     request_budget: float = 10.0
     # A pending run that has had no live tip for this long gets a new one (see README).
     tip_repair_delay: float = 180.0
+    # How long a PUT to an s3 artifact's putUrl may send nothing before it is cut off,
+    # storing nothing (azqueue.service.uploads.READ_TIMEOUT).
+    upload_read_timeout: float = 60.0
     # Test-only fault injection: exit the process right after a state change is stored,
     # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
     crash_after_commit: bool = False
@@ -360,6 +363,7 @@ _SECONDS_VARIABLES = {
     "expiry_interval": "AZQUEUE_EXPIRY_INTERVAL",
     "request_budget": "AZQUEUE_REQUEST_BUDGET",
     "tip_repair_delay": "AZQUEUE_TIP_REPAIR_DELAY",
+    "upload_read_timeout": "AZQUEUE_UPLOAD_READ_TIMEOUT",
 }
 
 

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import stat
 import sys
 from collections.abc import Awaitable, Callable
@@ -189,6 +190,24 @@ async def _allow_browsers(app: web.Application, origins: tuple[str, ...]) -> Non
                            "leave it empty to keep the account's rules") from None
     log.info("blob storage %s pages of %s read artifacts (CORS)",
              "now lets" if changed else "lets", ", ".join(origins))
+
+
+def _check_can_listen(settings: Settings) -> None:
+    """StartupError if the server could not listen where ``settings`` say, found out by
+    binding that address once (as the server will: reusing one in TIME_WAIT), before
+    ``dev`` starts anything."""
+    try:
+        infos = socket.getaddrinfo(settings.host, settings.port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise StartupError(f"cannot listen on {settings.host}:{settings.port}: "
+                           f"{e.strerror or e}; check AZQUEUE_HOST") from None
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind(address)
+            except OSError as e:
+                raise StartupError(_listen_error(settings, e)) from None
 
 
 def _listen_error(settings: Settings, e: OSError) -> str:
@@ -375,7 +394,7 @@ async def _dev_locked(args: argparse.Namespace, data_dir: Path | None,
     # known yet: any well-formed one stands in for it).
     env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
     env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
-    Settings.from_env(env)
+    _check_can_listen(Settings.from_env(env))
     if data_dir:
         await _stop_left_behind(data_dir)
     azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))

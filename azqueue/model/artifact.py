@@ -19,8 +19,10 @@
   resolved exception; never after completed or failed ("Artifacts can be uploaded until
   reportCompleted or reportFailed is called").
 * ``expires`` may not be later than the task's.
-* Creating the same artifact again with the same definition is harmless; with another
-  definition it is a conflict.
+* Creating the same artifact again with the same definition is harmless; with a later
+  ``expires`` and nothing else changed it extends the artifact's life, as Taskcluster's
+  createArtifact allows; with any other difference (an earlier ``expires`` included) it
+  is a conflict.
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Ar
         link=body.get("artifact", ""), reason=body.get("reason", ""),
         message=body.get("message", ""), present=kind not in ("s3", "blob"),
         blob_type=body.get("blobType", "block") if kind == "blob" else "")
+
+
+def extends(existing: Artifact, wanted: Artifact) -> bool:
+    """Whether ``wanted`` is ``existing`` asked for again with a later ``expires`` and
+    nothing else changed: createArtifact then extends the artifact's life."""
+    same = {**wanted.definition(), "expires": ""} == {**existing.definition(), "expires": ""}
+    return same and wanted.expires > existing.expires
 
 
 def check_can_create(task: Task, run_id: int, now: datetime, action: str = "created") -> None:

@@ -15,7 +15,7 @@ from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
 from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.service import paging
-from azqueue.service.uploads import UploadReceiver
+from azqueue.service.uploads import READ_TIMEOUT, UploadReceiver
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore
@@ -44,16 +44,19 @@ class ArtifactService:
     """Artifacts of a task's runs: records in the task's partition, content in Blob storage."""
 
     def __init__(self, account: StorageAccount, tasks: TaskStore, signer: UploadSigner,
-                 root_url: str, outbox: Outbox | None = None) -> None:
+                 root_url: str, outbox: Outbox | None = None,
+                 upload_read_timeout: float = READ_TIMEOUT) -> None:
         """``signer`` signs the ``putUrl`` of s3 artifacts, which point at ``root_url``
-        (the service's public root URL)."""
+        (the service's public root URL); a PUT to one that sends nothing for
+        ``upload_read_timeout`` seconds is cut off."""
         self.tasks = tasks
         self.records = ArtifactStore(account, tasks.name)
         self.blobs = BlobStore(account)
         self.outbox = outbox
         self.signer = signer
         self.root_url = root_url
-        self.uploads = UploadReceiver(tasks, self.records, self.blobs, signer)
+        self.uploads = UploadReceiver(tasks, self.records, self.blobs, signer,
+                                      upload_read_timeout)
 
     async def setup(self) -> None:
         await self.blobs.ensure()
@@ -77,11 +80,13 @@ class ArtifactService:
             await self.outbox.finish(task_id, trigger)
         if not inserted:
             existing = await self.records.get(task_id, run_id, name)
-            if existing is None or existing.definition() != wanted.definition():
+            if existing is not None and model.extends(existing, wanted):
+                await self.records.extend(existing, wanted.expires)
+            elif existing is None or existing.definition() != wanted.definition():
                 raise errors.Conflict(
                     f"artifact {name!r} of run {run_id} of task {task_id} already exists with a "
                     "different definition (storageType, expires, contentType, blobType, ...); "
-                    "artifacts cannot be changed")
+                    "artifacts cannot be changed, except for a later `expires`")
         if wanted.storage_type == "s3":
             grant = UploadGrant(task_id, run_id, name, wanted.content_type,
                                 now + UPLOAD_URL_LIFETIME, body.get("contentLength"))
@@ -146,15 +151,18 @@ class ArtifactService:
         return found
 
     async def target(self, task_id: str, run_id: int, name: str) -> Target:
-        """Follow links to the artifact to serve, with a short-lived URL for its content."""
+        """Follow links to the artifact to serve, with a short-lived URL for its content.
+        Gone (410) if it, or an artifact on the way, is past its ``expires``: as in
+        Taskcluster, none is served once expired, though the expiry resolver deletes it
+        later (its info and the listings show it until then)."""
         seen = [name]
-        found = await self.find(task_id, run_id, name)
+        found = self._unexpired(await self.find(task_id, run_id, name))
         while found.storage_type == "link":
             if len(seen) > MAX_LINK_DEPTH or found.link in seen:
                 raise errors.InputError(f"artifact {name!r} links in a loop or too deep: "
                                       + " -> ".join([*seen, found.link]))
             seen.append(found.link)
-            found = await self.find(task_id, run_id, found.link)
+            found = self._unexpired(await self.find(task_id, run_id, found.link))
         names = tuple(seen)
         if found.storage_type == "reference":
             return Target(found, names, found.url)
@@ -171,6 +179,13 @@ class ArtifactService:
                 found.blob_name, now, DOWNLOAD_URL_LIFETIME, found.info()["contentType"],
                 snapshot))
         return Target(found, names)
+
+    @staticmethod
+    def _unexpired(artifact: Artifact) -> Artifact:
+        if artifact.expires <= timeutil.utcnow():
+            raise errors.Gone(f"artifact {artifact.name!r} of run {artifact.run_id} of task "
+                              f"{artifact.task_id} expired at {timeutil.fmt(artifact.expires)}")
+        return artifact
 
     async def _growing(self, artifact: Artifact, now: datetime) -> bool:
         """Whether an append blob is still written (its run can get artifacts), so that

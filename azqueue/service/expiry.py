@@ -3,9 +3,10 @@
 An artifact goes (its row and its blob, snapshots included) once its own ``expires`` has
 passed; a task once the task's has, with everything kept under its taskId: the rows of
 its partition (artifacts, tips, waits), its blobs, its claim rows, the record of who
-depended on it and its task group membership; a sealed task group's record once the
-``expires`` it recorded has passed, and the record of its schedulerId once it has no
-task left; workers, task queues and provisioners once theirs
+depended on it and its task group membership; a sealed task group's record, and the
+record of which of a group's members were announced resolved, once the ``expires`` it
+recorded has passed, and the record of its schedulerId once it has no task left;
+workers, task queues and provisioners once theirs
 has (``workers``). All wait ``GRACE`` longer (but the workers), so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
@@ -71,6 +72,11 @@ async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime)
             await queue.groups.drop_record(group)
         except QueueError as e:
             log.warning("could not expire the record of task group %s: %s", group, e)
+    for group, etag in await queue.groups.expired_announcements(timeutil.fmt(before)):
+        try:  # which members were announced resolved, once they all have expired
+            await queue.groups.drop_announcement(group, etag)
+        except QueueError as e:
+            log.warning("could not expire the announcement of task group %s: %s", group, e)
     for group in await queue.groups.expired_records(timeutil.fmt(before), OWNER):
         try:
             await _expire_owner(queue, group, now)

@@ -41,6 +41,9 @@ BLOCK_SIZE = 4 * 1024 * 1024
 PARALLEL = 4
 # Azure allows 50,000 committed blocks per blob.
 MAX_LENGTH = 50_000 * BLOCK_SIZE
+# Seconds a body may send nothing before the upload is cut off, storing nothing (the
+# default of AZQUEUE_UPLOAD_READ_TIMEOUT).
+READ_TIMEOUT = 60.0
 
 Read = Callable[[int], Awaitable[bytes]]
 
@@ -53,8 +56,9 @@ class UploadReceiver:
     """Checks a PUT to a ``putUrl`` against its grant and streams its body into Blob storage."""
 
     def __init__(self, tasks: TaskStore, records: ArtifactStore, blobs: BlobStore,
-                 signer: UploadSigner) -> None:
+                 signer: UploadSigner, read_timeout: float = READ_TIMEOUT) -> None:
         self.tasks = tasks
+        self.read_timeout = read_timeout
         self.records = records
         self.blobs = blobs
         self.signer = signer
@@ -101,7 +105,7 @@ class UploadReceiver:
         if found.storage_type != "s3":
             raise errors.Conflict(f"artifact {grant.name!r} is a {found.storage_type!r} "
                                   "artifact, not s3: it has no content to upload")
-        body = _Body(read, content_length)
+        body = _Body(read, content_length, self.read_timeout)
         if content_length <= BLOCK_SIZE:
             data = await body.take(content_length)
             await body.end()
@@ -141,12 +145,27 @@ class UploadReceiver:
 
 
 class _Body:
-    """A request body of a known length, read in pieces of exactly the size asked for."""
+    """A request body of a known length, read in pieces of exactly the size asked for;
+    InputError once a read waits ``timeout`` seconds without a byte."""
 
-    def __init__(self, read: Read, length: int) -> None:
-        self._read = read
+    def __init__(self, read: Read, length: int, timeout: float) -> None:
+        self._given = read
         self.length = length
         self.remaining = length
+        self.timeout = timeout
+        self.received = 0
+
+    async def _read(self, size: int) -> bytes:
+        try:
+            async with asyncio.timeout(self.timeout):
+                chunk = await self._given(size)
+        except TimeoutError:
+            raise errors.InputError(
+                f"the body sent nothing for {self.timeout:g} s after {self.received} of the "
+                f"{self.length} bytes its Content-Length announced; nothing was stored: "
+                "send the whole body without pausing") from None
+        self.received += len(chunk)
+        return chunk
 
     async def take(self, size: int) -> bytes:
         chunks: list[bytes] = []

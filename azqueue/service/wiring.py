@@ -58,7 +58,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
         queue = QueueService(settings, account, outbox)
         await queue.setup()
         artifacts = ArtifactService(account, queue.tasks, UploadSigner(settings.tip_secrets),
-                                    settings.public_root_url, outbox)
+                                    settings.public_root_url, outbox,
+                                    upload_read_timeout=settings.upload_read_timeout)
         await artifacts.setup()
         groups = TaskGroups(queue)
         await groups.setup()

@@ -18,7 +18,8 @@ from azqueue.errors import NotFound
 from azqueue.model.artifact import Artifact
 from azqueue.storage import keys
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import EntityExists, EntityNotFound, TransactionConflict, translate
+from azqueue.storage.errors import (EntityExists, EntityNotFound, ETagMismatch,
+                                    TransactionConflict, translate)
 
 
 PREFIX = "artifact:"
@@ -116,6 +117,29 @@ class ArtifactStore:
         except EntityNotFound:
             raise NotFound(f"artifact {artifact.name!r} of {artifact.task_id}/{artifact.run_id} "
                            "is gone (it expired)") from None
+
+    async def extend(self, artifact: Artifact, expires: datetime) -> None:
+        """Make the artifact expire at ``expires`` unless it already expires as late or
+        later (two extensions at once leave the later one)."""
+        row = _row(artifact.run_id, artifact.name)
+        while True:
+            try:
+                with translate(f"reading artifact {artifact.name}"):
+                    entity = await self._table.get_entity(artifact.task_id, row)
+            except EntityNotFound:
+                raise NotFound(f"artifact {artifact.name!r} of {artifact.task_id}/"
+                               f"{artifact.run_id} is gone (it expired)") from None
+            if _from_entity(entity).expires >= expires:
+                return
+            try:
+                with translate(f"extending artifact {artifact.name}"):
+                    await self._table.update_entity(
+                        {"PartitionKey": artifact.task_id, "RowKey": row, "expires": expires},
+                        mode=UpdateMode.MERGE, etag=entity.metadata["etag"],
+                        match_condition=MatchConditions.IfNotModified)
+            except (ETagMismatch, EntityNotFound):
+                continue
+            return
 
     async def list(self, task_id: str, run_id: int, after: str | None,
                    limit: int) -> tuple[list[Artifact], str | None]:

@@ -10,7 +10,9 @@ written (its createTask died in between) is dropped once it is older than ``ORPH
 
 The row ``~announced`` (``~`` is not a taskId character) says which set of members was
 last announced resolved, and by which task's resolution: resolutions racing to announce
-the same set write it conditionally, and only the winner publishes.
+the same set write it conditionally, and only the winner publishes. It carries the latest
+``expires`` of that set's members, and expires with them (``expired_announcements``): by
+then the tasks of that set are gone, so it can announce nothing again.
 
 A member row also carries its task's ``expires`` and ``schedulerId`` (written with the
 row, no extra request), so the group's metadata can be read from its partition alone.
@@ -35,6 +37,7 @@ from datetime import UTC, datetime, timedelta
 from azure.core import MatchConditions
 from azure.data.tables import TableEntity, UpdateMode
 
+from azqueue.model import timeutil
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.tables import TableStore
 from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
@@ -208,6 +211,27 @@ class GroupStore(TableStore):
                 "RowKey eq @record and expires lt @before",
                 parameters={"record": record, "before": before}, select=["PartitionKey"])]
 
+    async def expired_announcements(self, before: str) -> list[tuple[str, str]]:
+        """The groups whose ``~announced`` row records an ``expires`` before ``before`` (an
+        ISO time as in ``expired_records``), each with the row's ETag: a scan of the whole
+        table."""
+        with translate("looking for expired group announcements"):
+            return [(str(r["PartitionKey"]), str(r.metadata["etag"]))
+                    async for r in self._table.query_entities(
+                        "RowKey eq @announced and expires lt @before",
+                        parameters={"announced": ANNOUNCED, "before": before},
+                        select=["PartitionKey"])]
+
+    async def drop_announcement(self, task_group_id: str, etag: str) -> None:
+        """Delete the group's ``~announced`` row unless it changed since it was read (a
+        newer announcement, of members that expire later)."""
+        try:
+            with translate(f"deleting the announcement of group {task_group_id}"):
+                await self._table.delete_entity(task_group_id, ANNOUNCED, etag=etag,
+                                                match_condition=MatchConditions.IfNotModified)
+        except (EntityNotFound, ETagMismatch):
+            pass
+
     async def drop_record(self, task_group_id: str) -> None:
         with translate(f"deleting the record of group {task_group_id}"):
             await self._table.delete_entity(task_group_id, META)
@@ -257,12 +281,17 @@ class GroupStore(TableStore):
         with translate(f"reading group {task_group_id}"):
             rows = [r async for r in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_group_id},
-                select=["RowKey", "members", "by"])]
-        members = sorted(str(r["RowKey"]) for r in rows if not str(r["RowKey"]).startswith(RECORD))
+                select=["RowKey", "members", "by", "expires"])]
+        member_rows = [r for r in rows if not str(r["RowKey"]).startswith(RECORD)]
+        members = sorted(str(r["RowKey"]) for r in member_rows)
         current = next((r for r in rows if r["RowKey"] == ANNOUNCED), None)
         digest = hashlib.sha256("\n".join(members).encode()).hexdigest()
         marker = {"PartitionKey": task_group_id, "RowKey": ANNOUNCED, "members": digest,
                   "by": by_task_id}
+        # Rows of earlier versions carry no expires; then neither does the marker.
+        expires = [str(r["expires"]) for r in member_rows if r.get("expires")]
+        if expires and len(expires) == len(member_rows):
+            marker["expires"] = timeutil.fmt(max(map(timeutil.parse, expires)))
         try:
             with translate(f"announcing group {task_group_id}"):
                 if current is None:

@@ -12,7 +12,9 @@ log. The command does not inherit the worker's environment (and so never its
 credentials): it gets PATH, HOME, LANG, TZ, the payload's ``env``, TASK_ID and RUN_ID. It
 runs in a fresh scratch directory (``azqueue-<taskId>-<runId>-*`` in the system's
 temporary directory), removed with all it holds once the command has ended; a canceled
-run (or one the worker lost) kills the command's process group.
+run (or one the worker lost, or a worker stopped at once) kills the command's process
+group, and its log ends with what the command printed until then and a line saying why
+it was killed, appended and finished as far as the run still takes artifacts.
 
 The command runs as the worker's own user, so it can do whatever that user can: read
 the files the worker reads (a token file among them) and, were it not for
@@ -45,6 +47,8 @@ LOG_CONTENT_TYPE = "text/plain; charset=utf-8"
 DEFAULT_MAX_RUN_TIME = 3600
 MAX_RUN_TIME = 86400
 INHERITED = ("PATH", "HOME", "LANG", "TZ")
+# Seconds to read what a killed command printed last.
+COPY_AFTER_KILL = 5.0
 
 
 PR_SET_DUMPABLE = 4
@@ -122,9 +126,13 @@ async def _run_in(run: TaskRun, scratch: str) -> None:
         streamer = asyncio.ensure_future(live.follow(run.log_interval))
         try:
             await _execute(run, scratch, write)
-        except asyncio.CancelledError:  # canceled or lost: no more appends, no report
-            streamer.cancel()
-            await asyncio.wait({streamer})
+        except asyncio.CancelledError:  # canceled, lost or stopped: the rest, no report
+            # A stop of the worker while this is under way must not cut the log short.
+            closing = asyncio.ensure_future(_close_canceled(run, live, streamer))
+            try:
+                await asyncio.shield(closing)
+            except asyncio.CancelledError:
+                await closing
             raise
         except Exception:  # the outcome; reported once the log is whole
             await _close(live, streamer)
@@ -141,6 +149,16 @@ async def _close(live: LiveLog, streamer: asyncio.Future[None]) -> None:
         await live.close()
     except LogNotWritten as e:
         raise InternalError(f"the log could not be written: {e}") from None
+
+
+async def _close_canceled(run: TaskRun, live: LiveLog, streamer: asyncio.Future[None]) -> None:
+    """Append the rest of the log of a run the handler was cancelled on and finish it,
+    as far as the run still takes artifacts (20 minutes after an exception); a warning
+    if it cannot be written."""
+    try:
+        await _close(live, streamer)
+    except InternalError as e:
+        log.warning("task %s/%d: %s", run.task_id, run.run_id, e)
 
 
 async def _execute(run: TaskRun, scratch: str, write: Callable[[bytes], None]) -> None:
@@ -184,7 +202,12 @@ async def _execute(run: TaskRun, scratch: str, write: Callable[[bytes], None]) -
     except asyncio.CancelledError:
         _kill(process)
         await process.wait()
+        # What it printed up to the kill (a descendant that left the process group may
+        # hold the pipe open: not waited for long).
+        await asyncio.wait({copier}, timeout=COPY_AFTER_KILL)
         copier.cancel()
+        why = run.lost_because if run.lost else "the worker is shutting down"
+        write(f"\n[azqueue] killed: {why}\n".encode())
         raise
     await copier
     write(f"\n[azqueue] exit code {process.returncode}\n".encode())

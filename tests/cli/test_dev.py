@@ -7,6 +7,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import stat
 import subprocess
 from pathlib import Path
@@ -16,6 +17,7 @@ import aiohttp
 from azqueue.devstorage import free_port
 from azqueue.server_commands import DEV_STATE
 from azqueue.worker import Credentials, Worker, WorkerConfig
+from tests.cli.helpers import azqueue, one_line_error
 from tests.signing import hawk_signer
 from tests.tasks import definition, slugid
 from tests.worker.helpers import AZQUEUE, alive, checkout_env, eventually, running
@@ -163,3 +165,22 @@ async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
         err = await asyncio.to_thread(second.stop, signal.SIGTERM) if second else ""
     assert f"stopping the Azurite (pid {orphan}) that a previous `azqueue dev` left " \
            f"running on {tmp_path}" in err, err
+
+
+async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Path) -> None:
+    """`azqueue dev --port P` with P taken: one line naming the port and exit status 1,
+    and no Azurite started for nothing (the Azurite given here only records that it ran)."""
+    ran = tmp_path / "azurite-ran"
+    fake = tmp_path / "azurite"
+    fake.write_text(f"#!/bin/sh\ntouch {ran}\nexec sleep 600\n")
+    fake.chmod(0o755)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")},
+           "AZQUEUE_AZURITE_BIN": str(fake), "AZQUEUE_STORAGE_WAIT": "5"}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = await azqueue("dev", "--port", str(port), env=env, timeout=120)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"127.0.0.1:{port}" in one_line_error(done) and "in use" in one_line_error(done)
+    assert not ran.exists(), "Azurite was started before the port was checked"

@@ -14,7 +14,8 @@ from azqueue.cli import WAIT_EXIT_CODES
 from tests.cli.helpers import as_root
 from tests.servers import Server
 from tests.tasks import create, definition
-from tests.worker.helpers import AZQUEUE, cli_env, running, shell_worker, wait_status
+from tests.worker.helpers import (AZQUEUE, cli_env, eventually, running, shell_worker,
+                                  wait_status)
 
 INTERVAL = 0.2  # the worker's log interval: short, so the test waits little
 
@@ -95,3 +96,32 @@ async def test_follow_of_a_task_canceled_before_it_ran_says_there_is_no_log(
     assert printed.returncode == WAIT_EXIT_CODES["exception"], printed.stderr
     assert printed.stderr == (f"azqueue: run 0 of {task_id} is exception and has no "
                               "public/logs/live.log\n")
+
+
+async def test_a_canceled_runs_log_ends_with_its_output_and_why_it_was_killed(
+        server: Server, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    """cancelTask while the command runs: the worker kills it, appends what it printed up
+    to then (none of it was appended yet: the log interval is long) and a last line
+    saying why, and finishes the log, so `task log --follow` prints it all and exits as
+    for an exception."""
+    started = tmp_path / "started"
+    task_id = await create(http, server.api, definition("prov/follow-cancel", payload={
+        "command": ["sh", "-c", f"echo printed before the cancel; touch {started}; sleep 600"]}))
+    async with running(shell_worker(server, "prov/follow-cancel", "canceled",
+                                    log_interval=600, status_interval=0.5)):
+        await wait_status(http, server, task_id, lambda s: s["state"] == "running")
+        await eventually(started.exists, what="the command to print its line")
+        async with http.post(f"{server.api}/task/{task_id}/cancel") as r:
+            assert r.status == 200, await r.text()
+
+        async def ended() -> str | None:
+            printed = await as_root(server, "task", "log", "--follow", task_id)
+            return printed.stdout if "[azqueue] killed" in printed.stdout else None
+
+        text = await eventually(ended, what="the canceled run's log to be finished whole",
+                                interval=1.0)
+    assert "printed before the cancel\n" in text
+    assert text.endswith("\n[azqueue] killed: resolved exception (canceled) by someone "
+                         "else\n"), text
+    printed = await as_root(server, "task", "log", "--follow", task_id)
+    assert (printed.returncode, printed.stdout) == (WAIT_EXIT_CODES["exception"], text)

@@ -52,10 +52,12 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
     s = await status(http, server.api, task_id)
     assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts") as r:
-        # Only the live log, there since the run started, and nothing appended to it
-        # after the cancel (no exit code line).
+        # Only the live log, there since the run started, ending with why the command
+        # was killed (no exit code line).
         assert [a["name"] for a in (await r.json())["artifacts"]] == ["public/logs/live.log"]
-    assert "[azqueue] exit code" not in await log_of(http, server, task_id, 0)
+    text = await log_of(http, server, task_id, 0)
+    assert "[azqueue] exit code" not in text
+    assert text.endswith("[azqueue] killed: resolved exception (canceled) by someone else\n"), output
 
 
 async def test_each_task_logs_claimed_started_resolved_and_runs_in_a_removed_scratch_dir(

@@ -28,7 +28,7 @@ from taskcluster.exceptions import TaskclusterArtifactError, TaskclusterRestFail
 
 from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.devstorage import Azurite
-from tests.servers import ROOT, Server
+from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import definition, iso, slugid
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
@@ -472,3 +472,80 @@ async def test_two_uploads_of_one_artifact_at_once_leave_one_of_them_whole(
     data, _ = await taskcluster.aio.download.downloadArtifactToBuf(
         taskId=task_id, runId=0, name="public/twice.bin", queueService=queue)
     assert bytes(data) in bodies
+
+
+async def test_an_upload_that_stops_sending_is_cut_off_and_stores_nothing(
+        make_server: ServerFactory) -> None:
+    """A PUT that announces 1000 bytes, sends 10 and then nothing more is answered (400,
+    saying so) once no byte came for the upload read timeout; the artifact stays not
+    uploaded."""
+    server = await make_server(upload_read_timeout=1.0)
+    task_id, queue = await _running(server)
+    made = await queue.createArtifact(task_id, 0, "public/stalled.bin", {
+        "storageType": "s3", "expires": _expires(), "contentType": "application/octet-stream"})
+    url = urlsplit(made["putUrl"])
+    reader, writer = await asyncio.open_connection(url.hostname, url.port)
+    try:
+        writer.write((f"PUT {url.path}?{url.query} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                      "Content-Type: application/octet-stream\r\nContent-Length: 1000\r\n\r\n"
+                      ).encode() + b"x" * 10)
+        await writer.drain()
+        # The socket stays open and silent; the guard only keeps a hang from lasting the
+        # whole test timeout.
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=60)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        body = await reader.readexactly(length)
+    finally:
+        writer.close()
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert b"nothing was stored" in body and b"1000" in body, body
+    await _nothing_stored(queue, task_id, "public/stalled.bin")
+
+
+async def test_an_artifact_past_its_expires_is_not_served_before_the_expiry_sweep(
+        server: Server) -> None:
+    """As Taskcluster's getArtifact and artifact (content): an artifact whose `expires`
+    has passed answers 410 ResourceExpired at once, also through a link, while its info
+    and the listings show it until the expiry resolver deletes it."""
+    task_id, queue = await _running(server)
+    await queue.createArtifact(task_id, 0, "public/old", {
+        "storageType": "reference", "expires": iso(datetime.now(UTC) - timedelta(seconds=2)),
+        "url": "https://example.com/old"})
+    await queue.createArtifact(task_id, 0, "public/to-old", {
+        "storageType": "link", "expires": _expires(), "artifact": "public/old"})
+    calls = [lambda: queue.getArtifact(task_id, 0, "public/old"),
+             lambda: queue.getLatestArtifact(task_id, "public/old"),
+             lambda: queue.artifact(task_id, 0, "public/old"),
+             lambda: queue.latestArtifact(task_id, "public/old"),
+             lambda: queue.getArtifact(task_id, 0, "public/to-old")]
+    for call in calls:
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await call()
+        assert info.value.status_code == 410, info.value.body
+        assert info.value.body["code"] == "ResourceExpired"
+        assert "expired" in info.value.body["message"]
+    assert (await queue.artifactInfo(task_id, 0, "public/old"))["name"] == "public/old"
+
+
+async def test_creating_an_artifact_again_with_a_later_expires_extends_its_life(
+        server: Server) -> None:
+    """As in Taskcluster's createArtifact: an artifact's `expires` can be extended but not
+    shortened; any other difference is still a conflict."""
+    task_id, queue = await _running(server)
+    now = datetime.now(UTC)
+    first, later, latest = (iso(now + timedelta(hours=h)) for h in (1, 2, 3))
+    body = {"storageType": "s3", "expires": first, "contentType": "text/plain"}
+    await queue.createArtifact(task_id, 0, "public/kept.txt", body)
+    made = await queue.createArtifact(task_id, 0, "public/kept.txt", {**body, "expires": later})
+    assert made["storageType"] == "s3" and made["putUrl"]
+    info = await queue.artifactInfo(task_id, 0, "public/kept.txt")
+    assert info["expires"] == later
+    # Asked again with the later expires: the same; with the first one: shorter, refused.
+    await queue.createArtifact(task_id, 0, "public/kept.txt", {**body, "expires": later})
+    for changed in ({**body, "expires": first},
+                    {**body, "expires": latest, "contentType": "text/html"}):
+        with pytest.raises(TaskclusterRestFailure) as refused:
+            await queue.createArtifact(task_id, 0, "public/kept.txt", changed)
+        assert refused.value.status_code == 409, refused.value.body
+    assert (await queue.artifactInfo(task_id, 0, "public/kept.txt"))["expires"] == later

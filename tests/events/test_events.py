@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
+from azure.data.tables.aio import TableServiceClient
 
+from azqueue.api.routes import ARTIFACTS_KEY
+from azqueue.devstorage import Azurite
+from azqueue.service.expiry import expire
 from tests import sas
 from tests.events.consumers import ConsumerFactory, Received, assert_valid
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, slugid
+from tests.tasks import create, definition, iso, slugid
 
 
 def _kinds(messages: list[Received]) -> list[str]:
@@ -183,3 +188,31 @@ async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_togeth
     announced = [m.body["taskGroupId"] for m in consumer.messages
                  if m.body["taskGroupId"] in groups]
     assert sorted(announced) == sorted(groups)
+
+
+async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory, azurite: Azurite) -> None:
+    """The record of which members were announced resolved goes with the group's last
+    member: after the tasks' expires and the expiry resolver, no row of it is left."""
+    server = await make_server(amqp_url=amqp_url)
+    group = slugid()
+    consumer = await consume(f"primary.{group}.#", exchanges=("task-group-resolved",))
+    now = datetime.now(UTC)
+    tasks = [await create(http, server.api, definition(
+        "prov/gone", taskGroupId=group, expires=iso(now + timedelta(days=2)))) for _ in range(2)]
+    for task_id in tasks:
+        await _claim(http, server.api, task_id)
+        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) >= 1)
+
+    async def rows() -> list[str]:
+        async with TableServiceClient.from_connection_string(azurite.connection_string) as t:
+            return [str(e["RowKey"]) async for e in t.get_table_client(
+                server.service.groups.name).query_entities(
+                    "PartitionKey eq @pk", parameters={"pk": group})]
+
+    assert "~announced" in await rows()
+    gone = await expire(server.service, server.app[ARTIFACTS_KEY], now + timedelta(days=3))
+    assert gone.tasks == 2
+    assert await rows() == []

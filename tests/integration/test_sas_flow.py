@@ -253,3 +253,29 @@ async def test_poll_task_urls_refuses_a_pending_that_is_not_a_boolean(
         assert r.status == 400
         body = await r.json()
     assert body["code"] == "InputValidationError" and "`pending`" in body["message"]
+
+
+async def test_a_claim_whose_message_id_or_receipt_is_not_azures_is_refused_at_once(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Azure and Azurite give a message a GUID for its id and a base64 pop receipt; a
+    claimTask carrying anything else, even with the tip's genuine signature, is a 400
+    that says what a messageId (or receipt) looks like, before any storage request."""
+    server = await make_server(run_resolvers=False)
+    task_id = await create(http, server.api, definition("prov/shape"))
+    queue = (await sas.poll_task_urls(http, server.api, "prov", "shape"))["queues"][6]
+    [message] = await sas.get_messages(http, queue["signedPollUrl"])
+    url = f"{server.api}/task/{task_id}/runs/0/claim"
+    genuine = {"workerGroup": "wg", "workerId": "w", "messageId": message.message_id,
+               "receipt": message.pop_receipt, "signature": message.tip["signature"]}
+
+    for field, value in [("messageId", "a/b#c?d"), ("messageId", "not-a-guid"),
+                         ("receipt", "a/b#c?d&x=1"), ("receipt", "AgAA AAMA")]:
+        before = sum(server.service.storage_requests().values())
+        code, answer = await sas.post(http, url, {**genuine, field: value})
+        assert (code, answer["code"]) == (400, "InputValidationError"), (field, value, answer)
+        assert field in answer["message"]
+        assert ("GUID" if field == "messageId" else "base64") in answer["message"]
+        assert sum(server.service.storage_requests().values()) == before
+
+    code, claim = await sas.post(http, url, genuine)
+    assert code == 200, claim

@@ -147,7 +147,7 @@ async def test_a_claim_the_caller_may_not_make_is_refused_before_storage_work(
         assert r.status == 200
     queue = (await sas.poll_task_urls(http, server.api, "vic", "pool"))["queues"][-1]
     [message] = await sas.get_messages(http, queue["signedPollUrl"])
-    body = {"workerGroup": "att", "workerId": "w", "messageId": "made-up",
+    body = {"workerGroup": "att", "workerId": "w", "messageId": "0f6c5f32-4d3c-4d63-9d2e-6f3c2a1b0c9d",
             "receipt": message.pop_receipt, "signature": message.tip["signature"]}
     url = f"{server.api}/task/{task_id}/runs/0/claim"
 

@@ -89,3 +89,13 @@ def test_malformed_variables_are_named(variable: str, value: str, says: str) -> 
     with pytest.raises(ConfigError) as info:
         Settings.from_env({**_REQUIRED, variable: value})
     assert info.value.message == f"{variable}={value!r} {says}"
+
+
+def test_the_upload_read_timeout_is_read_from_its_variable_and_defaults_to_the_receivers() -> None:
+    from azqueue.service.uploads import READ_TIMEOUT
+
+    env = {"AZQUEUE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+           "AZQUEUE_TIP_SECRETS": "0123456789abcdef", "AZQUEUE_ROOT_CLIENT_ID": "root",
+           "AZQUEUE_ROOT_ACCESS_TOKEN": "a-root-token-long-enough"}
+    assert Settings.from_env(env).upload_read_timeout == READ_TIMEOUT
+    assert Settings.from_env({**env, "AZQUEUE_UPLOAD_READ_TIMEOUT": "5"}).upload_read_timeout == 5

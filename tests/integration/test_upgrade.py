@@ -1,0 +1,117 @@
+"""A rolling upgrade loses nothing: the previous release serves a deployment, then this one
+takes over its storage.
+
+The previous release runs from its source in git (``PREVIOUS``, the last commit before the
+tips' signature covered the task queue; move it forward when a release changes what is
+stored, so that this test always starts from what the release before wrote). It creates
+tasks, a worker claims two of them through it (one with claimWork, one through its SAS
+URLs) and makes an artifact; then it stops and this release serves the same storage: the
+claims made before are reclaimed and completed with the credentials the previous release
+issued, the tasks still pending are claimed through the tips the previous release put
+(signed over the run alone), and the artifact is read.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import taskcluster.aio
+
+from azqueue.devstorage import Azurite, free_port
+from tests import sas
+from tests.servers import IN_CI, ROOT, ServerFactory
+from tests.serving import serve
+from tests.signing import hawk_signer
+from tests.tasks import definition, slugid
+
+PREVIOUS = "6bb8ea3"
+REPOSITORY = Path(__file__).resolve().parents[2]
+SECRET = "test-secret-0123456789abcdef"  # the tip secret of tests/serving.py and make_server
+
+
+def _previous_release(into: Path) -> Path:
+    """The ``azqueue`` package of ``PREVIOUS``, extracted under ``into``."""
+    try:
+        archive = subprocess.run(["git", "-C", str(REPOSITORY), "archive", PREVIOUS, "azqueue"],
+                                 check=True, capture_output=True).stdout
+    except (OSError, subprocess.CalledProcessError) as e:
+        reason = f"the previous release {PREVIOUS} is not in this checkout's history ({e})"
+        if IN_CI:
+            pytest.fail(reason + ": CI clones the whole history")
+        pytest.skip(reason)
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
+    return into
+
+
+def _queue(root_url: str, credentials: dict[str, Any] | None = None) -> taskcluster.aio.Queue:
+    return taskcluster.aio.Queue({"rootUrl": root_url, "maxRetries": 0, "credentials": credentials
+                                  or {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+
+
+@pytest.mark.slow
+async def test_the_previous_releases_tasks_claims_and_artifacts_carry_over(
+        azurite: Azurite, storage_prefix: str, make_server: ServerFactory,
+        tmp_path: Path) -> None:
+    release = _previous_release(tmp_path)
+    port = free_port()
+    old_url = f"http://127.0.0.1:{port}"
+    ids = {name: slugid() for name in ("claimed", "polled", "pending", "sas_pending")}
+    async with serve(azurite, storage_prefix, "", port, release=release):
+        old = _queue(old_url)
+        for name, task_id in ids.items():
+            queue = "prov/sas" if name in ("polled", "sas_pending") else "prov/upgrade"
+            await old.createTask(task_id, definition(queue))
+        got = await old.claimWork("prov/upgrade", {"tasks": 1, "workerGroup": "g",
+                                                   "workerId": "before"})
+        [claim] = got["tasks"]
+        ids["claimed"], ids["pending"] = sorted(
+            [ids["claimed"], ids["pending"]], key=lambda t: t != claim["status"]["taskId"])
+        as_run = _queue(old_url, claim["credentials"])
+        made = await as_run.createArtifact(ids["claimed"], "0", "public/out.txt", {
+            "storageType": "s3", "contentType": "text/plain", "expires": claim["task"]["expires"]})
+        async with aiohttp.ClientSession() as anonymous:
+            async with anonymous.put(made["putUrl"], data=b"made before the upgrade\n",
+                                     headers={"Content-Type": "text/plain"}) as r:
+                assert r.status < 300, await r.text()
+        async with aiohttp.ClientSession(
+                middlewares=(hawk_signer(ROOT.client_id, ROOT.access_token),)) as http:
+            queues = (await sas.poll_task_urls(http, f"{old_url}/api/queue/v1", "prov",
+                                               "sas"))["queues"]
+            [message] = await sas.get_messages(http, queues[-1]["signedPollUrl"], 1)
+            ids["polled"], ids["sas_pending"] = sorted(
+                [ids["polled"], ids["sas_pending"]], key=lambda t: t != message.tip["taskId"])
+            code, polled = await sas.claim(http, f"{old_url}/api/queue/v1", message,
+                                           worker_id="before")
+            assert code == 200, polled
+
+    new = await make_server(tip_secrets=(SECRET,))
+    queue = _queue(new.root_url)
+    # Claims made before the upgrade are reclaimed and resolved with the credentials then
+    # issued.
+    for task_id, before in ((ids["claimed"], claim), (ids["polled"], polled)):
+        again = await _queue(new.root_url, before["credentials"]).reclaimTask(task_id, "0")
+        done = await _queue(new.root_url, again["credentials"]).reportCompleted(task_id, "0")
+        assert done["status"]["state"] == "completed"
+    # Pending tasks are claimed with the tips the previous release put.
+    got = await queue.claimWork("prov/upgrade", {"tasks": 2, "workerGroup": "g",
+                                                 "workerId": "after"})
+    assert [(c["status"]["taskId"], c["runId"]) for c in got["tasks"]] == [(ids["pending"], 0)]
+    async with aiohttp.ClientSession(
+            middlewares=(hawk_signer(ROOT.client_id, ROOT.access_token),)) as http:
+        queues = (await sas.poll_task_urls(http, new.api, "prov", "sas"))["queues"]
+        [message] = await sas.get_messages(http, queues[-1]["signedPollUrl"], 32)
+        assert message.tip["taskId"] == ids["sas_pending"]
+        code, answer = await sas.claim(http, new.api, message, worker_id="after")
+        assert code == 200, answer
+    # The artifact made before is read.
+    async with aiohttp.ClientSession() as anonymous:
+        async with anonymous.get(f"{new.api}/task/{ids['claimed']}/runs/0/artifacts/public/out.txt")\
+                as r:
+            assert r.status == 200 and await r.read() == b"made before the upgrade\n"
