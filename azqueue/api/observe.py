@@ -53,16 +53,17 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 def serve_metrics(services: Callable[[], Services | None]) -> Handler:
     """The ``GET /metrics`` handler: Prometheus' text format. Sampled gauges are refreshed
-    first when they are old (``metrics.SAMPLE_INTERVAL``), from the pending tips' counts
-    and the outbox of ``services()`` (None until they are open); a failed sample leaves
-    the last figures."""
+    first when they are old (``metrics.SAMPLE_INTERVAL``), from the counts (pending tips,
+    claimed runs) and the outbox of ``services()`` (None until they are open); a failed
+    sample leaves the last figures."""
 
     async def handler(request: web.Request) -> web.StreamResponse:
         opened = services()
         if opened is not None:
             outbox = opened.outbox
             await metrics.PENDING.sample(opened.counts.pending_tips,
-                                         outbox.pending if outbox is not None else None)
+                                         outbox.pending if outbox is not None else None,
+                                         opened.counts.claimed)
         return web.Response(body=generate_latest(),
                             headers={"Content-Type": CONTENT_TYPE_LATEST})
 
