@@ -110,6 +110,8 @@ class Changes:
         retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
         retry_pending = retry is not None and retry.state is RunState.PENDING
         held = change.held_before
+        if held is not None and not held.pop_receipt:
+            held = None  # its receipt was lost: the message reappears at takenUntil
         tip_ready = False
         if held is not None and held.run_id == run_id:
             # A message in another priority's queue than the task's (changeTaskPriority)

@@ -180,30 +180,38 @@ class Claims:
                 log.info("task %s run %d: claiming without the message, whose receipt is stale",
                          task_id, run_id)
                 receipt = ""
-            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt) if receipt else None
+            # Without its receipt the claim cannot move the message, but it records which
+            # message it took: a second tip of the run presented by the same worker is then
+            # told apart from a retry of this claim (``_repeated_claim``).
+            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+        movable = hold if hold is not None and hold.pop_receipt else None
         try:
             change = await self.changes.change(task_id, decide, stored, hold=hold,
                                                speculative=guess)
         except errors.Conflict:
-            if hold:
-                await self.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            if movable:
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
             raise
         except BaseException as e:
-            if hold:
-                await self._after_failed_write(hold, current, worker_group, worker_id, e, now)
+            if movable:
+                await self._after_failed_write(movable, current, worker_group, worker_id, e,
+                                               now)
             raise
         after = change.after
         if not change.changed:
             # A concurrent claim of this worker (a duplicate tip, a retried request) got
             # there first: answer as to a repeated claim.
             held = change.stored.held
-            if hold and (held is None or held.message_id != hold.message_id):
-                await self.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            if movable and (held is None or held.message_id != movable.message_id):
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
             return await self._repeated_claim(change.stored, run_id, tip)
         if not model.is_claimed_by(after, run_id, worker_group, worker_id):
             # The claim expired run run_id - 1 and no retries were left: the task is resolved.
-            if hold:
-                await self.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            if movable:
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
             await self.changes.settle(change, run_id - 1)
             raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
                                   "are left: the task is resolved exception")
@@ -368,7 +376,8 @@ class Claims:
         if stored is None:
             stored = await self.tasks.load(task_id)
             decide(stored.task)  # refuse early
-        held = stored.held if stored.held is not None and stored.held.run_id == run_id else None
+        held = stored.held if stored.held is not None and stored.held.run_id == run_id \
+            and stored.held.pop_receipt else None
         receipt = ""
         if held is not None:
             for _ in range(RECLAIM_RECEIPT_ATTEMPTS):

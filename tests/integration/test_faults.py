@@ -89,13 +89,11 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
         http: aiohttp.ClientSession) -> None:
     """A few hundred tasks through two replicas, SAS and claimWork workers, with storage
     throttled and losing answers: no 5xx and no time-out for any client, every task
-    claimed once and completed once (one run), none left pending without a tip. (A worker
-    that presents a second tip of a run it holds may be answered with its claim again, as
-    a repeated claim is: the run is still its alone.)"""
+    claimed once and completed once (one run), none left pending without a tip."""
     replicas = [await faulty_servers(), await faulty_servers()]
     proxy.faults = Faults(busy=BUSY, lost=LOST)
     clients = Clients(http)
-    claimed: dict[str, set[tuple[int, str]]] = {}
+    claimed: dict[str, list[tuple[int, str]]] = {}
     completed: Counter[str] = Counter()
     created: list[str] = []
     done = asyncio.Event()
@@ -110,7 +108,7 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
             created.append(task_id)
 
     async def work(api: str, task_id: str, run_id: int, worker: str) -> None:
-        claimed.setdefault(task_id, set()).add((run_id, worker))
+        claimed.setdefault(task_id, []).append((run_id, worker))
         code, body = await clients.call("reportCompleted", "POST",
                                         f"{api}/task/{task_id}/runs/{run_id}/completed")
         if code == 200:
@@ -188,7 +186,7 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
     assert clients.failures == [], clients.failures[:10]
     assert len(created) == TASKS
     twice = {t: c for t, c in claimed.items() if len(c) != 1}
-    assert twice == {} and set(claimed) == set(created), f"claimed twice or never: {twice}"
+    assert twice == {} and set(claimed) == set(created), f"handed out twice or never: {twice}"
     assert completed == Counter({t: 1 for t in created})
     for task_id in created[::8]:
         final = await status(http, replicas[0].api, task_id)
@@ -278,6 +276,30 @@ async def test_a_claim_whose_rewrite_was_applied_but_not_answered_is_still_a_cla
     assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
     code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200 and done["status"]["state"] == "completed", done
+
+
+async def test_a_second_tip_of_a_run_claimed_without_its_receipt_is_refused_to_its_worker(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """A claim whose rewrite was applied and not answered holds the run without the
+    message's receipt. Its worker, handed another tip of that run (a repeated createTask
+    put one), is told it is a duplicate (409), not given the run a second time; the claim
+    sent again with its own message is answered as before."""
+    server = await faulty_servers()
+    body = definition("prov/secondtip")
+    task_id = slugid()
+    for _ in range(2):  # the same definition again: a second tip of run 0
+        async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+            assert r.status == 200, await r.text()
+    urls = await sas.poll_task_urls(http, server.api, "prov", "secondtip")
+    first, second = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"], 2)
+    proxy.once("PUT", f"/messages/{first.message_id}", "timed out")
+    code, claim = await sas.claim(http, server.api, first)
+    assert code == 200, claim
+    code, refused = await sas.claim(http, server.api, second)
+    assert code == 409 and "duplicate tip" in refused["message"], refused
+    code, again = await sas.claim(http, server.api, first)
+    assert code == 200 and again["takenUntil"] == claim["takenUntil"], again
 
 
 async def test_a_reclaim_whose_message_update_was_applied_but_not_answered_is_a_reclaim(
