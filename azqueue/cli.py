@@ -1,19 +1,22 @@
 """The command line: arguments -> Settings -> run.
 
-This module only parses arguments: it imports nothing but the standard library and
-``azqueue.config``, so ``--help``, ``--version`` and a mistake in the arguments answer at
+This module only parses arguments: it imports nothing but the standard library,
+``azqueue.config`` and the exit codes (``azqueue.worker.exitcodes``), so ``--help``, ``--version`` and a mistake in the arguments answer at
 once. What a command runs is imported when it runs: the server stack
 (``azqueue.server_commands``) for ``serve``, ``dev`` and ``resolve``; the official client
 and the worker SDK (``azqueue.worker.commands``) for ``worker``, ``task``, ``queue``.
 
 Exit codes: 0 done, 1 an error (one line on stderr saying what and how to fix it), 2 a
 mistake in the arguments or the settings, 130 interrupted (Ctrl-C); ``task wait`` adds
-its own (``WAIT_EXIT_CODES``).
+its own (``WAIT_EXIT_CODES``). The codes are the SDK's (``azqueue.worker.exitcodes``):
+the SDK never imports this module.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
+import functools
 import os
 import re
 import socket
@@ -23,15 +26,19 @@ from typing import NoReturn
 
 from azqueue import __version__, logs
 from azqueue.config import ConfigError
+from azqueue.worker.exitcodes import INTERRUPTED, USAGE, WAIT_EXIT_CODES
+
+__all__ = ["INTERRUPTED", "WAIT_EXIT_CODES", "main", "parser"]
 
 # The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
 RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events", "groups")
 PRIORITIES = ["highest", "very-high", "high", "medium", "low", "very-low", "lowest", "normal"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
-# `azqueue task wait`: how it ends, by the task's state (or by running out of time).
-WAIT_EXIT_CODES = {"completed": 0, "failed": 3, "exception": 4, "timeout": 5}
-INTERRUPTED = 130
 DEFAULT_MAX_RUN_TIME = 3600
+DEFAULT_DEADLINE = "1h"
+# A taskId: a v4 slugid, as Taskcluster's schemas write it.
+TASK_ID = re.compile(r"[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 CLIENT_VARIABLES = """\
 environment: TASKCLUSTER_ROOT_URL (required), TASKCLUSTER_CLIENT_ID and
@@ -55,6 +62,13 @@ Configured entirely by environment variables (README.md, "Running it", describes
   logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)
   metrics:   AZQUEUE_METRICS_PORT (/metrics on a listener of its own, not the API's),
              AZQUEUE_METRICS_HOST (127.0.0.1)"""
+
+
+CREATE_EPILOG = f"""\
+WHEN: a duration after creation (90s, 30m, 1h, 2d; a bare number is seconds), or an ISO
+time such as 2030-01-31T12:00:00Z.
+
+{CLIENT_VARIABLES}"""
 
 
 def _log_level(value: str) -> str:
@@ -94,6 +108,33 @@ def _task_queue(value: str) -> str:
             f"{value!r} is not a task queue: write provisionerId/workerType, each 1-38 "
             "letters, digits, - or _")
     return value
+
+
+def _task_id(value: str) -> str:
+    if not TASK_ID.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a taskId: a taskId is 22 characters of A-Z a-z 0-9 _ - (a v4 "
+            "slugid), as `azqueue task create` and `azqueue task list` print them")
+    return value
+
+
+def _when(value: str) -> datetime.timedelta | datetime.datetime:
+    """A time after the task's creation (30m, 1h, 2d; a bare number is seconds), or an ISO
+    8601 time (without a timezone: UTC)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", value)
+    if m:
+        seconds = float(m[1]) * _UNITS[m[2] or "s"]
+        if seconds > 0:
+            return datetime.timedelta(seconds=seconds)
+    try:
+        moment = datetime.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+    except ValueError:
+        moment = None
+    if moment is None or m:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is neither a duration (30m, 1h, 2d; over 0) nor an ISO time "
+            "(2030-01-31T12:00:00Z)")
+    return moment if moment.tzinfo else moment.replace(tzinfo=datetime.UTC)
 
 
 def _default_worker_id() -> str:
@@ -138,8 +179,9 @@ def parser() -> argparse.ArgumentParser:
         "dev", formatter_class=_formatter,
         help="serve on a private Azurite started and stopped with it",
         description="Serve on a private Azurite that starts and stops with it; prints the "
-                    "rootUrl and root credentials. Ctrl-C, SIGTERM or SIGHUP stops both. "
-                    "AZQUEUE_* variables apply as for `serve` (storage excepted).")
+                    "rootUrl, the dashboard's URL and root credentials. Ctrl-C, SIGTERM or "
+                    "SIGHUP stops both. AZQUEUE_* variables apply as for `serve` (storage "
+                    "excepted). One `dev` at a time uses a --data directory.")
     dev.add_argument("--data", metavar="DIR",
                      help="keep Azurite's data, the tip secrets and the root credentials in "
                           "DIR (created if missing), so a restart keeps tasks and pending tips "
@@ -147,6 +189,8 @@ def parser() -> argparse.ArgumentParser:
                           "credentials each start)")
     dev.add_argument("--port", type=_number(int, 1, 65535, "port number"),
                      help="HTTP port (default: AZQUEUE_PORT, else 8080)")
+    dev.add_argument("--access-log", action="store_true",
+                     help="log a line per request (default: only with --log-level DEBUG)")
 
     resolve = sub.add_parser(
         "resolve", formatter_class=_formatter, epilog=SERVE_VARIABLES,
@@ -208,37 +252,73 @@ def _worker_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
 
 def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     task = sub.add_parser("task", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
-                          help="create, follow, list and cancel tasks",
-                          description="Create, follow, list and cancel tasks.")
+                          help="create, follow, list, cancel and rerun tasks",
+                          description="Create, follow, list, cancel and rerun tasks.")
     tsub = task.add_subparsers(dest="task_command", required=True, metavar="TASK_COMMAND",
                                help="what to do with tasks")
     create = tsub.add_parser(
-        "create", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
-        help="create a task running CMD; prints its taskId",
-        description="Create a task for `azqueue worker` running CMD (put `--` before a CMD "
-                    "that has options of its own); prints the taskId.")
-    create.add_argument("--task-queue", required=True, metavar="PROV/TYPE", type=_task_queue,
-                        help="the task queue whose workers run it (provisionerId/workerType)")
+        "create", formatter_class=_formatter, epilog=CREATE_EPILOG,
+        help="create a task (CMD, --payload or --definition); prints its taskId",
+        description="Create a task and print its taskId: one running CMD on `azqueue worker` "
+                    "(put `--` before CMD), one with the payload of --payload, or the task "
+                    "definition of --definition.")
+    create.add_argument("--definition", metavar="FILE",
+                        help="a whole task definition (JSON; - reads stdin); a missing created "
+                             "is now, a missing deadline --deadline's (default: none, build "
+                             "one from the options)")
+    create.add_argument("--task-queue", metavar="PROV/TYPE", type=_task_queue,
+                        help="the task queue whose workers run it (provisionerId/workerType; "
+                             "required without --definition)")
+    create.add_argument("--payload", metavar="FILE",
+                        help="the payload, a JSON object (- reads stdin), instead of CMD "
+                             "(default: {command: CMD, maxRunTime})")
+    create.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                        help="an environment variable of the command, payload.env "
+                             "(repeatable; default: none)")
+    create.add_argument("--group", metavar="TASK_GROUP_ID", type=_task_id,
+                        help="its taskGroupId (default: its own taskId, a group of its own)")
+    create.add_argument("--dependency", action="append", default=[], metavar="TASK_ID",
+                        type=_task_id, help="a task that must complete before it runs "
+                                            "(repeatable; default: none)")
     create.add_argument("--priority", choices=PRIORITIES, default="lowest",
                         help="(default: lowest)")
     create.add_argument("--max-run-time", type=_number(int, 1, 86400, "whole number"),
                         default=DEFAULT_MAX_RUN_TIME, metavar="SECONDS",
-                        help="the command is killed and the run failed after this long "
-                             f"(default: {DEFAULT_MAX_RUN_TIME})")
-    create.add_argument("--deadline", type=_number(int, 1, 5 * 86400, "whole number"),
-                        default=3600, metavar="SECONDS",
-                        help="resolve it deadline-exceeded if not done this long after "
-                             "creation (default: 3600, at most 5 days)")
+                        help="with CMD: the command is killed and the run failed after this "
+                             f"long (default: {DEFAULT_MAX_RUN_TIME})")
+    create.add_argument("--deadline", type=_when, default=_when(DEFAULT_DEADLINE),
+                        metavar="WHEN", help="resolve it deadline-exceeded if not done by "
+                                             "then: a duration after creation (30m, 1h, 2d) "
+                                             "or an ISO time, at most 5 days ahead "
+                                             f"(default: {DEFAULT_DEADLINE})")
+    create.add_argument("--expires", type=_when, metavar="WHEN",
+                        help="when the queue forgets it and its artifacts: a duration or an "
+                             "ISO time, after the deadline (default: the queue's, a year "
+                             "after the deadline)")
+    create.add_argument("--route", action="append", default=[], metavar="ROUTE",
+                        help="a route its events are also published on (repeatable; "
+                             "default: none)")
     create.add_argument("--retries", type=_number(int, 0, 49, "whole number"), default=5,
                         metavar="N", help="runs retried after worker-shutdown or an expired "
                                           "claim (default: 5)")
+    create.add_argument("--scope", action="append", default=[], metavar="SCOPE",
+                        help="a scope its worker may use for it (repeatable; you must hold "
+                             "it; default: none)")
     create.add_argument("--name", default="", help="metadata.name (default: CMD)")
-    create.add_argument("cmd", nargs="+", metavar="CMD", help="the command and its arguments")
+    create.add_argument("--owner", default="",
+                        help="metadata.owner, who to ask about it (default: USER@HOSTNAME)")
+    create.add_argument("--source", default="",
+                        help="metadata.source, where it was defined, e.g. a URL (default: "
+                             "azqueue-cli://HOSTNAME/CURRENT/DIRECTORY, where it was run)")
+    create.add_argument("cmd", nargs="*", metavar="CMD",
+                        help="the command and its arguments (default: none; give CMD, "
+                             "--payload or --definition)")
+    create.set_defaults(check=functools.partial(_check_create, create))
 
     def one_task(name: str, text: str, json_too: bool = True) -> argparse.ArgumentParser:
         p = tsub.add_parser(name, formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                             help=text, description=text[0].upper() + text[1:] + ".")
-        p.add_argument("task_id", metavar="TASK_ID", help="the task's taskId")
+        p.add_argument("task_id", metavar="TASK_ID", type=_task_id, help="the task's taskId")
         if json_too:
             p.add_argument("--json", action="store_true",
                            help="print the status as the API answers it (JSON)")
@@ -259,6 +339,8 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                        f"4 exception, 1 an error, 130 Ctrl-C\n\n{CLIENT_VARIABLES}")
     one_task("cancel", "cancel the task: its current run is resolved exception canceled "
                        "and its worker stops it")
+    one_task("rerun", "rerun a resolved task: it gets a new pending run (before its "
+                      "deadline); prints its status")
 
     listing = tsub.add_parser(
         "list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
@@ -266,10 +348,39 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
         description="List the tasks of a task group (--group), or the pending tasks of a "
                     "task queue (--task-queue; needs a queue that offers listPendingTasks).")
     which = listing.add_mutually_exclusive_group(required=True)
-    which.add_argument("--group", metavar="TASK_GROUP_ID", help="a taskGroupId")
+    which.add_argument("--group", metavar="TASK_GROUP_ID", type=_task_id, help="a taskGroupId")
     which.add_argument("--task-queue", metavar="PROV/TYPE", type=_task_queue,
                        help="a task queue (provisionerId/workerType)")
     listing.add_argument("--json", action="store_true", help="print JSON lines, one per task")
+
+
+# What `task create --definition` still takes from the options: a missing deadline or expires.
+_WITH_DEFINITION = {"help", "definition", "deadline", "expires"}
+
+
+def _check_create(create: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """What `task create` needs beyond each option's own check: CMD, --payload or
+    --definition, and NAME=VALUE in each --env."""
+    if args.definition is not None:
+        given = [action.option_strings[0] for action in create._actions
+                 if action.option_strings and action.dest not in _WITH_DEFINITION
+                 and getattr(args, action.dest) != action.default]
+        if args.cmd:
+            given.append("CMD")
+        if given:
+            create.error(f"--definition {args.definition} is the whole task: write what "
+                         f"{', '.join(given)} would set in it instead")
+        return
+    if args.task_queue is None:
+        create.error("--task-queue PROV/TYPE is required (without --definition)")
+    if args.cmd and args.payload is not None:
+        create.error("give a CMD or --payload, not both (a payload's command goes in its "
+                     "\"command\")")
+    if not args.cmd and args.payload is None:
+        create.error("give a CMD (after --), --payload FILE or --definition FILE")
+    for pair in args.env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", pair, re.DOTALL):
+            create.error(f"--env {pair} is not NAME=VALUE; write e.g. --env DEBUG=1")
 
 
 def _queue_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -293,6 +404,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str] | None) -> int:
     args = parser().parse_args(argv)
+    if getattr(args, "check", None):
+        args.check(args)
     logs.configure(args.log_level, args.log_format)
     try:
         if args.command in ("serve", "dev", "resolve"):
@@ -300,9 +413,10 @@ def _main(argv: list[str] | None) -> int:
             return server_commands.run(args)
         from azqueue.worker import commands
         return commands.run(args)
-    except ConfigError as e:
-        print(f"azqueue: {e.message}", file=sys.stderr)
-        return 2
+    except ConfigError as e:  # every wrong setting, a line each
+        for line in e.message.splitlines():
+            print(f"azqueue: {line}", file=sys.stderr)
+        return USAGE
 
 
 if __name__ == "__main__":

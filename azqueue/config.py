@@ -5,16 +5,19 @@ Every variable is documented in README.md; keep the two in step.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import secrets
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 from azqueue.errors import ConfigError as ConfigError  # where callers of from_env find it
 
 
+T = TypeVar("T")
 _PREFIX_RE = re.compile(r"^[a-z][a-z0-9]{0,15}$")
 _ORIGIN_RE = re.compile(r"^https?://[^/?#\s,]+$")
 
@@ -144,12 +147,30 @@ def _example_value(variable: str) -> ConfigError:
                        "secrets; print(secrets.token_urlsafe(32))'`")
 
 
+def _check_tip_secrets(tip_secrets: tuple[str, ...]) -> None:
+    if not tip_secrets or any(len(s) < 16 for s in tip_secrets):
+        raise ConfigError(
+            "AZQUEUE_TIP_SECRETS must hold at least one secret of 16 or more characters "
+            "(comma-separated; the first signs new tips, all verify)"
+        )
+
+
+def _check_origins(origins: tuple[str, ...]) -> None:
+    for origin in origins:
+        if origin != "*" and not _ORIGIN_RE.match(origin):
+            raise ConfigError(f"AZQUEUE_BLOB_CORS_ORIGINS: {origin!r} is not an origin; "
+                              "write scheme://host[:port] with no path (the dashboard's "
+                              "address, e.g. https://queue.example.com), or *")
+
+
 def _load_clients(path: str) -> tuple[Client, ...]:
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         clients = tuple(Client(str(c["clientId"]), str(c["accessToken"]),
                                tuple(str(s) for s in c.get("scopes", []))) for c in data)
+    except ConfigError as e:  # a client without an id or with a short token
+        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e.message}") from None
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ConfigError(
             f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
@@ -227,16 +248,8 @@ class Settings:
     blob_cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.tip_secrets or any(len(s) < 16 for s in self.tip_secrets):
-            raise ConfigError(
-                "AZQUEUE_TIP_SECRETS must hold at least one secret of 16 or more characters "
-                "(comma-separated; the first signs new tips, all verify)"
-            )
-        for origin in self.blob_cors_origins:
-            if origin != "*" and not _ORIGIN_RE.match(origin):
-                raise ConfigError(f"AZQUEUE_BLOB_CORS_ORIGINS: {origin!r} is not an origin; "
-                                  "write scheme://host[:port] with no path (the dashboard's "
-                                  "address, e.g. https://queue.example.com), or *")
+        _check_tip_secrets(self.tip_secrets)
+        _check_origins(self.blob_cors_origins)
         ids = [c.client_id for c in (self.root, *self.clients)]
         if len(set(ids)) != len(ids):
             raise ConfigError(f"clientIds must be unique; got {sorted(ids)}")
@@ -250,28 +263,45 @@ class Settings:
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
-        """Settings from ``AZQUEUE_*`` variables; an unset or empty one keeps its default."""
+        """Settings from ``AZQUEUE_*`` variables; an unset or empty one keeps its default.
+
+        Every wrong variable is reported at once: one ConfigError whose message has a
+        line per variable."""
         check_required(env)
+        errors: list[str] = []
+
+        def checked(step: Callable[[], T]) -> T | None:
+            try:
+                return step()
+            except ConfigError as e:
+                errors.append(e.message)
+                return None
+
         raw_secrets = env.get("AZQUEUE_TIP_SECRETS", "")
         tip_secrets = tuple(s.strip() for s in raw_secrets.split(",") if s.strip())
         root_id = env.get("AZQUEUE_ROOT_CLIENT_ID", "")
         root_token = env.get("AZQUEUE_ROOT_ACCESS_TOKEN", "")
         if not root_id or not root_token:
-            raise ConfigError("AZQUEUE_ROOT_CLIENT_ID and AZQUEUE_ROOT_ACCESS_TOKEN must be set: "
-                              "the root client holds scope `*` and signs claim credentials")
+            errors.append("AZQUEUE_ROOT_CLIENT_ID and AZQUEUE_ROOT_ACCESS_TOKEN must be set: "
+                          "the root client holds scope `*` and signs claim credentials")
+        elif is_placeholder(root_token):
+            errors.append(_example_value("AZQUEUE_ROOT_ACCESS_TOKEN").message)
+        elif len(root_token) < MIN_ACCESS_TOKEN:
+            errors.append(f"AZQUEUE_ROOT_ACCESS_TOKEN is {len(root_token)} characters long: "
+                          f"the root client's token (scope `*`) needs at least "
+                          f"{MIN_ACCESS_TOKEN}, e.g. the output of `python -c 'import secrets; "
+                          "print(secrets.token_urlsafe(32))'`")
         if any(is_placeholder(s) for s in tip_secrets):
-            raise _example_value("AZQUEUE_TIP_SECRETS")
-        if is_placeholder(root_token):
-            raise _example_value("AZQUEUE_ROOT_ACCESS_TOKEN")
-        if len(root_token) < MIN_ACCESS_TOKEN:
-            raise ConfigError(f"AZQUEUE_ROOT_ACCESS_TOKEN is {len(root_token)} characters long: "
-                              f"the root client's token (scope `*`) needs at least "
-                              f"{MIN_ACCESS_TOKEN}, e.g. the output of `python -c 'import secrets; "
-                              "print(secrets.token_urlsafe(32))'`")
+            errors.append(_example_value("AZQUEUE_TIP_SECRETS").message)
+        else:
+            checked(lambda: _check_tip_secrets(tip_secrets))
         given: dict[str, object] = {
             name: env[variable] for name, variable in _TEXT_VARIABLES.items() if env.get(variable)}
-        given.update((name, _seconds(env, variable)) for name, variable in
-                     _SECONDS_VARIABLES.items() if env.get(variable))
+        for name, variable in _SECONDS_VARIABLES.items():
+            if env.get(variable):
+                seconds = checked(functools.partial(_seconds, env, variable))
+                if seconds is not None:
+                    given[name] = seconds
         for name, variable in (("port", "AZQUEUE_PORT"), ("metrics_port", "AZQUEUE_METRICS_PORT")):
             port_raw = env.get(variable)
             if port_raw:
@@ -280,21 +310,28 @@ class Settings:
                 except ValueError:
                     port = -1
                 if not 0 <= port < 65536:
-                    raise ConfigError(f"{variable}={port_raw!r} is not a port number")
-                given[name] = port
+                    errors.append(f"{variable}={port_raw!r} is not a port number")
+                else:
+                    given[name] = port
         clients_file = env.get("AZQUEUE_CLIENTS_FILE", "")
         if clients_file:
-            given["clients"] = _load_clients(clients_file)
+            clients = checked(lambda: _load_clients(clients_file))
+            if clients is not None:
+                given["clients"] = clients
         origins = env.get("AZQUEUE_BLOB_CORS_ORIGINS", "")
         if origins.strip():
             given["blob_cors_origins"] = tuple(o.strip().rstrip("/") for o in origins.split(",")
                                                if o.strip())
+            checked(lambda: _check_origins(given["blob_cors_origins"]))  # type: ignore[arg-type]
         anonymous = env.get("AZQUEUE_ANONYMOUS_SCOPES")
         if anonymous is not None:  # set but empty: no anonymous scopes at all
             given["anonymous_scopes"] = tuple(s.strip() for s in anonymous.split(",")
                                               if s.strip())
+        storage = checked(lambda: StorageSettings.from_env(env))
+        if errors or storage is None:
+            raise ConfigError("\n".join(errors))
         return cls(
-            storage=StorageSettings.from_env(env),
+            storage=storage,
             tip_secrets=tip_secrets,
             root=Client(root_id, root_token, ("*",)),
             crash_after_commit=env.get("AZQUEUE_TEST_CRASH_AFTER_COMMIT", "") == "1",

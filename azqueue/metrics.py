@@ -2,15 +2,20 @@
 
 The metrics are the process's own, in prometheus-client's default registry, as an
 exporter's are: scrape every replica (and every ``azqueue resolve`` process, which has
-no HTTP server and reports nothing). Counters count what *this process* did; the sampled
-gauges (pending tips per task queue, events waiting in the outbox) describe the storage
-account, so every replica reports the same figure and a dashboard should take ``max``.
+no HTTP server and reports nothing). Counters and histograms count what *this process*
+did; the sampled gauges (pending tips and running runs per task queue, events waiting in
+the outbox) describe the storage account, so every replica reports the same figure and a
+dashboard should take ``max``. No ``*_created`` series are exported.
 
 Sampling costs storage requests, so it happens only when ``/metrics`` is scraped: every
 task queue at most once per ``SAMPLE_INTERVAL`` (a scrape in between samples only task
 queues not sampled yet), for at most ``MAX_SAMPLED_QUEUES`` task queues (those this
 process most recently created, claimed or resolved a task of): seven requests (one per
-priority) per task queue and one for the outbox per sample.
+priority) per task queue, one scan of the claim index for the running runs of all of
+them (shared with taskQueueCounts), and one for the outbox per sample.
+
+Every stored change of a task also goes to the listeners given to ``on_change`` (the
+dashboard's list of recent changes), in the process that made it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram, disable_created_metrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
 
@@ -32,6 +37,12 @@ if TYPE_CHECKING:
 
 SAMPLE_INTERVAL = 30.0
 MAX_SAMPLED_QUEUES = 50
+
+# A `_created` series per counter and histogram child is a timestamp nobody graphs.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# Minutes to hours: tasks wait and run from seconds to a day.
+DURATION_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
 
 API_REQUESTS = Counter(
     "azqueue_api_requests", "API requests answered, by endpoint (the Taskcluster method "
@@ -46,11 +57,26 @@ RUNS = Counter(
     ["state", "reason"])
 EVENTS = Counter("azqueue_events_published", "Task events confirmed by the broker, by exchange",
                  ["exchange"])
+PENDING_SECONDS = Histogram(
+    "azqueue_task_pending_seconds", "Time a run waited, from pending (scheduled) until a "
+    "worker claimed it, observed at the claim", buckets=DURATION_BUCKETS)
+RUN_SECONDS = Histogram(
+    "azqueue_run_seconds", "Time a run took from its claim until it was resolved, by "
+    "resolution (reasonResolved: completed, failed, canceled, claim-expired, ...)",
+    ["resolution"], buckets=DURATION_BUCKETS)
 RESOLVER_PASSES = Counter("azqueue_resolver_passes", "Passes of a background resolver, by outcome "
                           "(`ok`, or `failed`: retried at its next interval)",
                           ["resolver", "outcome"])
 RESOLVER_ITEMS = Counter("azqueue_resolver_items", "Items a background resolver handled (claims "
                          "expired, deadlines resolved, events recovered, ...)", ["resolver"])
+
+# The loops name themselves as in their logs ("claim resolver"); metrics name them as
+# `azqueue resolve` does (azqueue.background.resolvers.NAMES).
+RESOLVER_NAMES = {"claim": "claims", "deadline": "deadlines", "dependency": "dependencies",
+                  "group-passes": "groups"}
+
+ChangeListener = Callable[["Task | None", "Task"], None]
+_listeners: list[ChangeListener] = []
 
 # resolver name -> time.time() of the end of its last successful pass
 _last_ok: dict[str, float] = {}
@@ -62,9 +88,17 @@ def count_request(endpoint: str, status: int, seconds: float) -> None:
     API_LATENCY.labels(endpoint).observe(seconds)
 
 
+def on_change(listener: ChangeListener) -> None:
+    """Call ``listener(before, after)`` with every change this process stores (once per
+    listener). It runs on the request's path: it must be quick and never fail."""
+    if listener not in _listeners:
+        _listeners.append(listener)
+
+
 def count_change(before: Task | None, after: Task) -> None:
-    """Count the run transitions between ``before`` (None: a new task) and ``after``, and
-    remember the task queue for sampling."""
+    """Count the run transitions between ``before`` (None: a new task) and ``after``, time
+    the runs claimed or resolved, remember the task queue for sampling and tell the
+    ``on_change`` listeners."""
     old = before.runs if before is not None else ()
     for index, run in enumerate(after.runs):
         previous = old[index] if index < len(old) else None
@@ -75,20 +109,35 @@ def count_change(before: Task | None, after: Task) -> None:
             reason = run.reason_created.value
         elif state == "running":
             reason = ""
+            if run.started is not None:
+                PENDING_SECONDS.observe(max(0.0, (run.started - run.scheduled).total_seconds()))
         else:
             reason = run.reason_resolved.value if run.reason_resolved is not None else ""
+            if run.started is not None and run.resolved is not None:
+                RUN_SECONDS.labels(reason or state).observe(
+                    max(0.0, (run.resolved - run.started).total_seconds()))
         RUNS.labels(state, reason).inc()
     PENDING.seen(after.task_queue_id)
+    for listener in _listeners:
+        listener(before, after)
 
 
 def count_event(exchange: str) -> None:
     EVENTS.labels(exchange).inc()
 
 
+def resolver_name(name: str) -> str:
+    """The name ``azqueue resolve`` knows a resolver loop by: "claim resolver" is
+    ``claims``."""
+    name = name.removesuffix(" resolver")
+    return RESOLVER_NAMES.get(name, name)
+
+
 def resolver_pass(name: str, ok: bool, items: object = None) -> None:
     """Count a pass of the resolver loop ``name`` (e.g. "claim resolver": labelled
-    ``claim``) and the items it handled, if it says (an int)."""
-    name = name.removesuffix(" resolver")
+    ``claims``, as ``azqueue resolve`` names it) and the items it handled, if it says
+    (an int)."""
+    name = resolver_name(name)
     RESOLVER_PASSES.labels(name, "ok" if ok else "failed").inc()
     if ok:
         _last_ok[name] = time.time()
@@ -115,7 +164,7 @@ _registered_resolvers: set[str] = set()
 
 
 def resolver_started(name: str) -> None:
-    _registered_resolvers.add(name.removesuffix(" resolver"))
+    _registered_resolvers.add(resolver_name(name))
 
 
 class _StorageRequests(Collector):
@@ -159,16 +208,20 @@ Sampler = Callable[[str], Awaitable[dict[str, int]]]
 
 class _Pending(Collector):
     """``azqueue_pending_tips``: Azure's approximate message count of each priority queue
-    of recently active task queues, and ``azqueue_outbox_pending``: event triggers not yet
-    published. Both sampled on scrape at most every ``SAMPLE_INTERVAL`` seconds.
+    of recently active task queues; ``azqueue_runs_running``: their runs in the claim
+    index; and ``azqueue_outbox_pending``: event triggers not yet published. All sampled
+    on scrape at most every ``SAMPLE_INTERVAL`` seconds.
 
     A queue's approximate count includes tips that became stale (their run was claimed
     or resolved through another tip) and tips held invisible by a claim: it is an upper
-    bound of the pending runs, good for trends and alerts, not an exact count."""
+    bound of the pending runs, good for trends and alerts, not an exact count. The claim
+    index holds a run once it has run ``min(30 s, claimTimeout / 2)``: shorter runs are
+    not counted as running."""
 
     def __init__(self) -> None:
         self._queues: OrderedDict[str, None] = OrderedDict()
         self._counts: dict[tuple[str, str], int] = {}
+        self._running: dict[str, int] = {}
         self._outbox: int | None = None
         self._sampled_at = 0.0
         self._lock = asyncio.Lock()
@@ -179,7 +232,8 @@ class _Pending(Collector):
         while len(self._queues) > MAX_SAMPLED_QUEUES:
             self._queues.popitem(last=False)
 
-    async def sample(self, pending: Sampler, outbox: Callable[[], Awaitable[int]] | None) -> None:
+    async def sample(self, pending: Sampler, outbox: Callable[[], Awaitable[int]] | None,
+                     running: Callable[[str], Awaitable[int]] | None = None) -> None:
         """Sample every task queue if the last sample is ``SAMPLE_INTERVAL`` old, else only
         those seen since."""
         async with self._lock:
@@ -195,6 +249,13 @@ class _Pending(Collector):
                 if isinstance(result, dict):
                     counts.update({(name, priority): n for priority, n in result.items()})
             self._counts = counts
+            if running is not None:
+                found = await asyncio.gather(*(running(name) for name in names),
+                                             return_exceptions=True)
+                runs = {} if full else {k: n for k, n in self._running.items()
+                                        if k in self._queues}
+                runs.update({name: n for name, n in zip(names, found) if isinstance(n, int)})
+                self._running = runs
             if not full:
                 return
             self._sampled_at = time.monotonic()
@@ -212,6 +273,13 @@ class _Pending(Collector):
         for (name, priority), n in sorted(self._counts.items()):
             tips.add_metric([name, priority], n)
         yield tips
+        running = GaugeMetricFamily(
+            "azqueue_runs_running", "Runs of a task queue claimed and running (those running "
+            "for more than min(30 s, claimTimeout / 2): the claim index), sampled",
+            labels=["task_queue"])
+        for name, n in sorted(self._running.items()):
+            running.add_metric([name], n)
+        yield running
         if self._outbox is not None:
             yield GaugeMetricFamily("azqueue_outbox_pending", "Approximate event triggers "
                                     "waiting to be published (sampled)", value=self._outbox)

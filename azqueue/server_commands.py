@@ -10,7 +10,13 @@ SIGINT, SIGTERM and SIGHUP (a closed terminal); ``dev`` then stops its Azurite t
 
 ``dev --data DIR`` keeps Azurite's data, the tip secrets and the root credentials in DIR
 (``DEV_STATE``, mode 0600), so a restart keeps every stored task and every pending tip
-valid. DIR is made 0700 (Azurite's own files are readable by all).
+valid. DIR is made 0700 (Azurite's own files are readable by all). One ``dev`` at a time
+uses DIR: it holds a lock on ``DEV_LOCK`` (which names its pid) while it runs, and a
+second one says so and exits. Azurite's pid is kept in ``AZURITE_PID``: an Azurite that a
+killed ``dev`` left running on DIR is stopped by the next one before it starts its own.
+
+``dev`` logs no line per request unless asked (``--access-log``, or ``--log-level
+DEBUG``): its terminal is for what the developer is doing.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import errno
+import fcntl
 import json
 import logging
 import os
@@ -28,23 +35,25 @@ import stat
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 from urllib.parse import urlsplit
 
-from aiohttp import web
-
 from azqueue import __version__
-from azqueue.api.app import create_app
-from azqueue.api.routes import SERVICES_KEY
-from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings, connection_settings, new_secret
 from azqueue.devstorage import Azurite
-from azqueue.service.wiring import open_services
-from azqueue.storage.account import service_endpoint
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+# The server stack (aiohttp, the Azure SDKs: a second to import) is imported where it is
+# first needed, so that what fails before it, such as a `dev --data` directory another
+# `dev` holds, fails at once.
 
 log = logging.getLogger("azqueue")
 
 DEV_STATE = "azqueue-dev.json"
+DEV_LOCK = "azqueue-dev.lock"
+AZURITE_PID = "azurite.pid"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CONNECT_TIMEOUT = 5.0
 T = TypeVar("T")
@@ -101,6 +110,7 @@ async def _unless(stop: asyncio.Event, step: Awaitable[T]) -> T | None:
 async def wait_for_storage(settings: Settings) -> None:
     """Connect to each storage endpoint until it answers, for up to ``storage_wait``
     seconds, logging each failed try; then ``StartupError`` naming the endpoint."""
+    from azqueue.storage.account import service_endpoint
     try:
         conn = connection_settings(settings.storage.connection_string)
         endpoints = [service_endpoint(conn, s) for s in ("table", "queue", "blob")]
@@ -137,6 +147,9 @@ async def _serve(settings: Settings, stop: asyncio.Event,
     await _unless(stop, wait_for_storage(settings))
     if stop.is_set():
         return
+    from aiohttp import web
+
+    from azqueue.api.app import create_app
     runner = web.AppRunner(create_app(settings), access_log=None)
     try:
         try:
@@ -165,6 +178,7 @@ async def _serve(settings: Settings, stop: asyncio.Event,
 async def _allow_browsers(app: web.Application, origins: tuple[str, ...]) -> None:
     """The Blob service's CORS rule for ``origins`` (AZQUEUE_BLOB_CORS_ORIGINS), so the
     dashboard of those origins can follow live logs; a failure is one line, as any."""
+    from azqueue.api.routes import SERVICES_KEY
     try:
         changed = await app[SERVICES_KEY].artifacts.blobs.allow_browsers(origins)
     except ConfigError:
@@ -214,6 +228,7 @@ def _dev_banner(settings: Settings) -> None:
 azqueue {__version__} is running on an embedded Azurite (Ctrl-C stops both).
 
   rootUrl:      {root}
+  dashboard:    {root}/
   clientId:     {settings.root.client_id}   (scope *)
   accessToken:  {settings.root.access_token}
 
@@ -288,8 +303,88 @@ def _make_private(path: Path, raw: str) -> None:
                            f"{e.strerror or e}") from None
 
 
+def _lock(data_dir: Path, raw: str) -> int:
+    """Hold ``DEV_LOCK`` in ``data_dir`` (released when the process ends, however it
+    ends), writing this pid in it; StartupError naming the holder if another has it."""
+    path = data_dir / DEV_LOCK
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise StartupError(f"--data {raw}: cannot create {DEV_LOCK}: {e.strerror or e}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise StartupError(f"--data {raw} is in use by another `azqueue dev` (pid {holder}); "
+                           "stop it first, or give another directory") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _azurite_left_behind(data_dir: Path) -> int | None:
+    """The pid recorded in ``AZURITE_PID`` if that process still runs Azurite on
+    ``data_dir`` (a ``dev`` killed before it could stop it); None otherwise."""
+    try:
+        pid = int((data_dir / AZURITE_PID).read_text().strip())
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+    except (OSError, ValueError):
+        return None
+    if not any("azurite" in a for a in argv[:2]) or "--location" not in argv[:-1]:
+        return None
+    location = argv[argv.index("--location") + 1]
+    return pid if os.path.realpath(location) == os.path.realpath(data_dir) else None
+
+
+async def _stop_left_behind(data_dir: Path) -> None:
+    pid = _azurite_left_behind(data_dir)
+    if pid is None:
+        return
+    log.warning("stopping the Azurite (pid %d) that a previous `azqueue dev` left running on %s",
+                pid, data_dir)
+    for sig, wait in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 10.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, sig)
+        loop = asyncio.get_running_loop()
+        end = loop.time() + wait
+        while _azurite_left_behind(data_dir) == pid and loop.time() < end:
+            await asyncio.sleep(0.1)
+        if _azurite_left_behind(data_dir) != pid:
+            return
+    raise StartupError(f"the Azurite (pid {pid}) left running on --data {data_dir} does not "
+                       "stop; stop it yourself")
+
+
+def _record_azurite(data_dir: Path, pid: int | None) -> None:
+    path = data_dir / AZURITE_PID
+    with contextlib.suppress(OSError):
+        if pid is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.write_text(f"{pid}\n")
+
+
+def _quiet_requests(args: argparse.Namespace) -> None:
+    """No line per request unless ``--access-log`` or the log level is DEBUG."""
+    if not args.access_log and logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        logging.getLogger("azqueue.access").setLevel(logging.WARNING)
+
+
 async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
     data_dir = _data_dir(args.data)
+    lock = _lock(data_dir, args.data) if data_dir else None
+    try:
+        await _dev_locked(args, data_dir, stop)
+    finally:
+        if lock is not None:
+            os.close(lock)
+
+
+async def _dev_locked(args: argparse.Namespace, data_dir: Path | None,
+                      stop: asyncio.Event) -> None:
+    _quiet_requests(args)
     env = dict(os.environ)
     for name, value in dev_state(data_dir).items():
         env.setdefault(name, value)
@@ -300,9 +395,13 @@ async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
     env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
     env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
     _check_can_listen(Settings.from_env(env))
+    if data_dir:
+        await _stop_left_behind(data_dir)
     azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))
     if azurite is None:
         return
+    if data_dir:
+        _record_azurite(data_dir, azurite.process.pid)
     try:
         env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
         settings = Settings.from_env(env)
@@ -311,6 +410,8 @@ async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await _serve(settings, stop, _dev_banner)
     finally:
         await azurite.stop()
+        if data_dir:
+            _record_azurite(data_dir, None)
 
 
 def _dev_origins(root_url: str) -> tuple[str, ...]:
@@ -329,6 +430,8 @@ async def _resolve(which: str, stop: asyncio.Event) -> None:
     await _unless(stop, wait_for_storage(settings))
     if stop.is_set():
         return
+    from azqueue.background import resolvers
+    from azqueue.service.wiring import open_services
     async with open_services(settings) as services:
         if which == "events" and services.outbox is None:
             raise ConfigError("`azqueue resolve events` needs AZQUEUE_AMQP_URL")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -15,6 +14,7 @@ import aiohttp
 from azqueue.devstorage import Azurite
 from tests.servers import ROOT
 from tests.readiness import until_serving
+from tests.worker.helpers import checkout_env
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")
 
@@ -26,7 +26,7 @@ async def serve(azurite: Azurite, prefix: str, amqp_url: str, port: int,
     ready once it answers ping; terminated at the end unless it is gone already. With
     ``release``, the ``azqueue`` package of that directory serves (another release's
     source tree), with this environment's dependencies."""
-    env = {**os.environ, "AZQUEUE_STORAGE_CONNECTION_STRING": azurite.connection_string,
+    env = {**checkout_env(), "AZQUEUE_STORAGE_CONNECTION_STRING": azurite.connection_string,
            "AZQUEUE_STORAGE_PREFIX": prefix, "AZQUEUE_TIP_SECRETS": "test-secret-0123456789abcdef",
            "AZQUEUE_ROOT_CLIENT_ID": ROOT.client_id, "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT.access_token,
            "AZQUEUE_AMQP_URL": amqp_url, "AZQUEUE_PORT": str(port),

@@ -1,16 +1,38 @@
-"""The worker SDK: a client of the queue's HTTP API and of SAS URLs only."""
+"""The worker SDK: a client of the queue's HTTP API and of SAS URLs only.
 
-from azqueue.worker.client import Credentials
-from azqueue.worker.errors import (
-    IntermittentTask,
-    MalformedPayload,
-    QueueRefused,
-    ResourceUnavailable,
-    TaskFailed,
-)
-from azqueue.worker.config import WorkerConfig
-from azqueue.worker.run import TaskRun
-from azqueue.worker.worker import Worker, WorkerState
+Its names are imported on first use, so that the command line can import
+``azqueue.worker.exitcodes`` without loading the HTTP clients."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from azqueue.worker.client import Credentials
+    from azqueue.worker.errors import (
+        IntermittentTask,
+        MalformedPayload,
+        QueueRefused,
+        ResourceUnavailable,
+        TaskFailed,
+    )
+    from azqueue.worker.config import WorkerConfig
+    from azqueue.worker.run import TaskRun
+    from azqueue.worker.worker import Worker, WorkerState
+
+_WHERE = {"Credentials": "client", "IntermittentTask": "errors", "MalformedPayload": "errors",
+          "QueueRefused": "errors", "ResourceUnavailable": "errors", "TaskFailed": "errors",
+          "TaskRun": "run", "Worker": "worker", "WorkerConfig": "config",
+          "WorkerState": "worker"}
 
 __all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "QueueRefused", "ResourceUnavailable",
            "TaskFailed", "TaskRun", "Worker", "WorkerConfig", "WorkerState"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'azqueue.worker' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"azqueue.worker.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

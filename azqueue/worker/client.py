@@ -126,7 +126,8 @@ async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
     async with session.get(url, headers=headers) as r:
         text = await r.text()
         if r.status != 200:
-            raise QueueUnavailable(f"pollTaskUrls answered {r.status}: {text[:300]}", r.status)
+            raise QueueUnavailable(f"pollTaskUrls answered {error_answer(r.status, text)}",
+                                   r.status)
     try:
         body: dict[str, Any] = json.loads(text)
         parse_time(body["expires"])
@@ -143,6 +144,17 @@ async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
                                  and all(isinstance(v, (int, float)) for v in hint["ages"])):
         del body["pending"]
     return body
+
+
+def error_answer(status: int, text: str) -> str:
+    """``STATUS code: message`` of the queue's JSON error answer (its message's first
+    line), else ``STATUS: `` and the answer's first words."""
+    try:
+        body = json.loads(text)
+        code, message = body["code"], str(body.get("message", ""))
+    except (ValueError, KeyError, TypeError):
+        return f"{status}: {' '.join(text.split())[:300]}"
+    return f"{status} {code}: {(message.strip().splitlines() or [''])[0][:300]}"
 
 
 def status_of(error: BaseException) -> int | None:

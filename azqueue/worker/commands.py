@@ -13,12 +13,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import getpass
 import json
 import logging
 import os
 import re
+import socket
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,10 +30,10 @@ import slugid
 import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
-from azqueue.cli import INTERRUPTED, WAIT_EXIT_CODES
 from azqueue.worker import client, follow, shell
 from azqueue.worker.client import Credentials
 from azqueue.worker.errors import QueueRefused
+from azqueue.worker.exitcodes import ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES
 from azqueue.worker.worker import Worker, WorkerConfig
 
 RESOLVED = ("completed", "failed", "exception")
@@ -45,10 +48,16 @@ class CommandError(Exception):
 
 
 def _root_url() -> str:
-    root_url = os.environ.get("TASKCLUSTER_ROOT_URL", "").rstrip("/")
+    root_url = os.environ.get("TASKCLUSTER_ROOT_URL", "").strip().rstrip("/")
     if not root_url:
         raise CommandError("set TASKCLUSTER_ROOT_URL (and TASKCLUSTER_CLIENT_ID, "
                            "TASKCLUSTER_ACCESS_TOKEN) as `azqueue dev` prints them")
+    if "://" not in root_url:
+        raise CommandError(f"TASKCLUSTER_ROOT_URL={root_url!r} is not a URL: write it with its "
+                           f"scheme, e.g. http://{root_url}")
+    if not re.match(r"https?://[^/]", root_url, re.IGNORECASE):
+        raise CommandError(f"TASKCLUSTER_ROOT_URL={root_url!r} is not an http(s) URL: write it "
+                           "as `azqueue dev` prints it, e.g. http://127.0.0.1:8080")
     return root_url
 
 
@@ -68,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
         return _task(args, _queue(root_url))
     except CommandError as e:
         print(f"azqueue: {e}", file=sys.stderr)
-        return 1
+        return ERROR
     except TaskclusterFailure as e:
         print(f"azqueue: {explain(e, root_url)}", file=sys.stderr)
-        return 1
+        return ERROR
     except KeyboardInterrupt:
         return INTERRUPTED
 
@@ -134,7 +143,7 @@ async def _worker(args: argparse.Namespace, root_url: str) -> int:
         await worker.run_until_signalled()
     except QueueRefused as e:
         raise CommandError(f"worker: {e}") from None
-    return 0
+    return OK
 
 
 async def _check_queue(root_url: str) -> None:
@@ -167,22 +176,16 @@ def _unreachable(root_url: str, error: Exception) -> CommandError:
 def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     command = args.task_command
     if command == "create":
-        now = datetime.datetime.now(datetime.UTC)
         task_id = slugid.nice()
-        queue.createTask(task_id, {
-            "taskQueueId": args.task_queue, "priority": args.priority,
-            "retries": args.retries, "created": taskcluster.stringDate(now),
-            "deadline": taskcluster.stringDate(now + datetime.timedelta(seconds=args.deadline)),
-            "payload": {"command": args.cmd, "maxRunTime": args.max_run_time},
-            "metadata": {"name": args.name or " ".join(args.cmd)[:255],
-                         "description": "created with azqueue task create",
-                         "owner": os.environ.get("USER", "someone") + "@localhost",
-                         "source": "https://github.com/azqueue/azqueue"}})
+        queue.createTask(task_id, task_definition(args))
         print(task_id)
-        return 0
+        return OK
+    if command == "rerun":
+        _print_status(queue.rerunTask(args.task_id)["status"], args.json)
+        return OK
     if command == "status":
         _print_status(queue.status(args.task_id)["status"], args.json)
-        return 0
+        return OK
     if command == "wait":
         return wait(queue, args.task_id, args.timeout, args.json)
     if command == "log" and args.follow:
@@ -195,11 +198,101 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     if command == "log":
         url = (queue.buildSignedUrl if queue.options.get("credentials") else queue.buildUrl)(
             "getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
-        return asyncio.run(_print_url(url, queue.options["rootUrl"]))
+        if asyncio.run(_print_url(url, queue.options["rootUrl"])):
+            return OK
+        raise CommandError(f"task log: {_why_no_log(queue, args.task_id)}")
     if command == "list":
         return _print_listing(args, queue)
     _print_status(queue.cancelTask(args.task_id)["status"], args.json)
-    return 0
+    return OK
+
+
+def task_definition(args: argparse.Namespace) -> dict[str, Any]:
+    """The task definition `task create` submits: ``--definition``'s, with a missing
+    ``created``/``deadline``/``expires`` filled in; or one built from the options."""
+    now = datetime.datetime.now(datetime.UTC)
+    if args.definition is not None:
+        written = _json_object(args.definition, "--definition", "a task definition")
+        written.setdefault("created", _iso(now))
+        written.setdefault("deadline", _iso(_at(now, args.deadline)))
+        if args.expires is not None:
+            written.setdefault("expires", _iso(_at(now, args.expires)))
+        return written
+    if args.payload is not None:
+        payload = _json_object(args.payload, "--payload", "a payload")
+    else:
+        payload = {"command": args.cmd, "maxRunTime": args.max_run_time}
+    if args.env:
+        env = payload.setdefault("env", {})
+        if not isinstance(env, dict):
+            raise CommandError(f"task create: --env cannot be added to the payload of --payload "
+                               f"{args.payload}: its \"env\" is not an object")
+        env.update(pair.split("=", 1) for pair in args.env)
+    who = _user_at_host()
+    task: dict[str, Any] = {
+        "taskQueueId": args.task_queue, "priority": args.priority, "retries": args.retries,
+        "created": _iso(now), "deadline": _iso(_at(now, args.deadline)), "payload": payload,
+        "metadata": {"name": args.name or (" ".join(args.cmd) or f"{args.task_queue} task")[:255],
+                     "description": "created with `azqueue task create`",
+                     "owner": args.owner or who,
+                     "source": args.source or _source()}}
+    if args.expires is not None:
+        task["expires"] = _iso(_at(now, args.expires))
+    if args.group:
+        task["taskGroupId"] = args.group
+    for key, values in (("dependencies", args.dependency), ("routes", args.route),
+                        ("scopes", args.scope)):
+        if values:
+            task[key] = list(values)
+    return task
+
+
+def _json_object(source: str, option: str, what: str) -> dict[str, Any]:
+    """The JSON object in file ``source`` (``-``: stdin), or CommandError saying why not."""
+    try:
+        if source == "-":
+            text = sys.stdin.read()
+        else:
+            with open(source, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise CommandError(f"task create: {option} {source}: cannot read it ({why})") from None
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        raise CommandError(f"task create: {option} {source} is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise CommandError(f"task create: {option} {source} is not a JSON object ({{...}}), as "
+                           f"{what} is")
+    return value
+
+
+def _at(now: datetime.datetime, when: datetime.timedelta | datetime.datetime
+        ) -> datetime.datetime:
+    return now + when if isinstance(when, datetime.timedelta) else when
+
+
+def _iso(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _user_at_host() -> str:
+    """USER@HOSTNAME of whoever runs the command: who to ask about the task."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no USER variable and no passwd entry (a bare container)
+        user = f"uid{os.getuid()}"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _source() -> str:
+    """Where the task was defined: this command, on this host, in this directory."""
+    try:
+        where = os.getcwd()
+    except OSError:
+        where = "/"
+    return f"azqueue-cli://{socket.gethostname()}{urllib.parse.quote(where)}"[:4096]
 
 
 def describe(status: dict[str, Any]) -> str:
@@ -242,19 +335,44 @@ def wait(queue: taskcluster.Queue, task_id: str, timeout: float | None, as_json:
         time.sleep(WAIT_POLL)
 
 
-async def _print_url(url: str, root_url: str) -> int:
+async def _print_url(url: str, root_url: str) -> bool:
+    """Print what ``url`` answers; False if it answered 404 (nothing printed)."""
     try:
         async with aiohttp.ClientSession() as session, session.get(url) as r:
+            if r.status == 404:
+                return False
             if r.status != 200:
-                text = " ".join((await r.text()).split())
-                print(f"azqueue: no log ({r.status}): {text[:300]}", file=sys.stderr)
-                return 1
+                raise CommandError(f"task log: reading the log answered "
+                                   f"{client.error_answer(r.status, await r.text())}")
             async for chunk in r.content.iter_chunked(65536):
                 sys.stdout.buffer.write(chunk)
             sys.stdout.buffer.flush()
     except (aiohttp.ClientError, TimeoutError) as e:
         raise _unreachable(root_url, e) from None
-    return 0
+    return True
+
+
+def _why_no_log(queue: taskcluster.Queue, task_id: str) -> str:
+    """Why the latest run of ``task_id`` has no log to print, and what to do about it."""
+    try:
+        status = queue.status(task_id)["status"]
+    except TaskclusterFailure as e:
+        if client.status_of(e) == 404:
+            return (f"there is no task {task_id} (or it has expired); check the taskId, e.g. "
+                    "with `azqueue task list --group TASK_GROUP_ID`")
+        raise
+    runs = status["runs"]
+    follow_hint = f"`azqueue task log --follow {task_id}` waits for its log"
+    if not runs or runs[-1]["state"] == "pending":
+        return f"{task_id} is {status['state']}: no worker has run it yet; {follow_hint}"
+    run = runs[-1]
+    if run["state"] == "running":
+        return (f"run {run['runId']} of {task_id} is running and has no {shell.LOG_ARTIFACT} "
+                f"yet; {follow_hint}")
+    reason = run.get("reasonResolved")
+    return (f"run {run['runId']} of {task_id} is {run['state']}"
+            + (f" ({reason})" if reason and reason != run["state"] else "")
+            + f" and has no {shell.LOG_ARTIFACT}: its worker wrote none")
 
 
 # -- listings ------------------------------------------------------------------------
@@ -313,4 +431,4 @@ def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
                           f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
     for item in items:
         print(json.dumps(item) if args.json else line(item), flush=True)
-    return 0
+    return OK

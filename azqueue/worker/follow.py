@@ -21,7 +21,7 @@ from typing import Any, BinaryIO, TextIO
 import aiohttp
 import taskcluster
 
-from azqueue.cli import WAIT_EXIT_CODES
+from azqueue.worker.exitcodes import WAIT_EXIT_CODES
 
 POLL = 1.0
 RESOLVED = ("completed", "failed", "exception")

@@ -4,26 +4,27 @@ code."""
 from __future__ import annotations
 
 import asyncio
-import os
 import subprocess
 from collections.abc import Mapping
 
 from tests.servers import Server
-from tests.worker.helpers import AZQUEUE, cli_env
+from tests.worker.helpers import AZQUEUE, checkout_env, cli_env
 
 
-async def azqueue(*args: str, env: Mapping[str, str] | None = None,
-                  timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """``azqueue ARGS``, run to its end (``timeout`` bounds a stuck one)."""
+async def azqueue(*args: str, env: Mapping[str, str] | None = None, timeout: float = 60,
+                  stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``azqueue ARGS``, run to its end (``timeout`` bounds a stuck one), importing this
+    checkout's azqueue; ``stdin`` is what it reads on its standard input (none without)."""
     return await asyncio.to_thread(
-        subprocess.run, [AZQUEUE, *args], env=dict(env if env is not None else os.environ),
-        capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        subprocess.run, [AZQUEUE, *args], env=checkout_env(env),
+        capture_output=True, text=True, timeout=timeout,
+        **({"input": stdin} if stdin is not None else {"stdin": subprocess.DEVNULL}))
 
 
-async def as_root(server: Server, *args: str, timeout: float = 60
+async def as_root(server: Server, *args: str, timeout: float = 60, stdin: str | None = None
                   ) -> subprocess.CompletedProcess[str]:
     """``azqueue ARGS`` with the root client's TASKCLUSTER_* variables for ``server``."""
-    return await azqueue(*args, env=cli_env(server), timeout=timeout)
+    return await azqueue(*args, env=cli_env(server), timeout=timeout, stdin=stdin)
 
 
 def one_line_error(done: subprocess.CompletedProcess[str]) -> str:

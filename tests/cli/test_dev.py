@@ -20,7 +20,7 @@ from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.cli.helpers import azqueue, one_line_error
 from tests.signing import hawk_signer
 from tests.tasks import definition, slugid
-from tests.worker.helpers import AZQUEUE, alive, eventually, running
+from tests.worker.helpers import AZQUEUE, alive, checkout_env, eventually, running
 
 BANNER_TIMEOUT = 120.0
 
@@ -28,18 +28,22 @@ BANNER_TIMEOUT = 120.0
 class Dev:
     """A running `azqueue dev --data DIR --port PORT` and what its banner said."""
 
-    def __init__(self, data: Path, port: int) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")}
+    def __init__(self, data: Path, port: int, options: tuple[str, ...] = (),
+                 dev_options: tuple[str, ...] = ()) -> None:
+        env = {k: v for k, v in checkout_env().items() if not k.startswith("AZQUEUE_")}
         self.process = subprocess.Popen(
-            [AZQUEUE, "dev", "--data", str(data), "--port", str(port)], env=env,
+            [AZQUEUE, *options, "dev", "--data", str(data), "--port", str(port), *dev_options],
+            env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.root_url = f"http://127.0.0.1:{port}"
         self.token = ""
+        self.banner: list[str] = []
 
     async def started(self) -> Dev:
         def read_banner() -> str:
             assert self.process.stdout is not None
             for line in self.process.stdout:
+                self.banner.append(line)
                 if m := re.search(r"export TASKCLUSTER_ACCESS_TOKEN=(\S+)", line):
                     return m[1]
             return ""
@@ -103,6 +107,64 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
     finally:
         err = await asyncio.to_thread(second.stop, signal.SIGTERM)
     assert second.process.returncode == 0, err
+
+
+async def test_the_banner_names_the_dashboard_and_requests_are_logged_only_when_asked(
+        tmp_path: Path) -> None:
+    """A request leaves no line by default; it does with `dev --access-log`, or with
+    `--log-level DEBUG`."""
+    for options, dev_options, logged in (((), (), False), ((), ("--access-log",), True),
+                                         (("--log-level", "DEBUG"), (), True)):
+        dev = await Dev(tmp_path / f"data-{logged}-{len(options)}", free_port(),
+                        options=options, dev_options=dev_options).started()
+        try:
+            assert any(re.fullmatch(rf"\s*dashboard:\s+{re.escape(dev.root_url)}/\s*", line)
+                       for line in dev.banner), dev.banner
+            async with aiohttp.ClientSession() as http, http.get(
+                    f"{dev.root_url}/api/queue/v1/ping") as r:
+                assert r.status == 200
+        finally:
+            err = await asyncio.to_thread(dev.stop, signal.SIGTERM)
+        assert bool(re.search(r"azqueue.access: GET /api/queue/v1/ping 200", err)) is logged, (
+            options, dev_options, err)
+
+
+async def test_a_second_dev_on_the_same_data_dir_says_it_is_taken(tmp_path: Path) -> None:
+    first = await Dev(tmp_path, free_port()).started()
+    try:
+        second = Dev(tmp_path, free_port())
+        try:
+            _, err = await asyncio.to_thread(second.process.communicate, timeout=60)
+        finally:
+            if second.process.poll() is None:
+                second.stop(signal.SIGKILL)
+        assert second.process.returncode == 1, err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert lines[0] == (f"azqueue: --data {tmp_path} is in use by another `azqueue dev` "
+                            f"(pid {first.process.pid}); stop it first, or give another "
+                            "directory"), err
+        assert first.process.poll() is None
+    finally:
+        await asyncio.to_thread(first.stop, signal.SIGTERM)
+
+
+async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
+        tmp_path: Path) -> None:
+    first = await Dev(tmp_path, free_port()).started()
+    [orphan] = first.children()
+    second: Dev | None = None
+    try:
+        await asyncio.to_thread(first.stop, signal.SIGKILL)
+        assert alive(orphan)  # nothing stopped it: it runs in a session of its own
+        second = await Dev(tmp_path, free_port()).started()
+        assert not alive(orphan), "the Azurite left behind still runs"
+    finally:
+        if alive(orphan):
+            os.kill(orphan, signal.SIGKILL)
+        err = await asyncio.to_thread(second.stop, signal.SIGTERM) if second else ""
+    assert f"stopping the Azurite (pid {orphan}) that a previous `azqueue dev` left " \
+           f"running on {tmp_path}" in err, err
 
 
 async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Path) -> None:

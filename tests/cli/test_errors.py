@@ -98,14 +98,14 @@ async def test_a_root_url_that_is_no_queue_or_nothing_at_all(
     """`task status` at a rootUrl where something else answers (here Azurite's blob
     service), or where nothing listens: the URL is named either way."""
     not_a_queue = f"http://127.0.0.1:{azurite.blob_port}"
-    done = await azqueue("task", "status", "abc", env={
+    done = await azqueue("task", "status", slugid(), env={
         **cli_env(server), "TASKCLUSTER_ROOT_URL": not_a_queue})
     assert done.returncode == 1
     error = one_line_error(done)
     assert error.startswith(f"azqueue: {not_a_queue} answered 4"), error
     assert "not as an azqueue (Taskcluster) queue does" in error
     nothing = f"http://127.0.0.1:{free_port()}"
-    for argv in (("task", "status", "abc"), ("task", "log", "abc"),
+    for argv in (("task", "status", slugid()), ("task", "log", slugid()),
                  ("worker", "--task-queue", "prov/nothing")):
         done = await azqueue(*argv, env={**cli_env(server), "TASKCLUSTER_ROOT_URL": nothing})
         assert done.returncode == 1

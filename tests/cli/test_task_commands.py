@@ -20,7 +20,7 @@ from azqueue.cli import WAIT_EXIT_CODES, parser
 from tests.cli.helpers import as_root, azqueue
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition
-from tests.worker.helpers import AZQUEUE, cli_env, running, shell_worker, wait_status
+from tests.worker.helpers import AZQUEUE, checkout_env, cli_env, running, shell_worker, wait_status
 
 SERVER_STACK = ("azure", "azqueue.api", "azqueue.service", "azqueue.storage",
                 "azqueue.background", "azqueue.server_commands")
@@ -36,7 +36,7 @@ def _imported_by(*argv: str, env: dict[str, str] | None = None) -> list[str]:
              "    pass\n"
              f"print(json.dumps(sorted(m for m in sys.modules if m.startswith({SERVER_STACK!r}))))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=env, timeout=60)
+                          env=checkout_env(env), timeout=60)
     return list(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -69,13 +69,15 @@ def test_every_option_says_what_it_is_and_serve_help_names_the_variables() -> No
             assert action.help, f"{command.prog} {action.option_strings or action.dest}: no help"
             if action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
                 assert "default" in action.help, f"{command.prog} {action.option_strings}"
-    serve_help = subprocess.run([AZQUEUE, "serve", "--help"], capture_output=True, text=True,
+    serve_help = subprocess.run([AZQUEUE, "serve", "--help"], env=checkout_env(),
+                                capture_output=True, text=True,
                                 timeout=60).stdout
     for variable in ("AZQUEUE_STORAGE_CONNECTION_STRING", "AZQUEUE_TIP_SECRETS",
                      "AZQUEUE_ROOT_CLIENT_ID", "AZQUEUE_ROOT_ACCESS_TOKEN", "AZQUEUE_PORT",
                      "AZQUEUE_AMQP_URL", "AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT"):
         assert variable in serve_help, variable
-    worker_help = subprocess.run([AZQUEUE, "worker", "--help"], capture_output=True, text=True,
+    worker_help = subprocess.run([AZQUEUE, "worker", "--help"], env=checkout_env(),
+                                 capture_output=True, text=True,
                                  timeout=60).stdout
     assert re.search(r"--status-interval SECONDS\s+check each running task's status", worker_help)
     assert "(default: 10;" in worker_help

@@ -1,6 +1,7 @@
 """The dashboard in a real headless Chromium (Debian's ``chromium`` and ``chromium-driver``,
 driven by Selenium): pages load, show what the test created, follow its state changes,
-escape what they show, and log no console errors.
+escape what they show, lead to tasks without their IDs, draw their charts, act for an
+operator signed in with the scopes for it (and only then), and log no console errors.
 
 Skipped when Chromium is missing, except under CI (``scripts/bootstrap --test`` installs
 it there)."""
@@ -18,11 +19,11 @@ import pytest
 
 from azure.storage.blob.aio import BlobServiceClient
 
-from azqueue.api.routes import SERVICES_KEY
+from azqueue.config import Client
 from azqueue.devstorage import Azurite
 from tests import sas
 from tests.servers import IN_CI, Server
-from tests.tasks import create, definition, slugid
+from tests.tasks import create, definition, slugid, status
 from tests.worker.helpers import running, shell_worker
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -115,7 +116,7 @@ async def test_a_task_page_shows_the_task_and_follows_it_to_completed(
 async def readable_blobs(server: Server, azurite: Azurite) -> AsyncIterator[None]:
     """Blob storage lets the dashboard's origin read artifacts (CORS), as `azqueue dev`
     and AZQUEUE_BLOB_CORS_ORIGINS arrange; the rule is removed afterwards."""
-    assert await server.app[SERVICES_KEY].artifacts.blobs.allow_browsers((server.root_url,))
+    assert await server.services.artifacts.blobs.allow_browsers((server.root_url,))
     yield
     async with BlobServiceClient.from_connection_string(azurite.connection_string) as blobs:
         await blobs.set_service_properties(cors=[])
@@ -171,6 +172,10 @@ async def test_a_group_page_lists_its_members_and_their_states(
     table = await until(browser, lambda d: "member 2" in text_of("main table")(d)
                         and text_of("main table")(d), "the group's members")
     assert all(name in table for name in names) and table.count("pending") == 3
+    bar = await asyncio.to_thread(browser.find_element, "css selector",
+                                  'svg.bar rect[data-state="pending"]')
+    assert await asyncio.to_thread(bar.get_attribute, "width") == "100.00"
+    assert "0 of 3" in await asyncio.to_thread(text_of("main dl"), browser)
     assert await console_errors(browser) == []
 
 
@@ -203,3 +208,104 @@ async def test_task_queues_show_their_counts_pending_tasks_and_workers(
     await until(browser, lambda d: "wg/dash-worker" in text_of("main")(d)
                 and claimed in text_of("main")(d), "the worker and its recent task")
     assert await console_errors(browser) == []
+
+
+async def resolve(http: aiohttp.ClientSession, server: Server, task_queue_id: str,
+                  outcomes: list[str]) -> list[str]:
+    """Tasks of ``task_queue_id`` claimed and resolved, one per outcome (completed,
+    failed, ...); their IDs in that order."""
+    ids = [await create(http, server.api, definition(task_queue_id)) for _ in outcomes]
+    code, body = await sas.post(http, f"{server.api}/claim-work/{task_queue_id.replace('/', '%2F')}",
+                                {"workerGroup": "wg", "workerId": "w1", "tasks": len(ids)})
+    assert code == 200 and len(body["tasks"]) == len(ids)
+    for task_id, outcome in zip(ids, outcomes):
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/{outcome}", {})
+        assert code == 200
+    return ids
+
+
+async def test_a_failed_task_is_found_from_the_front_page_without_its_id(
+        server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
+    _, failed = await resolve(http, server, "prov/dash-fail", ["completed", "failed"])
+    await asyncio.to_thread(browser.get, f"{server.root_url}/")
+    link = await until(browser, lambda d: d.find_element(
+        "css selector", f'table.failures a[href="#/task/{failed}"]'), "the failed task listed")
+    assert "recent on this replica" in await asyncio.to_thread(text_of("main"), browser)
+    await asyncio.to_thread(link.click)
+    await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="failed"]'),
+                "the failed task's page")
+    runs = await asyncio.to_thread(text_of("table.runs"), browser)
+    assert "wg/w1" in runs and "failed" in runs
+    assert await console_errors(browser) == []
+
+
+async def test_the_front_page_charts_resolutions_per_minute_and_the_backlog(
+        server: Server, http: aiohttp.ClientSession, browser: Any) -> None:
+    await resolve(http, server, "prov/dash-chart", ["completed", "completed", "failed"])
+    await create(http, server.api, definition("prov/dash-chart"))
+    await asyncio.to_thread(browser.get, f"{server.root_url}/")
+    counted = "return [...document.querySelectorAll('figure.throughput rect[data-state=\"%s\"]')]" \
+              ".reduce((n, r) => n + Number(r.dataset.count), 0)"
+    await until(browser, lambda d: d.execute_script(counted % "completed") >= 2
+                and d.execute_script(counted % "failed") >= 1, "the resolutions charted")
+    # Two samples of the backlog, a refresh apart: a line with two points or more.
+    await until(browser, lambda d: len(d.find_element(
+        "css selector", 'figure.backlog polyline[data-queue="prov/dash-chart"]')
+        .get_attribute("points").split()) >= 2, "the backlog charted")
+    assert await console_errors(browser) == []
+
+
+VIEWER = Client("viewer", "viewer-access-token-0123456789abcdef", (
+    "queue:get-task:*", "queue:status:*", "queue:list-artifacts:*"))
+OPERATOR = Client("operator", "operator-access-token-0123456789abcd", (
+    *VIEWER.scopes, "queue:cancel-task:*"))
+
+
+async def sign_in(driver: Any, client: Client) -> None:
+    for field, text in (("signin-client", client.client_id), ("signin-token", client.access_token)):
+        element = await asyncio.to_thread(driver.find_element, "id", field)
+        await asyncio.to_thread(element.send_keys, text)
+    button = await asyncio.to_thread(driver.find_element, "css selector", "#signin button")
+    await asyncio.to_thread(button.click)
+    await until(driver, lambda d: text_of("#signed-as")(d) == f"signed in as {client.client_id}",
+                "signed in")
+
+
+async def test_a_signed_in_operator_cancels_a_running_task_and_others_cannot(
+        make_server: Any, http: aiohttp.ClientSession, browser: Any) -> None:
+    server = await make_server(clients=(VIEWER, OPERATOR))
+    task_id = await create(http, server.api, definition("prov/dash-cancel"))
+    code, _ = await sas.post(http, f"{server.api}/claim-work/prov%2Fdash-cancel",
+                             {"workerGroup": "wg", "workerId": "w1", "tasks": 1})
+    assert code == 200
+    await asyncio.to_thread(browser.get, f"{server.root_url}/#/task/{task_id}")
+    await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="running"]'),
+                "the running task")
+    assert "Sign in to cancel" in await asyncio.to_thread(text_of("main"), browser)
+    assert not await asyncio.to_thread(browser.find_elements, "css selector",
+                                       'button[name="cancel"]')
+
+    async def cancel() -> str:
+        button = await until(browser, lambda d: d.find_element(
+            "css selector", 'button[name="cancel"]'), "the cancel button")
+        await asyncio.to_thread(button.click)
+        return await until(browser, lambda d: (t := text_of(".actions .result")(d)) != "…" and t,
+                           "the answer to cancel")
+
+    await sign_in(browser, VIEWER)
+    refused = await cancel()
+    assert "403" in refused and "queue:cancel-task:" in refused, refused
+    assert (await status(http, server.api, task_id))["state"] == "running"
+
+    signout = await asyncio.to_thread(browser.find_element, "id", "signout")
+    await asyncio.to_thread(signout.click)
+    await sign_in(browser, OPERATOR)
+    await cancel()
+    await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="exception"]'),
+                "the canceled task")
+    assert "canceled" in await asyncio.to_thread(text_of("table.runs"), browser)
+    assert (await status(http, server.api, task_id))["state"] == "exception"
+    # The browser itself logs the refused request; the page logs nothing.
+    assert [e for e in await console_errors(browser)
+            if f"/task/{task_id}/cancel - Failed to load resource" not in e
+            or "status of 403" not in e] == []

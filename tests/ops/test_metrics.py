@@ -10,10 +10,12 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from azqueue.cli import RESOLVERS
 from azqueue.logs import JsonLines
 from tests import sas
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition
+from tests.waiting import eventually
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -67,7 +69,7 @@ async def test_metrics_count_a_lifecycle_requests_storage_and_pending_tips(
     # The unclaimed task's tip, in the last of the seven queues (the default priority).
     assert value(after, "azqueue_pending_tips", task_queue="prov/metrics-pending",
                  priority="lowest") >= 1
-    assert ("azqueue_resolver_lag_seconds", frozenset({("resolver", "claim")})) in after
+    assert ("azqueue_resolver_lag_seconds", frozenset({("resolver", "claims")})) in after
 
 
 async def test_every_api_request_is_one_access_log_line_naming_endpoint_status_and_client(
@@ -88,3 +90,65 @@ async def test_every_api_request_is_one_access_log_line_naming_endpoint_status_a
     assert fields["endpoint"] == "status" and fields["status"] == 200
     assert fields["clientId"] == "anonymous" and fields["method"] == "GET"
     assert isinstance(fields["ms"], float) and fields["message"] == read.getMessage()
+
+
+async def test_metrics_time_how_long_runs_wait_and_run_and_count_running_runs(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        anonymous: aiohttp.ClientSession) -> None:
+    """A claim observes the time pending, a resolution the run time by resolution, and
+    the running gauge counts a run of the claim index (claimTimeout 2 s: indexed after
+    1 s) of a task queue this process is active in."""
+    server = await make_server(claim_timeout=2)
+    before = await scrape(anonymous, server)
+    ids = [await create(http, server.api, definition("prov/metrics-runs")) for _ in range(3)]
+    code, body = await sas.post(http, f"{server.api}/claim-work/prov%2Fmetrics-runs",
+                                {"workerGroup": "wg", "workerId": "w1", "tasks": 3})
+    assert code == 200 and len(body["tasks"]) == 3
+    for task_id, outcome in zip(ids, ("completed", "failed")):
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/{outcome}", {})
+        assert code == 200
+
+    async def claimed() -> int:
+        async with http.get(f"{server.api}/task-queues/prov%2Fmetrics-runs/counts") as r:
+            return int((await r.json())["claimedTasks"])
+
+    # The third run keeps its claim (reclaimed) until the claim index lists it.
+    async def reclaimed_and_indexed() -> int:
+        await sas.post(http, f"{server.api}/task/{ids[2]}/runs/0/reclaim", {})
+        return await claimed()
+
+    await eventually(reclaimed_and_indexed, lambda n: n == 1, what="the running run indexed")
+    after = await scrape(anonymous, server)
+
+    def grew(name: str, by: float = 1, **labels: str) -> bool:
+        return value(after, name, **labels) - value(before, name, **labels) >= by
+
+    assert grew("azqueue_task_pending_seconds_count", 3)
+    assert grew("azqueue_run_seconds_count", resolution="completed")
+    assert grew("azqueue_run_seconds_count", resolution="failed")
+    assert value(after, "azqueue_run_seconds_bucket", resolution="failed", le="+Inf") >= 1
+    assert value(after, "azqueue_runs_running", task_queue="prov/metrics-runs") == 1
+
+
+async def test_metrics_have_no_created_series_count_the_dashboard_and_name_resolvers_as_the_cli(
+        server: Server, anonymous: aiohttp.ClientSession) -> None:
+    before = await scrape(anonymous, server)
+    for path in ("/", "/dashboard/app.js", "/dashboard/style.css"):
+        async with anonymous.get(f"{server.root_url}{path}") as r:
+            assert r.status == 200
+    async with anonymous.get(f"{server.root_url}/dashboard/recent") as r:
+        assert r.status == 200 and (await r.json())["note"] == "recent on this replica"
+    async with anonymous.get(f"{server.root_url}/metrics") as r:
+        text = await r.text()
+    after = await scrape(anonymous, server)
+    assert "_created" not in text
+    assert value(after, "azqueue_api_requests_total", endpoint="dashboard", status="200") - \
+        value(before, "azqueue_api_requests_total", endpoint="dashboard", status="200") == 3
+    assert value(after, "azqueue_api_requests_total", endpoint="dashboardRecent",
+                 status="200") >= 1
+    assert value(after, "azqueue_api_requests_total", endpoint="unknown", status="200") == \
+        value(before, "azqueue_api_requests_total", endpoint="unknown", status="200")
+    resolvers = {dict(labels)["resolver"] for name, labels in after
+                 if name == "azqueue_resolver_lag_seconds"}
+    assert {"claims", "deadlines", "dependencies", "expiry", "groups"} <= resolvers
+    assert resolvers <= set(RESOLVERS)

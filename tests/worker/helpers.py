@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -45,9 +45,22 @@ def shell_worker(server: Server, queue: str, worker_id: str, **overrides: Any) -
     return Worker(config(server, queue, worker_id, **overrides), shell.run_command)
 
 
+# The checkout these tests belong to: an `azqueue` subprocess imports its azqueue (first on
+# PYTHONPATH), not the one the console script was installed from.
+CHECKOUT = str(Path(__file__).resolve().parents[2])
+
+
+def checkout_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``env`` (default: this process's) with this checkout first on PYTHONPATH."""
+    env = dict(os.environ if env is None else env)
+    rest = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != CHECKOUT]
+    env["PYTHONPATH"] = os.pathsep.join([CHECKOUT, *rest])
+    return env
+
+
 def cli_env(server: Server) -> dict[str, str]:
     """The environment of an `azqueue` command run by the root client."""
-    return {**os.environ, "TASKCLUSTER_ROOT_URL": server.root_url,
+    return {**checkout_env(), "TASKCLUSTER_ROOT_URL": server.root_url,
             "TASKCLUSTER_CLIENT_ID": ROOT.client_id, "TASKCLUSTER_ACCESS_TOKEN": ROOT.access_token}
 
 

@@ -1,11 +1,24 @@
 """The web dashboard: static files served at ``/`` that read the queue's own API in the
-browser, with the browser's (anonymous) scopes."""
+browser, anonymously (the server's anonymous scopes) or, once the operator signs in, with
+Hawk-signed requests and the scopes of the client they signed in as; and
+``GET /dashboard/recent``, what this process changed lately (``recent``), which the API
+has no listing of.
+
+Requests for the page and its files are counted as the endpoint ``dashboard``, those for
+the recent changes as ``dashboardRecent``.
+"""
 
 from __future__ import annotations
 
 from importlib import resources
 
 from aiohttp import web
+
+from azqueue import errors
+from azqueue.api.dashboard.recent import RECENT, Entry
+from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
+from azqueue.model import scopes, timeutil
+from azqueue.model.identifiers import TASK_QUEUE_ID
 
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 # Scripts only from here (nothing the API returns can run), data from anywhere (artifacts
@@ -17,28 +30,64 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
+RECENT_NOTE = "recent on this replica"
 
 
 def _read(name: str) -> bytes:
     return (resources.files(__package__) / name).read_bytes()
 
 
+async def recent(request: web.Request) -> web.Response:
+    """What this process changed lately: each task only if the caller may read its status
+    (``queue:status:<taskId>``), its name only if it may read its definition."""
+    from azqueue.api.routes import AUTH_KEY  # the routes import this package
+
+    request[ENDPOINT_KEY] = "dashboardRecent"
+    caller = request.app[AUTH_KEY].authenticate(
+        method=request.method, target=request.raw_path, host=request.host,
+        content_type=request.headers.get("Content-Type", ""), body=b"",
+        authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
+    request[CLIENT_KEY] = caller.client_id or "anonymous"
+    task_queue_id = request.query.get("taskQueueId")
+    if task_queue_id is not None and not TASK_QUEUE_ID.match(task_queue_id):
+        raise errors.InputError(f"query parameter `taskQueueId` is {task_queue_id!r}; it must "
+                                "be <provisionerId>/<workerType>")
+
+    def visible(entry: Entry) -> bool:
+        return scopes.satisfies(caller.scopes, f"queue:status:{entry['taskId']}")
+
+    view = RECENT.view(task_queue_id, visible)
+    view["tasks"], view["failures"] = (
+        [_named(caller.scopes, e) for e in view[kind]] for kind in ("tasks", "failures"))
+    return web.json_response({"note": RECENT_NOTE, **view},
+                             headers={"Cache-Control": "no-store"})
+
+
+def _named(held: tuple[str, ...], entry: Entry) -> Entry:
+    if entry["name"] and not scopes.satisfies(held, f"queue:get-task:{entry['taskId']}"):
+        return {**entry, "name": ""}
+    return entry
+
+
 def add_routes(router: web.UrlDispatcher) -> None:
-    """``GET /`` (the page) and ``GET /dashboard/<file>``."""
+    """``GET /`` (the page), ``GET /dashboard/recent`` and ``GET /dashboard/<file>``."""
     contents = {name: _read(name) for name in FILES}
 
-    def serve(name: str) -> web.Response:
+    def serve(request: web.Request, name: str) -> web.Response:
+        request[ENDPOINT_KEY] = "dashboard"
         return web.Response(body=contents[name], content_type=FILES[name], charset="utf-8",
                             headers=HEADERS)
 
     async def page(request: web.Request) -> web.Response:
-        return serve("index.html")
+        return serve(request, "index.html")
 
     async def asset(request: web.Request) -> web.Response:
         name = request.match_info["name"]
         if name not in FILES:
+            request[ENDPOINT_KEY] = "dashboard"
             raise web.HTTPNotFound(text=f"no dashboard file {name!r}")
-        return serve(name)
+        return serve(request, name)
 
     router.add_get("/", page)
+    router.add_get("/dashboard/recent", recent)
     router.add_get("/dashboard/{name}", asset)

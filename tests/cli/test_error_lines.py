@@ -1,0 +1,105 @@
+"""What a user gets wrong, or asks too early, is one line saying what to do: never the
+queue's JSON, a library's internals or a settings error at a time."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+
+from tests.cli.helpers import as_root, azqueue, one_line_error
+from tests.servers import ROOT, Server
+from tests.tasks import create, definition, slugid
+from tests.worker.helpers import checkout_env, cli_env
+
+PACKAGE = Path(__file__).resolve().parents[2] / "azqueue"
+
+
+async def test_the_log_of_an_unknown_task_or_of_one_not_run_yet_says_so(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    unknown = slugid()
+    done = await as_root(server, "task", "log", unknown)
+    assert done.returncode == 1
+    error = one_line_error(done)
+    assert "{" not in error, error
+    assert error.startswith(f"azqueue: task log: there is no task {unknown}"), error
+    pending = await create(http, server.api, definition("prov/log-pending"))
+    done = await as_root(server, "task", "log", pending)
+    assert done.returncode == 1
+    error = one_line_error(done)
+    assert "{" not in error, error
+    assert error == (f"azqueue: task log: {pending} is pending: no worker has run it yet; "
+                     f"`azqueue task log --follow {pending}` waits for its log"), error
+
+
+async def test_a_sas_worker_with_a_wrong_token_says_so_in_words(server: Server) -> None:
+    env = {**cli_env(server), "TASKCLUSTER_ACCESS_TOKEN": "not-the-token-of-root-at-all"}
+    done = await azqueue("worker", "--mode", "sas", "--task-queue", "prov/sas-wrong-token",
+                         env=env)
+    assert done.returncode == 1
+    error = one_line_error(done)
+    assert "{" not in error and '"code"' not in error, error
+    assert "401 AuthenticationFailed: " in error, error
+
+
+async def test_a_root_url_without_a_scheme_is_named(server: Server) -> None:
+    bare = server.root_url.removeprefix("http://")
+    for argv in (("task", "status", slugid()), ("worker", "--task-queue", "prov/bare-url")):
+        done = await azqueue(*argv, env={**cli_env(server), "TASKCLUSTER_ROOT_URL": bare})
+        assert done.returncode == 1
+        assert one_line_error(done) == (
+            f"azqueue: TASKCLUSTER_ROOT_URL={bare!r} is not a URL: write it with its scheme, "
+            f"e.g. http://{bare}"), argv
+
+
+async def test_a_malformed_task_id_is_named_as_such() -> None:
+    for argv in (("task", "status", "abc"), ("task", "log", "not/a/task"),
+                 ("task", "rerun", "0" * 22)):
+        done = await azqueue(*argv, env={**os.environ, "TASKCLUSTER_ROOT_URL": "http://x.invalid"})
+        assert done.returncode == 2
+        error = one_line_error(done)
+        assert f"{argv[-1]!r} is not a taskId: a taskId is 22 characters" in error, error
+        assert "slugid" not in error.split("taskId:")[0], error
+
+
+async def test_every_wrong_setting_is_named_at_once_each_with_its_variable(
+        tmp_path: Path) -> None:
+    clients = tmp_path / "clients.json"
+    clients.write_text(json.dumps([{"clientId": "ci", "accessToken": "short", "scopes": []}]))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")}
+    done = await azqueue("serve", env={
+        **env, "AZQUEUE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+        "AZQUEUE_TIP_SECRETS": "s" * 32, "AZQUEUE_ROOT_CLIENT_ID": ROOT.client_id,
+        "AZQUEUE_ROOT_ACCESS_TOKEN": "too-short", "AZQUEUE_PORT": "eighty",
+        "AZQUEUE_CLAIM_TIMEOUT": "soon", "AZQUEUE_CLIENTS_FILE": str(clients)})
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    for variable in ("AZQUEUE_ROOT_ACCESS_TOKEN", "AZQUEUE_PORT", "AZQUEUE_CLAIM_TIMEOUT",
+                     "AZQUEUE_CLIENTS_FILE"):
+        assert sum(variable in line for line in lines) == 1, (variable, lines)
+    assert all(line.startswith("azqueue: ") for line in lines), lines
+
+
+def test_the_sdk_does_not_import_the_command_line() -> None:
+    """The exit codes live in the SDK: no module of azqueue/worker/ imports azqueue.cli,
+    and importing the SDK's commands leaves azqueue.cli unloaded."""
+    for path in sorted((PACKAGE / "worker").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            assert not any(n == "azqueue.cli" or n.startswith("azqueue.cli.") for n in names), \
+                f"{path.name} imports azqueue.cli"
+    probe = ("import sys, azqueue.worker.commands, azqueue.worker.follow\n"
+             "print('azqueue.cli' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=checkout_env(), timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+    from azqueue.cli import INTERRUPTED, WAIT_EXIT_CODES
+    from azqueue.worker import exitcodes
+    assert (WAIT_EXIT_CODES, INTERRUPTED) == (exitcodes.WAIT_EXIT_CODES, exitcodes.INTERRUPTED)
