@@ -34,7 +34,7 @@ from azqueue.service.changes import Changes
 from azqueue.service.claims import TIP_WAIT
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.groupowner import GroupOwners
-from azqueue.service.tips import Tips
+from azqueue.service.tips import Tips, live
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message, Queues, encode_json
@@ -117,7 +117,8 @@ class Definitions:
             self._no_tip() if waiting else put_tip())
         trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
         stored = await self.tasks.insert(task, events.for_change if trigger else None,
-                                         tips=(tip.message_id,) if tip else ())
+                                         tips=(tip.message_id,) if tip else (),
+                                         live_tip=live(tip, 0) if tip else None)
         if stored is not None and tip is not None and \
                 loop.time() - tip_visible > TIP_WAIT.total_seconds() / 2:
             # A claim of the tip waits only so long for the task: one that gave up had its
@@ -162,7 +163,7 @@ class Definitions:
         pending = last is not None and last.state is RunState.PENDING
         if tip is not None and pending and last is not None and last.run_id == 0 and \
                 len(stored.tips) < MAX_TIPS:
-            await self.tips.record(existing, tip)
+            await self.tips.record(existing, tip, 0)
             return existing.status()
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
