@@ -27,7 +27,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from azure.core import MatchConditions
 from azure.data.tables import EntityProperty, EdmType, UpdateMode
@@ -101,35 +101,23 @@ class HeldMessage:
                           separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> HeldMessage:
+    def from_json(cls, text: str) -> Self:
         data = json.loads(text)
         return cls(int(data["runId"]), str(data["queue"]), str(data["messageId"]),
                    str(data["receipt"]))
 
 
 @dataclass(frozen=True, slots=True)
-class LiveTip:
+class LiveTip(HeldMessage):
     """The tip last put for a pending run, with the pop receipt its put (or the last
     look at it) returned: updating the message with that receipt succeeds only while
     nobody has received it since, so the tip repair can tell a tip that waits untouched
     from one a worker took (and may have lost) without putting a duplicate."""
 
-    run_id: int
-    queue_name: str
-    message_id: str
-    pop_receipt: str
-
-    def to_json(self) -> str:
-        return json.dumps({"runId": self.run_id, "queue": self.queue_name,
-                           "messageId": self.message_id, "receipt": self.pop_receipt},
-                          separators=(",", ":"))
-
     @classmethod
-    def from_json(cls, text: str) -> LiveTip | None:
+    def parse(cls, text: str) -> LiveTip | None:
         try:
-            data = json.loads(text)
-            return cls(int(data["runId"]), str(data["queue"]), str(data["messageId"]),
-                       str(data["receipt"]))
+            return cls.from_json(text)
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -204,7 +192,7 @@ def stored_from_entity(entity: Mapping[str, Any]) -> Stored:
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
                   HeldMessage.from_json(held) if held else None, recorded,
                   str(entity.get("writeId", "")), str(entity.get("tipRepair", "")),
-                  LiveTip.from_json(str(entity[LIVE_TIP])) if entity.get(LIVE_TIP) else None)
+                  LiveTip.parse(str(entity[LIVE_TIP])) if entity.get(LIVE_TIP) else None)
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
