@@ -28,7 +28,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from azqueue.api.app import create_app  # noqa: E402
-from azqueue.api.routes import SERVICE_KEY  # noqa: E402
+from azqueue.api.routes import SERVICES_KEY  # noqa: E402
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.service import groups  # noqa: E402
@@ -116,10 +116,10 @@ async def main() -> None:
     try:
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()
-        service = runner.app[SERVICE_KEY]
+        health = runner.app[SERVICES_KEY].health
 
         def count() -> int:
-            return sum(service.storage_requests().values())
+            return sum(health.storage_requests().values())
 
         rows = await asyncio.to_thread(_measure, settings.public_root_url, count, args.members)
     finally:

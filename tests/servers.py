@@ -8,9 +8,9 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from azqueue.api.routes import SERVICE_KEY
+from azqueue.api.routes import SERVICES_KEY
 from azqueue.config import Client, Settings
-from azqueue.service.queue import QueueService
+from azqueue.service.wiring import Services
 
 # Under CI a missing service (RabbitMQ) fails the tests that need it instead of skipping them.
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -29,8 +29,8 @@ class Server:
         return f"{self.root_url}/api/queue/v1"
 
     @property
-    def service(self) -> QueueService:
-        return self.app[SERVICE_KEY]
+    def services(self) -> Services:
+        return self.app[SERVICES_KEY]
 
 
 # make_server(**settings overrides) -> a started Server.

@@ -1,7 +1,8 @@
 """The aiohttp application and the lifecycles it owns.
 
 Cleanup contexts run in registration order and are torn down in reverse: the storage
-account first, then the queue service on it, then the background resolvers.
+account and the services on it first (``service.wiring``), then the background
+resolvers.
 """
 
 from __future__ import annotations
@@ -20,8 +21,7 @@ from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
-from azqueue.api.routes import (ARTIFACTS_KEY, AUTH_KEY, SERVICE_KEY, SERVICES_KEY, STARTED_KEY,
-                                dispatch)
+from azqueue.api.routes import AUTH_KEY, SERVICES_KEY, STARTED_KEY, dispatch
 from azqueue.api.unsupported import refusing_unimplemented
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
@@ -34,8 +34,6 @@ MAX_BODY = 2 * 1024 * 1024
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
     async with open_services(app[SETTINGS_KEY]) as services:
         app[SERVICES_KEY] = services
-        app[SERVICE_KEY] = services.queue
-        app[ARTIFACTS_KEY] = services.artifacts
         yield
 
 
@@ -43,9 +41,9 @@ async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
     """``GET /metrics`` on ``metrics_host:metrics_port`` (AZQUEUE_METRICS_PORT), apart
     from the API, for a scraper the operator lets reach it."""
     settings = app[SETTINGS_KEY]
+    services = app[SERVICES_KEY]
     metrics_app = web.Application()
-    metrics_app[SERVICES_KEY] = app[SERVICES_KEY]
-    metrics_app.router.add_get(METRICS_PATH, serve_metrics)
+    metrics_app.router.add_get(METRICS_PATH, serve_metrics(lambda: services))
     runner = web.AppRunner(metrics_app, access_log=None)
     await runner.setup()
     try:
@@ -98,7 +96,7 @@ def create_app(settings: Settings) -> web.Application:
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener_ctx)
     else:
-        app.router.add_get(METRICS_PATH, serve_metrics)
+        app.router.add_get(METRICS_PATH, serve_metrics(lambda: app.get(SERVICES_KEY)))
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
     dashboard.add_routes(app.router)

@@ -35,13 +35,13 @@ STORAGE_TYPE_HEADER = "x-taskcluster-artifact-storage-type"
 @route("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
        body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
-    return await call.artifacts.create(task_id, run_id, name, call.body)
+    return await call.services.artifacts.create(task_id, run_id, name, call.body)
 
 
 @route("PUT", "/task/<taskId>/runs/<runId>/artifacts/<name>", "finishArtifact",
        body="finish-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def finish_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
-    await call.artifacts.finish(task_id, run_id, name)
+    await call.services.artifacts.finish(task_id, run_id, name)
     return {}
 
 
@@ -49,7 +49,7 @@ async def _readable(call: Call, task_id: str, run_id: int | None, name: str) -> 
     """Check that the caller may read artifact ``name``; the run to read it from (the
     latest if ``run_id`` is None)."""
     call.authorize(private=not name.startswith("public/"))
-    return await call.artifacts.latest_run(task_id) if run_id is None else run_id
+    return await call.services.artifacts.latest_run(task_id) if run_id is None else run_id
 
 
 def _may_follow(call: Call, names: tuple[str, ...]) -> None:
@@ -66,7 +66,7 @@ def _may_follow(call: Call, names: tuple[str, ...]) -> None:
 async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None = None
                        ) -> web.StreamResponse:
     run_id = await _readable(call, task_id, run_id, name)
-    target = await call.artifacts.target(task_id, run_id, name)
+    target = await call.services.artifacts.target(task_id, run_id, name)
     _may_follow(call, target.names)
     a = target.artifact
     if not target.url:
@@ -85,7 +85,7 @@ async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None =
 @route("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo", scopes=_READ_ARTIFACT)
 async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
     run_id = await _readable(call, task_id, run_id, name)
-    return (await call.artifacts.find(task_id, run_id, name)).info()
+    return (await call.services.artifacts.find(task_id, run_id, name)).info()
 
 
 @route("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
@@ -96,7 +96,7 @@ async def artifact_content(call: Call, task_id: str, name: str, run_id: int | No
     """The artifact-content shapes the official client's download helpers understand:
     ``s3`` and ``reference`` with a URL to GET, ``error`` with its reason and message."""
     run_id = await _readable(call, task_id, run_id, name)
-    target = await call.artifacts.target(task_id, run_id, name)
+    target = await call.services.artifacts.target(task_id, run_id, name)
     _may_follow(call, target.names)
     a = target.artifact
     if a.storage_type == "error":
@@ -111,9 +111,9 @@ _LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
 @route("GET", "/task/<taskId>/artifacts", "listLatestArtifacts", scopes=_LIST_ARTIFACTS)
 async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:
     if run_id is None:
-        run_id = await call.artifacts.latest_run(task_id)
+        run_id = await call.services.artifacts.latest_run(task_id)
         call.authorize(runId=run_id)
-    return await call.artifacts.list(task_id, run_id, call.continuation, call.limit())
+    return await call.services.artifacts.list(task_id, run_id, call.continuation, call.limit())
 
 
 # -- the PUT to an s3 artifact's putUrl ---------------------------------------------------

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from azqueue import metrics
 from azqueue.api.middleware import Handler
+from azqueue.service.wiring import Services
 
 log = logging.getLogger("azqueue.access")
 
@@ -49,14 +51,20 @@ async def observe_middleware(request: web.Request, handler: Handler) -> web.Stre
                                    "ms": round(seconds * 1000, 1), "clientId": client}})
 
 
-async def serve_metrics(request: web.Request) -> web.Response:
-    """Prometheus' text format. Sampled gauges are refreshed first when they are old
-    (``metrics.SAMPLE_INTERVAL``); a failed sample leaves the last figures."""
-    from azqueue.api.routes import SERVICES_KEY  # the routes import this module's keys
-    services = request.app.get(SERVICES_KEY)
-    if services is not None:
-        outbox = services.outbox
-        await metrics.PENDING.sample(services.queue.pending_tips,
-                                     outbox.pending if outbox is not None else None,
-                                     services.counts.claimed)
-    return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+def serve_metrics(services: Callable[[], Services | None]) -> Handler:
+    """The ``GET /metrics`` handler: Prometheus' text format. Sampled gauges are refreshed
+    first when they are old (``metrics.SAMPLE_INTERVAL``), from the counts (pending tips,
+    claimed runs) and the outbox of ``services()`` (None until they are open); a failed
+    sample leaves the last figures."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        opened = services()
+        if opened is not None:
+            outbox = opened.outbox
+            await metrics.PENDING.sample(opened.counts.pending_tips,
+                                         outbox.pending if outbox is not None else None,
+                                         opened.counts.claimed)
+        return web.Response(body=generate_latest(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return handler

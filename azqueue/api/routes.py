@@ -33,9 +33,8 @@ from azqueue.model import jsontext, timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.scopes import Template, Unresolved, render
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.service.artifacts import ArtifactService
 from azqueue.service.artifacts import name_fits as artifact_name_fits
-from azqueue.service.queue import QueueService, TipClaim
+from azqueue.service.claims import TipClaim
 from azqueue.service.wiring import Services
 
 API = "/api/queue/v1"
@@ -62,8 +61,6 @@ ANONYMOUS_PAGE = 50
 ANONYMOUS_COUNTS = 5
 
 SERVICES_KEY = web.AppKey("services", Services)
-SERVICE_KEY = web.AppKey("service", QueueService)
-ARTIFACTS_KEY = web.AppKey("artifacts", ArtifactService)
 AUTH_KEY = web.AppKey("authenticator", Authenticator)
 STARTED_KEY = web.AppKey("started", float)
 CALLER_KEY = web.RequestKey("caller", Caller)
@@ -194,15 +191,8 @@ class Call:
 
     @property
     def services(self) -> Services:
+        """The process's components (``service.wiring``), the one way to them."""
         return self.request.app[SERVICES_KEY]
-
-    @property
-    def queue(self) -> QueueService:
-        return self.request.app[SERVICE_KEY]
-
-    @property
-    def artifacts(self) -> ArtifactService:
-        return self.request.app[ARTIFACTS_KEY]
 
     def authorize(self, **values: object) -> None:
         """Check the route's declared scopes, filled with the path parameters and
@@ -275,7 +265,7 @@ async def lbheartbeat(call: Call) -> Any:
 
 @route("GET", "/__heartbeat__", "heartbeat")
 async def heartbeat(call: Call) -> Any:
-    await call.queue.check_storage()
+    await call.services.health.check_storage()
     return {}
 
 
@@ -287,7 +277,7 @@ async def version(call: Call) -> Any:
 
 @route("GET", "/__metrics__", "metrics")
 async def metrics(call: Call) -> Any:
-    return {"storageRequests": call.queue.storage_requests()}
+    return {"storageRequests": call.services.health.storage_requests()}
 
 
 @route("GET", "/schemas/queue/v1/<schema>", "schema")
@@ -318,17 +308,17 @@ async def create_task(call: Call, task_id: str) -> Any:
                        projectId=definition["projectId"], schedulerId=definition["schedulerId"],
                        priorities=ORDER[:rank + 1], taskQueueId=definition["taskQueueId"])
 
-    return {"status": await call.queue.create_task(task_id, call.body, authorize)}
+    return {"status": await call.services.definitions.create_task(task_id, call.body, authorize)}
 
 
 @route("GET", "/task/<taskId>", "task", scopes="queue:get-task:<taskId>")
 async def task(call: Call, task_id: str) -> Any:
-    return await call.queue.definition(task_id)
+    return await call.services.definitions.definition(task_id)
 
 
 @route("GET", "/task/<taskId>/status", "status", scopes="queue:status:<taskId>")
 async def status(call: Call, task_id: str) -> Any:
-    return {"status": await call.queue.status(task_id)}
+    return {"status": await call.services.definitions.status(task_id)}
 
 
 # The check of scheduleTask and cancelTask, whose scope names the task's scheduler and group.
@@ -342,13 +332,13 @@ def _on_task(call: Call) -> Callable[[Task], None]:
 @route("POST", "/task/<taskId>/schedule", "scheduleTask", body="empty-request.json",
        scopes="queue:schedule-task:<schedulerId>/<taskGroupId>/<taskId>")
 async def schedule_task(call: Call, task_id: str) -> Any:
-    return {"status": await call.queue.schedule_task(task_id, _on_task(call))}
+    return {"status": await call.services.definitions.schedule_task(task_id, _on_task(call))}
 
 
 @route("POST", "/task/<taskId>/cancel", "cancelTask", body="empty-request.json",
        scopes="queue:cancel-task:<schedulerId>/<taskGroupId>/<taskId>")
 async def cancel_task(call: Call, task_id: str) -> Any:
-    return {"status": await call.queue.cancel_task(task_id, _on_task(call))}
+    return {"status": await call.services.resolution.cancel_task(task_id, _on_task(call))}
 
 
 @route("GET", "/task-group/<taskGroupId>/list", "listTaskGroup",
@@ -361,7 +351,8 @@ async def list_task_group(call: Call, task_group_id: str) -> Any:
 @route("GET", "/task/<taskId>/dependents", "listDependentTasks",
        scopes="queue:list-dependent-tasks:<taskId>")
 async def list_dependent_tasks(call: Call, task_id: str) -> Any:
-    return await call.queue.list_dependents(task_id, call.continuation, call.page())
+    return await call.services.definitions.list_dependents(task_id, call.continuation,
+                                                           call.page())
 
 
 # -- workers ------------------------------------------------------------------------------
@@ -374,7 +365,8 @@ async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> A
     if pending not in ("true", "false"):
         raise errors.InputError(f"query parameter `pending` is {pending!r}; use true (also say "
                                 "which queues hold visible tips) or false")
-    return await call.queue.poll_task_urls(provisioner_id, worker_type, pending == "true")
+    return await call.services.task_urls.poll_task_urls(provisioner_id, worker_type,
+                                                        pending == "true")
 
 
 @route("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask", body="task-claim-request.json",
@@ -392,7 +384,8 @@ async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
         call.authorize(taskQueueId=task.task_queue_id, workerGroup=worker_group,
                        workerId=worker_id)
 
-    return await call.queue.claim_task(task_id, run_id, worker_group, worker_id, tip, authorize)
+    return await call.services.claims.claim_task(task_id, run_id, worker_group, worker_id, tip,
+                                                 authorize)
 
 
 @route("POST", "/claim-work/<taskQueueId>", "claimWork", body="claim-work-request.json",
@@ -405,14 +398,14 @@ async def claim_work(call: Call, task_queue_id: str) -> Any:
         transport = call.request.transport
         return transport is not None and not transport.is_closing()
 
-    return {"tasks": await call.queue.claim_work(task_queue_id, worker_group, worker_id,
-                                                 call.body["tasks"], connected)}
+    return {"tasks": await call.services.work.claim_work(task_queue_id, worker_group, worker_id,
+                                                        call.body["tasks"], connected)}
 
 
 @route("POST", "/task/<taskId>/runs/<runId>/reclaim", "reclaimTask", body="empty-request.json",
        scopes="queue:reclaim-task:<taskId>/<runId>")
 async def reclaim_task(call: Call, task_id: str, run_id: int) -> Any:
-    return await call.queue.reclaim_task(task_id, run_id)
+    return await call.services.claims.reclaim_task(task_id, run_id)
 
 
 _RESOLVE = "queue:resolve-task:<taskId>/<runId>"
@@ -426,7 +419,7 @@ _RESOLVE = "queue:resolve-task:<taskId>/<runId>"
        body="task-exception-request.json", fixed={"state": RunState.EXCEPTION})
 async def report(call: Call, task_id: str, run_id: int, state: RunState) -> Any:
     reason = ReasonResolved(call.body["reason"] if state is RunState.EXCEPTION else state.value)
-    return {"status": await call.queue.report(task_id, run_id, state, reason)}
+    return {"status": await call.services.resolution.report(task_id, run_id, state, reason)}
 
 
 # -- dispatch -----------------------------------------------------------------------------

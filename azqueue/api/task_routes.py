@@ -14,8 +14,6 @@ from typing import Any
 from azqueue.api.routes import SLUGID, Call, route
 from azqueue.model.priority import Priority
 from azqueue.model.task import Task
-from azqueue.service import batch, rerun
-from azqueue.service.priority import change_priority
 
 # -- tasks --------------------------------------------------------------------------------
 
@@ -32,7 +30,7 @@ async def rerun_task(call: Call, task_id: str) -> Any:
         call.authorize(schedulerId=d["schedulerId"], taskGroupId=d["taskGroupId"],
                        projectId=d["projectId"])
 
-    return {"status": await rerun.rerun_task(call.queue, task_id, authorize)}
+    return {"status": await call.services.rerun.rerun_task(task_id, authorize)}
 
 
 @route("POST", "/task/<taskId>/priority", "changeTaskPriority",
@@ -43,8 +41,8 @@ async def change_task_priority(call: Call, task_id: str) -> Any:
     def authorize(task: Task) -> None:
         call.authorize(taskQueueId=task.task_queue_id)
 
-    change = await change_priority(call.queue, task_id, Priority(call.body["newPriority"]),
-                                   authorize)
+    change = await call.services.priority.change(task_id, Priority(call.body["newPriority"]),
+                                                 authorize)
     return {"status": change.after.status()}
 
 
@@ -66,17 +64,16 @@ def _valid(task_id: str) -> bool:
 @route("POST", "/tasks", "tasks", body="tasks-request.json", max_body=TASKS_BODY,
        scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:get-task:<taskId>"}]})
 async def tasks(call: Call) -> Any:
-    found, token = await batch.read_many(
-        call.queue, *_page(call), _valid,
-        lambda t: {"taskId": t.task_id, "task": dict(t.definition)})
+    found, token = await call.services.batch.read_many(
+        *_page(call), _valid, lambda t: {"taskId": t.task_id, "task": dict(t.definition)})
     return {"tasks": found, **({"continuationToken": token} if token else {})}
 
 
 @route("POST", "/tasks/status", "statuses", body="tasks-request.json", max_body=TASKS_BODY,
        scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:status:<taskId>"}]})
 async def statuses(call: Call) -> Any:
-    found, token = await batch.read_many(
-        call.queue, *_page(call), _valid, lambda t: {"taskId": t.task_id, "status": t.status()})
+    found, token = await call.services.batch.read_many(
+        *_page(call), _valid, lambda t: {"taskId": t.task_id, "status": t.status()})
     return {"statuses": found, **({"continuationToken": token} if token else {})}
 
 

@@ -18,16 +18,16 @@ import logging
 
 from azqueue import errors
 from azqueue.background import every
-from azqueue.service.queue import QueueService
+from azqueue.service.resolution import Resolution
 
 log = logging.getLogger(__name__)
 
 
-async def resolve_expired_claims(service: QueueService) -> int:
+async def resolve_expired_claims(resolution: Resolution) -> int:
     resolved = 0
-    for record in await service.expired_claims():
+    for record in await resolution.expired_claims():
         try:
-            if await service.expire_claim(record):
+            if await resolution.expire_claim(record):
                 resolved += 1
                 log.info("resolved run %d of task %s: claim-expired", record.run_id, record.task_id)
         except errors.TRANSIENT as e:
@@ -38,5 +38,5 @@ async def resolve_expired_claims(service: QueueService) -> int:
     return resolved
 
 
-async def run(service: QueueService, interval: float, stop: asyncio.Event) -> None:
-    await every(interval, lambda: resolve_expired_claims(service), stop, "claim resolver")
+async def run(resolution: Resolution, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: resolve_expired_claims(resolution), stop, "claim resolver")

@@ -17,18 +17,18 @@ import asyncio
 from datetime import timedelta
 
 from azqueue.background import every
-from azqueue.service.queue import QueueService
+from azqueue.service.resolution import Resolution
 
 INVISIBLE_FOR = timedelta(minutes=2)
 
 
-async def resolve_due_deadlines(service: QueueService) -> int:
+async def resolve_due_deadlines(resolution: Resolution) -> int:
     """Handle due deadline messages until none is left; how many were handled."""
     total = 0
-    while handled := await service.resolve_deadlines(INVISIBLE_FOR):
+    while handled := await resolution.resolve_deadlines(INVISIBLE_FOR):
         total += handled
     return total
 
 
-async def run(service: QueueService, interval: float, stop: asyncio.Event) -> None:
-    await every(interval, lambda: resolve_due_deadlines(service), stop, "deadline resolver")
+async def run(resolution: Resolution, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: resolve_due_deadlines(resolution), stop, "deadline resolver")

@@ -12,17 +12,17 @@ import asyncio
 from datetime import timedelta
 
 from azqueue.background import every
-from azqueue.service.queue import QueueService
+from azqueue.service.dependencies import Dependencies
 
 INVISIBLE_FOR = timedelta(minutes=2)
 
 
-async def pass_on_recovered(service: QueueService) -> int:
+async def pass_on_recovered(dependencies: Dependencies) -> int:
     total = 0
-    while handled := await service.dependencies.recover(INVISIBLE_FOR):
+    while handled := await dependencies.recover(INVISIBLE_FOR):
         total += handled
     return total
 
 
-async def run(service: QueueService, interval: float, stop: asyncio.Event) -> None:
-    await every(interval, lambda: pass_on_recovered(service), stop, "dependency resolver")
+async def run(dependencies: Dependencies, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: pass_on_recovered(dependencies), stop, "dependency resolver")

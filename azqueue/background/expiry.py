@@ -7,12 +7,8 @@ import asyncio
 
 from azqueue.background import every
 from azqueue.model import timeutil
-from azqueue.service.artifacts import ArtifactService
-from azqueue.service.expiry import expire
-from azqueue.service.queue import QueueService
+from azqueue.service.expiry import Expiry
 
 
-async def run(queue: QueueService, artifacts: ArtifactService, interval: float,
-              stop: asyncio.Event) -> None:
-    await every(interval, lambda: expire(queue, artifacts, timeutil.utcnow()), stop,
-                "expiry resolver")
+async def run(expiry: Expiry, interval: float, stop: asyncio.Event) -> None:
+    await every(interval, lambda: expiry.expire(timeutil.utcnow()), stop, "expiry resolver")

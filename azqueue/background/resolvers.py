@@ -28,13 +28,13 @@ Loop = Coroutine[Any, Any, None]
 # Each resolver's loop, or None when the deployment does not have what it needs.
 _LOOPS: dict[str, Callable[[Services, Settings, asyncio.Event], Loop | None]] = {
     "claims": lambda services, settings, stop: claims.run(
-        services.queue, settings.claim_resolver_interval, stop),
+        services.resolution, settings.claim_resolver_interval, stop),
     "deadlines": lambda services, settings, stop: deadlines.run(
-        services.queue, settings.deadline_resolver_interval, stop),
+        services.resolution, settings.deadline_resolver_interval, stop),
     "dependencies": lambda services, settings, stop: dependencies.run(
-        services.queue, settings.dependency_resolver_interval, stop),
+        services.dependencies, settings.dependency_resolver_interval, stop),
     "expiry": lambda services, settings, stop: expiry.run(
-        services.queue, services.artifacts, settings.expiry_interval, stop),
+        services.expiry, settings.expiry_interval, stop),
     "events": lambda services, settings, stop: None if services.outbox is None else events.run(
         services.outbox, settings.events_resolver_interval, stop),
     "groups": lambda services, settings, stop: group_passes.run(

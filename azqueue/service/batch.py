@@ -10,15 +10,14 @@ storage request, made a few at a time.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from azqueue import errors
 from azqueue.model.task import Task
 from azqueue.service import paging
 from azqueue.service.dependencies import gather_limited
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.storage.tasks import TaskStore
 
 
 def _start(continuation: str | None) -> int:
@@ -30,16 +29,21 @@ def _start(continuation: str | None) -> int:
     return int(after)
 
 
-async def read_many(core: QueueService, task_ids: list[str], continuation: str | None,
-                    limit: int, valid: Callable[[str], bool],
-                    answer: Callable[[Task], dict[str, Any]]) -> tuple[list[dict[str, Any]],
-                                                                       str | None]:
-    """``answer(task)`` for each task of a page of ``task_ids`` that exists (ids that are
-    not ``valid`` name no task), and the token of the next page, if any."""
-    unique = list(dict.fromkeys(task_ids))
-    start = _start(continuation)
-    page = unique[start:start + limit]
-    found = await gather_limited(core.tasks.find(t) for t in page if valid(t))
-    end = start + len(page)
-    token = paging.token(str(end)) if end < len(unique) else None
-    return [answer(t) for t in found if t is not None], token
+@dataclass(frozen=True, slots=True)
+class BatchReads:
+    """The tasks and statuses methods."""
+
+    tasks: TaskStore
+
+    async def read_many(self, task_ids: list[str], continuation: str | None, limit: int,
+                        valid: Callable[[str], bool], answer: Callable[[Task], dict[str, Any]]
+                        ) -> tuple[list[dict[str, Any]], str | None]:
+        """``answer(task)`` for each task of a page of ``task_ids`` that exists (ids that are
+        not ``valid`` name no task), and the token of the next page, if any."""
+        unique = list(dict.fromkeys(task_ids))
+        start = _start(continuation)
+        page = unique[start:start + limit]
+        found = await gather_limited(self.tasks.find(t) for t in page if valid(t))
+        end = start + len(page)
+        token = paging.token(str(end)) if end < len(unique) else None
+        return [answer(t) for t in found if t is not None], token

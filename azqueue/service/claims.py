@@ -16,17 +16,21 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import errors
 from azqueue.model import task as model
-from azqueue.model import taskcreds, timeutil
+from azqueue.model import credentials, taskcreds, timeutil
 from azqueue.model.task import RunState, Task
+from azqueue.model.tip import TipSigner
+from azqueue.service.cache import TaskCache
+from azqueue.service.changes import Changes
+from azqueue.service.claimindex import ClaimIndex
+from azqueue.service.tips import Tips
+from azqueue.service.workers import WorkerInfo
 from azqueue.storage.errors import MessageGone, ReceiptLost
-from azqueue.storage.tasks import KEEP, HeldMessage, Stored, Keep
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.storage.queues import PendingQueues, Queues
+from azqueue.storage.tasks import KEEP, HeldMessage, Keep, Stored, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +42,7 @@ RECLAIM_RECEIPT_ATTEMPTS = 3
 # the tip of a moment ago.
 TIP_WAIT = timedelta(seconds=2)
 # How long a claim waits for the record of its tip when the task is stored already: the
-# record comes right after the tip's put (``queue_tip``). A tip put again after its
+# record comes right after the tip's put (``Tips.queue``). A tip put again after its
 # answer was lost is never recorded: its claim should not wait long to be refused.
 RECORD_WAIT = timedelta(seconds=0.5)
 
@@ -56,34 +60,56 @@ class _Stale(Exception):
     """A decision made on this process's copy of the task must be made again on a fresh read."""
 
 
+@dataclass(frozen=True, slots=True)
 class Claims:
-    """claimTask and reclaimTask over the queue service's core."""
+    """claimTask and reclaimTask: the claims of runs, and the messages they hold.
 
-    def __init__(self, core: QueueService) -> None:
-        self.core = core
+    ``issuer`` is the principal that signs the temporary credentials of a claim;
+    ``claim_timeout`` how long a claim lasts before it must be reclaimed."""
+
+    tasks: TaskStore
+    queues: Queues
+    pending: PendingQueues
+    signer: TipSigner
+    cache: TaskCache
+    changes: Changes
+    tips: Tips
+    index: ClaimIndex
+    workerinfo: WorkerInfo
+    issuer: credentials.Principal
+    claim_timeout: timedelta
 
     async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
                          tip: TipClaim | None = None,
-                         authorize: Callable[[Task], None] = lambda t: None,
-                         polled_from: str | None = None) -> dict[str, Any]:
+                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """claimTask: claim a run (see ``claim``) and note the worker active, with its claim."""
+        claim = await self.claim(task_id, run_id, worker_group, worker_id, tip, authorize)
+        self.workerinfo.worker_active(claim["status"]["taskQueueId"], worker_group, worker_id,
+                                      [(task_id, run_id)])
+        return claim
+
+    async def claim(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
+                    tip: TipClaim | None = None,
+                    authorize: Callable[[Task], None] = lambda t: None,
+                    polled_from: str | None = None) -> dict[str, Any]:
         """Claim a run; ``authorize`` sees the task on its first read, before anything
-        else is read or changed.
+        else is read or changed. The worker is not noted active: claimTask and claimWork
+        do that.
 
         A ``tip`` presented by a worker must be signed for the task's own task queue and
         name a message recorded as one of the task's tips, so that a worker mixing up
         messages cannot rewrite another task's tip. ``polled_from`` is the task queue
         claimWork received the tip from (and authorized its caller for): the task must
         belong to it, and the record check is skipped (claimWork read the message itself)."""
-        core = self.core
         now = timeutil.utcnow()
         tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
 
         def decide(task: Task) -> Task:
-            return model.claim(task, run_id, worker_group, worker_id, now, core.claim_timeout,
+            return model.claim(task, run_id, worker_group, worker_id, now, self.claim_timeout,
                                tolerance)
 
         if tip and polled_from is not None and \
-                not core.signer.verify(polled_from, task_id, run_id, tip.signature):
+                not self.signer.verify(polled_from, task_id, run_id, tip.signature):
             raise self._bad_signature(task_id, run_id)
 
         def admit(task: Task) -> None:
@@ -96,12 +122,12 @@ class Claims:
                 raise errors.InputError(
                     f"task {task_id} belongs to task queue {task.task_queue_id}, not "
                     f"{polled_from}, whose pending queue this message came from; delete it")
-            if tip and not core.signer.verify(task.task_queue_id, task_id, run_id,
+            if tip and not self.signer.verify(task.task_queue_id, task_id, run_id,
                                               tip.signature):
                 raise self._bad_signature(task_id, run_id)
 
         need_record = tip is not None and polled_from is None
-        stored = core.cache.get(task_id)
+        stored = self.cache.get(task_id)
         if stored is not None and need_record and tip is not None and \
                 tip.message_id not in stored.tips:
             stored = None
@@ -109,7 +135,7 @@ class Claims:
         while True:
             if stored is None:
                 stored = await (self._load_for_tip(task_id, tip, need_record, admit) if tip
-                                else core.tasks.load(task_id))
+                                else self.tasks.load(task_id))
             current = stored.task
             admit(current)
             if polled_from is None:  # claimWork checked when it was called
@@ -133,11 +159,11 @@ class Claims:
 
         hold: HeldMessage | None = None
         if tip:
-            queue_name = core.pending.name(current.task_queue_id, current.priority)
+            queue_name = self.pending.name(current.task_queue_id, current.priority)
             try:
-                receipt = await core.queues.update(
-                    queue_name, tip.message_id, tip.receipt, visible_in=core.claim_timeout,
-                    text=core.signer.tip(current.task_queue_id, task_id, run_id + 1).encode())
+                receipt = await self.queues.update(
+                    queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
+                    text=self.signer.tip(current.task_queue_id, task_id, run_id + 1).encode())
             except ReceiptLost:
                 # Rewritten as asked, most likely, by an attempt whose answer was lost: the
                 # claim holds no message (it reappears at takenUntil and is refused then).
@@ -154,38 +180,47 @@ class Claims:
                 log.info("task %s run %d: claiming without the message, whose receipt is stale",
                          task_id, run_id)
                 receipt = ""
-            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt) if receipt else None
+            # Without its receipt the claim cannot move the message, but it records which
+            # message it took: a second tip of the run presented by the same worker is then
+            # told apart from a retry of this claim (``_repeated_claim``).
+            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+        movable = hold if hold is not None and hold.pop_receipt else None
         try:
-            change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
+            change = await self.changes.change(task_id, decide, stored, hold=hold,
+                                               speculative=guess)
         except errors.Conflict:
-            if hold:
-                await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            if movable:
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
             raise
         except BaseException as e:
-            if hold:
-                await self._after_failed_write(hold, current, worker_group, worker_id, e, now)
+            if movable:
+                await self._after_failed_write(movable, current, worker_group, worker_id, e,
+                                               now)
             raise
         after = change.after
         if not change.changed:
             # A concurrent claim of this worker (a duplicate tip, a retried request) got
             # there first: answer as to a repeated claim.
             held = change.stored.held
-            if hold and (held is None or held.message_id != hold.message_id):
-                await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
+            if movable and (held is None or held.message_id != movable.message_id):
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
             return await self._repeated_claim(change.stored, run_id, tip)
         if not model.is_claimed_by(after, run_id, worker_group, worker_id):
             # The claim expired run run_id - 1 and no retries were left: the task is resolved.
-            if hold:
-                await core.queues.drop(hold.queue_name, hold.message_id, hold.pop_receipt)
-            await core.settle(change, run_id - 1)
+            if movable:
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
+            await self.changes.settle(change, run_id - 1)
             raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
                                   "are left: the task is resolved exception")
         run = after.runs[run_id]
         assert run.taken_until is not None
-        core.index.claimed(task_id, run_id, run.taken_until)
+        self.index.claimed(task_id, run_id, run.taken_until)
         if run_id > 0 and change.before.runs[run_id - 1].state is RunState.RUNNING:
             # This claim expired the previous run, whose message it now holds.
-            await core.index.ended(task_id, run_id - 1, change.before.runs[run_id - 1].started)
+            await self.index.ended(task_id, run_id - 1, change.before.runs[run_id - 1].started)
         return self.answer(after, run_id, with_task=True)
 
     async def _refuse_quarantined(self, task: Task, worker_group: str, worker_id: str,
@@ -193,13 +228,13 @@ class Claims:
         """Quarantined (403) if the worker may not claim now; the task's tip it presented
         is made visible again at once, for other workers (a worker keeps a message after a
         403, and it would stay hidden for the rest of its poll's visibility timeout)."""
-        core = self.core
         try:
-            await core.workerinfo.refuse_quarantined(task.task_queue_id, worker_group, worker_id)
+            await self.workerinfo.refuse_quarantined(task.task_queue_id, worker_group, worker_id)
         except errors.Quarantined:
             if tip is not None:
                 try:
-                    await core.queues.release(core.pending.name(task.task_queue_id, task.priority),
+                    await self.queues.release(self.pending.name(task.task_queue_id,
+                                                                task.priority),
                                               tip.message_id, tip.receipt)
                 except errors.StorageError as e:  # it reappears when its poll's hold ends
                     log.warning("could not give back the tip of %s that a quarantined worker "
@@ -221,7 +256,7 @@ class Claims:
         # a claim of a task that never comes costs a handful of reads, not one per 100 ms
         while True:
             try:
-                stored: Stored | None = await self.core.tasks.load(
+                stored: Stored | None = await self.tasks.load(
                     task_id, tip=tip.message_id if need_record else None)
             except errors.NotFound:
                 stored = None  # a createTask puts the tip just before the task
@@ -263,7 +298,7 @@ class Claims:
         run = stored.task.runs[run_id]
         assert run.taken_until is not None
         # The first claim's process may have died before indexing it.
-        self.core.index.claimed(stored.task.task_id, run_id, run.taken_until)
+        self.index.claimed(stored.task.task_id, run_id, run.taken_until)
         return self.answer(stored.task, run_id, with_task=True)
 
     async def _after_failed_write(self, hold: HeldMessage, task: Task, worker_group: str,
@@ -273,11 +308,10 @@ class Claims:
         back only once a fresh read shows it unclaimed. Otherwise the message stays as
         rewritten (it reappears at takenUntil) and the claim is noted for the index, so that
         a claim its worker never heard of still expires."""
-        core = self.core
         task_id = task.task_id
         if isinstance(error, errors.StorageError):
             try:
-                fresh: Stored | None = await core.tasks.load(task_id)
+                fresh: Stored | None = await self.tasks.load(task_id)
             except errors.QueueError:
                 fresh = None
             if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
@@ -287,13 +321,13 @@ class Claims:
         elif not isinstance(error, asyncio.CancelledError):
             await self._restore_tip(hold, task)  # refused before anything was written
             return
-        core.index.claimed(task_id, hold.run_id, now + core.claim_timeout)
+        self.index.claimed(task_id, hold.run_id, now + self.claim_timeout)
 
     async def _restore_tip(self, hold: HeldMessage, task: Task) -> None:
-        text = self.core.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
+        text = self.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
         try:
-            await self.core.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
-                                           text=text)
+            await self.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
+                                      text=text)
         except errors.StorageError as e:  # the tip reappears at takenUntil regardless
             log.warning("could not give task %s run %d its tip back: %s", task.task_id,
                         hold.run_id, e)
@@ -319,19 +353,20 @@ class Claims:
         now = timeutil.utcnow()
         noted_run, _, noted_at = stored.tip_repair.partition(" ")
         if noted_run == str(run_id) and noted_at.isdigit() and \
-                now.timestamp() - int(noted_at) < self.core.claim_timeout.total_seconds() / 2:
+                now.timestamp() - int(noted_at) < self.claim_timeout.total_seconds() / 2:
             return
-        if await self.core.tasks.note_tip_repair(stored, run_id, now):
-            await self.core.queue_tip(stored, run_id)
+        if await self.tasks.note_tip_repair(stored, run_id, now):
+            await self.tips.queue(stored, run_id)
 
     async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
-        core = self.core
+        """reclaimTask: push the claim's takenUntil out (and its message's invisibility),
+        and note the worker active."""
         now = timeutil.utcnow()
 
         def decide(task: Task) -> Task:
-            return model.reclaim(task, run_id, now, core.claim_timeout)
+            return model.reclaim(task, run_id, now, self.claim_timeout)
 
-        stored = core.cache.get(task_id)
+        stored = self.cache.get(task_id)
         guess = stored is not None
         if stored is not None:
             try:
@@ -339,15 +374,16 @@ class Claims:
             except errors.Conflict:
                 stored, guess = None, False
         if stored is None:
-            stored = await core.tasks.load(task_id)
+            stored = await self.tasks.load(task_id)
             decide(stored.task)  # refuse early
-        held = stored.held if stored.held is not None and stored.held.run_id == run_id else None
+        held = stored.held if stored.held is not None and stored.held.run_id == run_id \
+            and stored.held.pop_receipt else None
         receipt = ""
         if held is not None:
             for _ in range(RECLAIM_RECEIPT_ATTEMPTS):
                 try:
-                    receipt = await core.queues.update(held.queue_name, held.message_id,
-                                                       held.pop_receipt, core.claim_timeout)
+                    receipt = await self.queues.update(held.queue_name, held.message_id,
+                                                       held.pop_receipt, self.claim_timeout)
                     break
                 except ReceiptLost:
                     # Pushed out as asked, most likely, by an attempt whose answer was lost:
@@ -357,7 +393,7 @@ class Claims:
                     break
                 except MessageGone:
                     # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
-                    stored, guess = await core.tasks.load(task_id), False
+                    stored, guess = await self.tasks.load(task_id), False
                     fresh = stored.held
                     if fresh is None or fresh.run_id != run_id or \
                             fresh.pop_receipt == held.pop_receipt:
@@ -373,16 +409,20 @@ class Claims:
                                             replace(held, pop_receipt=receipt) if receipt
                                             else None)
         try:
-            change = await core.change(task_id, decide, stored, hold=hold, speculative=guess)
+            change = await self.changes.change(task_id, decide, stored, hold=hold,
+                                               speculative=guess)
         except errors.Conflict:
             if held is not None and receipt:
-                await core.queues.release(held.queue_name, held.message_id, receipt)
+                await self.queues.release(held.queue_name, held.message_id, receipt)
             raise
         run = change.after.runs[run_id]
         assert run.taken_until is not None
-        await core.index.extended(task_id, run_id, run.started, run.taken_until,
+        await self.index.extended(task_id, run_id, run.started, run.taken_until,
                                   change.after.task_queue_id)
-        return self.answer(change.after, run_id)
+        claim = self.answer(change.after, run_id)
+        self.workerinfo.worker_active(claim["status"]["taskQueueId"], claim["workerGroup"],
+                                      claim["workerId"])
+        return claim
 
     def answer(self, task: Task, run_id: int, with_task: bool = False) -> dict[str, Any]:
         """Status, the claim, and temporary credentials for working on the run (claimTask
@@ -391,7 +431,7 @@ class Claims:
         assert run.taken_until is not None
         answer = {"status": task.status(), "runId": run_id, "workerGroup": run.worker_group,
                   "workerId": run.worker_id, "takenUntil": timeutil.fmt(run.taken_until),
-                  "credentials": taskcreds.for_run(self.core.issuer, task, run_id,
+                  "credentials": taskcreds.for_run(self.issuer, task, run_id,
                                                    timeutil.utcnow())}
         if with_task:
             answer["task"] = dict(task.definition)

@@ -19,27 +19,30 @@ until ``takenUntil``). So:
 * **listPendingTasks**: the first 32 visible tips of each priority, highest first, with
   each task read (a request per task, fewer with this process's copies) to drop stale ones.
 
-Pending counts are kept ``COUNTS_TTL`` seconds per task queue and process.
+Pending counts are kept ``COUNTS_TTL`` seconds per task queue and process. The metrics'
+gauge of pending tips (``pending_tips``) is Azure's approximate count of each priority
+queue.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import errors
 from azqueue.model import timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.task import RunState, Task
-from azqueue.model.tip import Tip
+from azqueue.model.tip import Tip, TipSigner
 from azqueue.service import paging
+from azqueue.service.cache import TaskCache
 from azqueue.service.dependencies import gather_limited
-from azqueue.storage.queues import Peeked
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.storage.claims import ClaimStore
+from azqueue.storage.queues import PendingQueues, Peeked, Queues
+from azqueue.storage.tasks import TaskStore
 
 PEEK_LIMIT = 32  # Azure's
 COUNTS_TTL = 5.0
@@ -47,19 +50,24 @@ MAX_REMEMBERED = 10_000
 _Cache = dict[str, tuple[float, int]]
 
 
+@dataclass(frozen=True, slots=True)
 class TaskQueueCounts:
-    """pendingTasks, taskQueueCounts and the pending and claimed listings."""
+    """pendingTasks, taskQueueCounts, the pending and claimed listings, and the metrics'
+    approximate counts. ``running``: the claim index's runs by task queue."""
 
-    def __init__(self, core: QueueService) -> None:
-        self.core = core
-        self._pending: _Cache = {}
-        self._running = RunningClaims(core)
+    tasks: TaskStore
+    queues: Queues
+    pending_queues: PendingQueues
+    signer: TipSigner
+    cache: TaskCache
+    running: RunningClaims
+    _pending: _Cache = field(default_factory=dict, init=False, repr=False)
 
     async def pending(self, task_queue_id: str) -> int:
         return await _cached(self._pending, task_queue_id, self._count_pending)
 
     async def claimed(self, task_queue_id: str) -> int:
-        return len((await self._running.by_task_queue()).get(task_queue_id, ()))
+        return len((await self.running.by_task_queue()).get(task_queue_id, ()))
 
     async def pending_tasks(self, task_queue_id: str) -> dict[str, Any]:
         """The pendingTasks answer."""
@@ -73,15 +81,22 @@ class TaskQueueCounts:
     async def counts_batch(self, task_queue_ids: list[str]) -> list[dict[str, Any]]:
         return await gather_limited(self.counts(t) for t in task_queue_ids)
 
+    async def pending_tips(self, task_queue_id: str) -> dict[str, int]:
+        """Azure's approximate message count of each priority queue of ``task_queue_id``
+        (stale tips included), by priority: seven requests (the metrics' sample)."""
+        names = [self.pending_queues.name(task_queue_id, p) for p in ORDER]
+        counts = await asyncio.gather(*(self.queues.approximate_count(n) for n in names))
+        return {str(p): n for p, n in zip(ORDER, counts)}
+
     async def _count_pending(self, task_queue_id: str) -> int:
         counts = await asyncio.gather(*(self._count_priority(task_queue_id, p) for p in ORDER))
         return sum(counts)
 
     async def _count_priority(self, task_queue_id: str, priority: Priority) -> int:
-        name = self.core.pending.name(task_queue_id, priority)
-        peeked = await self.core.queues.peek(name, PEEK_LIMIT)
+        name = self.pending_queues.name(task_queue_id, priority)
+        peeked = await self.queues.peek(name, PEEK_LIMIT)
         if len(peeked) >= PEEK_LIMIT:
-            return max(len(peeked), await self.core.queues.approximate_count(name))
+            return max(len(peeked), await self.queues.approximate_count(name))
         return len({tip for tip in self._tips(task_queue_id, peeked)
                     if not self._surely_stale(*tip)})
 
@@ -93,14 +108,14 @@ class TaskQueueCounts:
                 tip = Tip.decode(message.text)
             except ValueError:
                 continue
-            if self.core.signer.verify(task_queue_id, tip.task_id, tip.run_id, tip.signature):
+            if self.signer.verify(task_queue_id, tip.task_id, tip.run_id, tip.signature):
                 tips.append((tip.task_id, tip.run_id))
         return tips
 
     def _surely_stale(self, task_id: str, run_id: int) -> bool:
         """This process's copy of the task shows the run past pending (runs never return
         to pending, so an old copy is right about that)."""
-        stored = self.core.cache.get(task_id)
+        stored = self.cache.get(task_id)
         if stored is None or run_id >= len(stored.task.runs):
             return False
         return stored.task.runs[run_id].state is not RunState.PENDING
@@ -116,8 +131,8 @@ class TaskQueueCounts:
         listed: list[dict[str, Any]] = []
         seen: set[tuple[str, int]] = set()
         for priority in ORDER[start_rank:]:
-            peeked = await self.core.queues.peek(
-                self.core.pending.name(task_queue_id, priority), PEEK_LIMIT)
+            peeked = await self.queues.peek(
+                self.pending_queues.name(task_queue_id, priority), PEEK_LIMIT)
             if priority.rank == start_rank and after is not None:
                 peeked = _after(peeked, *after)
             candidates = []
@@ -128,7 +143,7 @@ class TaskQueueCounts:
                         candidates.append((message, tip))
             more = len(candidates) > limit - len(listed)
             candidates = candidates[:limit - len(listed)]
-            tasks = await gather_limited(self.core.tasks.find(tip[0]) for _, tip in candidates)
+            tasks = await gather_limited(self.tasks.find(tip[0]) for _, tip in candidates)
             for (message, (task_id, run_id)), task in zip(candidates, tasks):
                 if task is not None and _in_state(task, run_id, RunState.PENDING) and \
                         task.task_queue_id == task_queue_id:
@@ -147,11 +162,11 @@ class TaskQueueCounts:
         runs in the claim index (running longer than the index's delay), by taskId. A page
         reads at most ``limit`` tasks."""
         after = paging.after(continuation)
-        rows = (await self._running.by_task_queue()).get(task_queue_id, [])
+        rows = (await self.running.by_task_queue()).get(task_queue_id, [])
         if after is not None:
             rows = [r for r in rows if _claim_key(*r) > after]
         page = rows[:limit]
-        tasks = await gather_limited(self.core.tasks.find(task_id) for task_id, _ in page)
+        tasks = await gather_limited(self.tasks.find(task_id) for task_id, _ in page)
         listed: list[dict[str, Any]] = []
         for (task_id, run_id), task in zip(page, tasks):
             if task is None or not _in_state(task, run_id, RunState.RUNNING):
@@ -170,8 +185,8 @@ class RunningClaims:
     """The runs of the claim index by task queue, from one scan of the claims table kept
     ``COUNTS_TTL`` seconds; a request that asks while a scan runs waits for that scan."""
 
-    def __init__(self, core: QueueService) -> None:
-        self.core = core
+    def __init__(self, store: ClaimStore) -> None:
+        self.store = store
         self._taken: tuple[float, dict[str, list[tuple[str, int]]]] | None = None
         self._scan: asyncio.Future[dict[str, list[tuple[str, int]]]] | None = None
 
@@ -188,7 +203,7 @@ class RunningClaims:
 
     async def _read(self, now: float) -> dict[str, list[tuple[str, int]]]:
         runs: dict[str, set[tuple[str, int]]] = {}
-        async for r in self.core.index.store.running(timeutil.utcnow()):
+        async for r in self.store.running(timeutil.utcnow()):
             if r.task_queue_id:
                 runs.setdefault(r.task_queue_id, set()).add((r.task_id, r.run_id))
         taken = {task_queue_id: sorted(found) for task_queue_id, found in runs.items()}

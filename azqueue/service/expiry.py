@@ -24,8 +24,11 @@ from datetime import datetime, timedelta
 from azqueue.errors import QueueError
 from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
-from azqueue.service.queue import QueueService
-from azqueue.storage.groups import OWNER
+from azqueue.service.workers import WorkerInfo
+from azqueue.storage.claims import ClaimStore
+from azqueue.storage.dependents import DependentStore
+from azqueue.storage.groups import OWNER, GroupStore
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -41,70 +44,82 @@ class Expired:
     workers: int = 0  # workers, task queues and provisioners
 
 
-async def expire(queue: QueueService, artifacts: ArtifactService, now: datetime) -> Expired:
-    """Delete the artifacts and the tasks that expired before ``now - GRACE``."""
-    before = now - GRACE
-    gone_artifacts = 0
-    for artifact in await artifacts.records.expired(before):
-        try:
-            if artifact.has_content:
-                await artifacts.blobs.delete(artifact.blob_name)
-            await artifacts.records.delete(artifact)
-            gone_artifacts += 1
-        except QueueError as e:
-            log.warning("could not expire artifact %r of %s/%d: %s", artifact.name,
-                        artifact.task_id, artifact.run_id, e)
-    gone_tasks = 0
-    for task in await queue.tasks.expired(before):
-        if not task.state.resolved or await queue.tasks.outbox(task.task_id):
-            continue
-        try:
-            await artifacts.blobs.delete_all(f"{task.task_id}/")
-            await queue.index.store.delete_task(task.task_id)
-            await queue.dependencies.dependents.delete_all(task.task_id)
-            await queue.groups.drop(task.definition["taskGroupId"], task.task_id)
-            if await queue.tasks.delete_partition(task.task_id):  # the task row last
-                gone_tasks += 1
-        except QueueError as e:
-            log.warning("could not expire task %s: %s", task.task_id, e)
-    for group in await queue.groups.expired_records(timeutil.fmt(before)):
-        try:  # a sealed group's record, once every task it had then has expired
-            await queue.groups.drop_record(group)
-        except QueueError as e:
-            log.warning("could not expire the record of task group %s: %s", group, e)
-    for group, etag in await queue.groups.expired_announcements(timeutil.fmt(before)):
-        try:  # which members were announced resolved, once they all have expired
-            await queue.groups.drop_announcement(group, etag)
-        except QueueError as e:
-            log.warning("could not expire the announcement of task group %s: %s", group, e)
-    for group in await queue.groups.expired_records(timeutil.fmt(before), OWNER):
-        try:
-            await _expire_owner(queue, group, now)
-        except QueueError as e:
-            log.warning("could not expire the schedulerId record of task group %s: %s", group, e)
-    try:
-        gone_workers = await queue.workerinfo.expire(now)
-    except QueueError as e:
-        gone_workers = 0
-        log.warning("could not expire workers and task queues: %s", e)
-    if gone_tasks or gone_artifacts or gone_workers:
-        log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
-                 "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
-    return Expired(gone_tasks, gone_artifacts, gone_workers)
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """The expiry resolver's pass. ``claim_store``: the claim index's rows."""
 
+    tasks: TaskStore
+    claim_store: ClaimStore
+    dependents: DependentStore
+    groups: GroupStore
+    workerinfo: WorkerInfo
+    artifacts: ArtifactService
 
-async def _expire_owner(queue: QueueService, group: str, now: datetime) -> None:
-    """The record of a group's schedulerId goes once the group has no task left; while it
-    has, its ``expires`` becomes its tasks' latest."""
-    own = await queue.tasks.find(group)
-    members = [m for m in await queue.groups.members(group) if m.task_id != group]
-    if (own is None or own.definition["taskGroupId"] != group) and not members:
-        await queue.groups.drop_owner(group)
-        return
-    expires = [m.expires for m in members if m.expires is not None]
-    if own is not None and own.definition["taskGroupId"] == group:
-        expires.append(own.definition["expires"])
-    # Rows of earlier versions carry no expires: looked at again in a while.
-    latest = max(expires, key=timeutil.parse, default=timeutil.fmt(now + GRACE))
-    await queue.groups.renew_owner(group, max(latest, timeutil.fmt(now + GRACE),
-                                              key=timeutil.parse))
+    async def expire(self, now: datetime) -> Expired:
+        """Delete the artifacts and the tasks that expired before ``now - GRACE``."""
+        before = now - GRACE
+        gone_artifacts = 0
+        for artifact in await self.artifacts.records.expired(before):
+            try:
+                if artifact.has_content:
+                    await self.artifacts.blobs.delete(artifact.blob_name)
+                await self.artifacts.records.delete(artifact)
+                gone_artifacts += 1
+            except QueueError as e:
+                log.warning("could not expire artifact %r of %s/%d: %s", artifact.name,
+                            artifact.task_id, artifact.run_id, e)
+        gone_tasks = 0
+        for task in await self.tasks.expired(before):
+            if not task.state.resolved or await self.tasks.outbox(task.task_id):
+                continue
+            try:
+                await self.artifacts.blobs.delete_all(f"{task.task_id}/")
+                await self.claim_store.delete_task(task.task_id)
+                await self.dependents.delete_all(task.task_id)
+                await self.groups.drop(task.definition["taskGroupId"], task.task_id)
+                if await self.tasks.delete_partition(task.task_id):  # the task row last
+                    gone_tasks += 1
+            except QueueError as e:
+                log.warning("could not expire task %s: %s", task.task_id, e)
+        for group in await self.groups.expired_records(timeutil.fmt(before)):
+            try:  # a sealed group's record, once every task it had then has expired
+                await self.groups.drop_record(group)
+            except QueueError as e:
+                log.warning("could not expire the record of task group %s: %s", group, e)
+        for group, etag in await self.groups.expired_announcements(timeutil.fmt(before)):
+            try:  # which members were announced resolved, once they all have expired
+                await self.groups.drop_announcement(group, etag)
+            except QueueError as e:
+                log.warning("could not expire the announcement of task group %s: %s", group,
+                            e)
+        for group in await self.groups.expired_records(timeutil.fmt(before), OWNER):
+            try:
+                await self._expire_owner(group, now)
+            except QueueError as e:
+                log.warning("could not expire the schedulerId record of task group %s: %s",
+                            group, e)
+        try:
+            gone_workers = await self.workerinfo.expire(now)
+        except QueueError as e:
+            gone_workers = 0
+            log.warning("could not expire workers and task queues: %s", e)
+        if gone_tasks or gone_artifacts or gone_workers:
+            log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
+                     "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
+        return Expired(gone_tasks, gone_artifacts, gone_workers)
+
+    async def _expire_owner(self, group: str, now: datetime) -> None:
+        """The record of a group's schedulerId goes once the group has no task left; while
+        it has, its ``expires`` becomes its tasks' latest."""
+        own = await self.tasks.find(group)
+        members = [m for m in await self.groups.members(group) if m.task_id != group]
+        if (own is None or own.definition["taskGroupId"] != group) and not members:
+            await self.groups.drop_owner(group)
+            return
+        expires = [m.expires for m in members if m.expires is not None]
+        if own is not None and own.definition["taskGroupId"] == group:
+            expires.append(own.definition["expires"])
+        # Rows of earlier versions carry no expires: looked at again in a while.
+        latest = max(expires, key=timeutil.parse, default=timeutil.fmt(now + GRACE))
+        await self.groups.renew_owner(group, max(latest, timeutil.fmt(now + GRACE),
+                                                 key=timeutil.parse))

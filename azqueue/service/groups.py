@@ -3,14 +3,14 @@ and the group metadata of listTaskGroup.
 
 A group exists while it has a task: its own (taskId = taskGroupId) or a member row
 (``storage.groups``). Its metadata is read from them: ``schedulerId`` is the one its first
-task recorded (``QueueService.group_scheduler``: createTask refuses a task of another),
+task recorded (``groupowner``: createTask refuses a task of another),
 ``expires`` the latest of its tasks' (member rows carry it). Reading it
 costs one request per 1000 member rows (plus the own task), so a sealed group, which can
 take no more members, keeps what sealing read in its record (``~group``) and is read in
 one request.
 
 Sealing writes that record once; createTask of a new task into a sealed group is 409
-(``QueueService.create_task`` reads the group's records first, in the request that also
+(``Definitions.create_task`` reads the group's records first, in the request that also
 checks its schedulerId). As Taskcluster says,
 this is not atomic with createTask: a createTask racing the seal may still get in.
 
@@ -31,10 +31,12 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import errors
+from azqueue.events.outbox import Outbox
 from azqueue.model import events
 from azqueue.model import task as model
 from azqueue.model import timeutil
@@ -42,13 +44,14 @@ from azqueue.model.events import Event
 from azqueue.model.priority import Priority
 from azqueue.model.task import Task
 from azqueue.service import paging
+from azqueue.service.changes import Changes
+from azqueue.service.definitions import Definitions
 from azqueue.service.dependencies import gather_limited
-from azqueue.service.priority import change_priority
-from azqueue.storage.groups import GroupMeta
-from azqueue.storage.queues import Message, decode_json, encode_json
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.service.groupowner import GroupOwners
+from azqueue.service.priority import TaskPriority
+from azqueue.storage.groups import GroupMeta, GroupStore
+from azqueue.storage.queues import Message, Queues, decode_json, encode_json
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -60,31 +63,39 @@ CANCEL = "cancel"
 PRIORITY = "priority"
 
 
+@dataclass(frozen=True, slots=True)
 class TaskGroups:
-    """The task-group methods over the queue service's core."""
+    """The task-group methods; ``passes`` is the internal queue of the group-passes
+    triggers (``<prefix>-group-passes``)."""
 
-    def __init__(self, core: QueueService) -> None:
-        self.core = core
-        self.passes = core.account.queue_name("group-passes")
+    tasks: TaskStore
+    groups: GroupStore
+    owners: GroupOwners
+    queues: Queues
+    passes: str
+    outbox: Outbox | None
+    changes: Changes
+    definitions: Definitions
+    priority: TaskPriority
 
     async def setup(self) -> None:
-        await self.core.queues.ensure(self.passes)
+        await self.queues.ensure(self.passes)
 
     # -- metadata --------------------------------------------------------------------
 
     async def _own(self, task_group_id: str) -> Task | None:
-        own = await self.core.tasks.find(task_group_id)
+        own = await self.tasks.find(task_group_id)
         return own if own is not None and own.definition["taskGroupId"] == task_group_id else None
 
     async def _read(self, task_group_id: str) -> GroupMeta:
         """The group's metadata as its tasks say (``sealed`` empty); NotFound if it has none."""
         own = await self._own(task_group_id)
-        members = [m for m in await self.core.groups.members(task_group_id)
+        members = [m for m in await self.groups.members(task_group_id)
                    if m.task_id != task_group_id]
         if own is None and not members:
             raise errors.NotFound(f"task group {task_group_id} has no tasks (or does not exist)")
         # Rows of earlier versions carry nothing: their tasks say it.
-        legacy = await gather_limited(self.core.tasks.find(m.task_id) for m in members
+        legacy = await gather_limited(self.tasks.find(m.task_id) for m in members
                                       if m.expires is None)
         known = [(m.expires, m.scheduler_id) for m in members if m.expires is not None]
         known += [(t.definition["expires"], t.definition["schedulerId"]) for t in legacy
@@ -96,14 +107,14 @@ class TaskGroups:
         expires = max((timeutil.parse(e) for e, _ in known if e is not None))
         # The group's record says whose it is (a task of another schedulerId sorting first
         # says nothing).
-        scheduler = await self.core.group_scheduler(
-            task_group_id, await self.core.groups.owner(task_group_id)) or \
+        scheduler = await self.owners.scheduler(
+            task_group_id, await self.groups.owner(task_group_id)) or \
             next((s for _, s in known if s is not None), "-")
         return GroupMeta(scheduler, timeutil.fmt(expires), "",
                          len(members) + (1 if own is not None else 0))
 
     async def _meta(self, task_group_id: str) -> GroupMeta:
-        return await self.core.groups.meta(task_group_id) or await self._read(task_group_id)
+        return await self.groups.meta(task_group_id) or await self._read(task_group_id)
 
     @staticmethod
     def _answer(task_group_id: str, meta: GroupMeta) -> dict[str, Any]:
@@ -120,7 +131,7 @@ class TaskGroups:
         metadata is read for the first page and carried in the continuation token, so a
         listing reads the group's rows once, not once a page."""
         inner, meta = _unwrap(continuation)
-        page = await self.core.list_task_group(task_group_id, inner, limit)
+        page = await self.definitions.list_task_group(task_group_id, inner, limit)
         if meta is None:
             try:
                 meta = await self._meta(task_group_id)
@@ -138,7 +149,7 @@ class TaskGroups:
         meta = await self._meta(task_group_id)
         authorize(meta.scheduler_id)
         if not meta.sealed:
-            meta = await self.core.groups.seal(task_group_id, GroupMeta(
+            meta = await self.groups.seal(task_group_id, GroupMeta(
                 meta.scheduler_id, meta.expires, timeutil.fmt(timeutil.utcnow()), meta.size))
         answer = self._answer(task_group_id, meta)
         await self._publish(task_group_id, events.task_group_sealed(answer))
@@ -147,11 +158,11 @@ class TaskGroups:
     async def _publish(self, task_group_id: str, event: Event) -> None:
         """Publish a group's event through the outbox, in the tasks table's partition
         named after the group: published at least once the call has answered."""
-        outbox = self.core.outbox
+        outbox = self.outbox
         if outbox is None:
             return
         trigger = await outbox.begin(task_group_id)
-        await self.core.tasks.add_outbox(task_group_id, [event])
+        await self.tasks.add_outbox(task_group_id, [event])
         await outbox.finish(task_group_id, trigger)
 
     # -- going through the members ---------------------------------------------------
@@ -159,7 +170,7 @@ class TaskGroups:
     async def cancel(self, task_group_id: str,
                      authorize: Callable[[str], None]) -> dict[str, Any]:
         """cancelTaskGroup: the first batch now, the rest by the group-passes resolver."""
-        meta = await self.core.groups.meta(task_group_id)
+        meta = await self.groups.meta(task_group_id)
         if meta is None:
             await self._read(task_group_id)  # NotFound for no group at all
             raise errors.Conflict(
@@ -201,7 +212,7 @@ class TaskGroups:
         group = job["taskGroupId"]
         # The group's own task takes a place of the first batch.
         limit = GROUP_BATCH if after is not None else max(1, GROUP_BATCH - 1)
-        keys, last = await self.core.groups.page(group, after, limit)
+        keys, last = await self.groups.page(group, after, limit)
         ids = [k for k in keys if k != group]
         if after is None:
             ids.insert(0, group)
@@ -221,12 +232,12 @@ class TaskGroups:
             return model.cancel(task, now)
 
         try:
-            change = await self.core.change(task_id, decide)
+            change = await self.changes.change(task_id, decide)
         except (errors.NotFound, errors.Conflict):
             return False  # not written (yet), or left to its deadline
         last = change.after.last_run
         if change.changed and last is not None:
-            await self.core.settle(change, last.run_id)
+            await self.changes.settle(change, last.run_id)
         return change.changed
 
     async def _reprioritize_one(self, group: str, task_id: str, priority: Priority) -> bool:
@@ -239,19 +250,18 @@ class TaskGroups:
             return model.change_priority(task, priority, now)
 
         try:
-            change = await change_priority(self.core, task_id, priority, decide=decide)
+            change = await self.priority.change(task_id, priority, decide=decide)
         except errors.NotFound:
             return False
         return change.changed
 
     async def _continue(self, job: dict[str, Any], after: str) -> None:
-        await self.core.queues.put(self.passes, encode_json({**job, "after": after}),
-                                   forever=True)
+        await self.queues.put(self.passes, encode_json({**job, "after": after}), forever=True)
 
     async def resume(self) -> int:
         """One step of the group-passes resolver: the next batch of each trigger that is
         due; how many triggers it handled."""
-        queues = self.core.queues
+        queues = self.queues
         messages = await queues.receive(self.passes, PASS_HOLD)
         for message in messages:
             try:
@@ -263,7 +273,7 @@ class TaskGroups:
         return len(messages)
 
     async def _step(self, message: Message) -> None:
-        queues = self.core.queues
+        queues = self.queues
         try:
             job = decode_json(message.text)
             after = str(job["after"])
@@ -293,7 +303,7 @@ def _wrap(token: str, meta: GroupMeta) -> str:
 
 
 def _unwrap(continuation: str | None) -> tuple[str | None, GroupMeta | None]:
-    """The token of ``QueueService.list_task_group`` and the metadata carried with it."""
+    """The token of ``Definitions.list_task_group`` and the metadata carried with it."""
     text = paging.after(continuation)
     if text is None:
         return None, None

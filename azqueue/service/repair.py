@@ -48,16 +48,15 @@ A duplicate at a look spaced as long as the run has waited costs less than eithe
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
+from azqueue.service.changes import Changes
+from azqueue.service.tips import Tips
 from azqueue.storage.tasks import Stored
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
 
 log = logging.getLogger(__name__)
 
@@ -84,23 +83,32 @@ def needs_tip(task: Task, now: datetime, delay: timedelta) -> bool:
     return last is not None and last.state is RunState.PENDING and now - last.scheduled >= delay
 
 
-async def repair(core: QueueService, stored: Stored, now: datetime) -> datetime | None:
-    """Repair what ``stored`` (read just now) may miss: a pending run's tip, a claim
-    nobody expired; when to look again (None: resolved, never again)."""
-    delay = core.repair_delay
-    task = stored.task
-    last = task.last_run
-    if last is not None and last.state is RunState.RUNNING and last.taken_until is not None \
-            and last.taken_until + delay <= now:
-        log.warning("task %s: run %d is running past takenUntil %s unexpired: expiring it",
-                    task.task_id, last.run_id, timeutil.fmt(last.taken_until))
-        change = await core.change(task.task_id,
-                                   lambda t: model.expire_claim(t, last.run_id, now), stored)
-        await core.settle(change, last.run_id)
-        return next_check(change.after, now, delay)
-    if needs_tip(task, now, delay):
-        assert last is not None
-        log.info("task %s: run %d pending for %.0fs: queuing another tip in case it has none",
-                 task.task_id, last.run_id, (now - last.scheduled).total_seconds())
-        await core.queue_tip(stored, last.run_id)
-    return next_check(task, now, delay)
+@dataclass(frozen=True, slots=True)
+class Repair:
+    """The tip repair's look at a task, when its deadline message surfaces before the
+    deadline; ``delay`` is the repair delay (``tip_repair_delay``)."""
+
+    changes: Changes
+    tips: Tips
+    delay: timedelta
+
+    async def look(self, stored: Stored, now: datetime) -> datetime | None:
+        """Repair what ``stored`` (read just now) may miss: a pending run's tip, a claim
+        nobody expired; when to look again (None: resolved, never again)."""
+        delay = self.delay
+        task = stored.task
+        last = task.last_run
+        if last is not None and last.state is RunState.RUNNING and \
+                last.taken_until is not None and last.taken_until + delay <= now:
+            log.warning("task %s: run %d is running past takenUntil %s unexpired: expiring it",
+                        task.task_id, last.run_id, timeutil.fmt(last.taken_until))
+            change = await self.changes.change(
+                task.task_id, lambda t: model.expire_claim(t, last.run_id, now), stored)
+            await self.changes.settle(change, last.run_id)
+            return next_check(change.after, now, delay)
+        if needs_tip(task, now, delay):
+            assert last is not None
+            log.info("task %s: run %d pending for %.0fs: queuing another tip in case it has "
+                     "none", task.task_id, last.run_id, (now - last.scheduled).total_seconds())
+            await self.tips.queue(stored, last.run_id)
+        return next_check(task, now, delay)

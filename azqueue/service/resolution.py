@@ -1,7 +1,7 @@
 """Resolution: reports, cancelTask, and the resolvers' steps (claim expiry, deadlines).
 
 Every path resolves a run through a transition of ``model.task`` written by
-``QueueService.change`` (conditional on the ETag), then ``settle`` deletes or releases
+``Changes.change`` (conditional on the ETag), then ``Changes.settle`` deletes or releases
 the message the run held. A report from the worker that this process saw claim the run
 starts from this process's copy of the task, so it costs two storage requests: the
 write and the message's delete.
@@ -11,39 +11,49 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.storage.claims import ClaimRecord
-from azqueue.service.repair import repair
-from azqueue.storage.queues import Message, decode_json
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.service.cache import TaskCache
+from azqueue.service.changes import Changes
+from azqueue.service.repair import Repair
+from azqueue.storage.claims import ClaimRecord, ClaimStore
+from azqueue.storage.queues import Message, Queues, decode_json
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True, slots=True)
 class Resolution:
-    """Resolving runs: workers' reports, cancelTask, expired claims and deadlines."""
+    """Resolving runs: workers' reports, cancelTask, expired claims and deadlines.
 
-    def __init__(self, core: QueueService) -> None:
-        self.core = core
+    ``claim_store``: the claim index's rows (``claimindex``); ``deadline_queue``:
+    the internal queue of deadline messages (one that surfaces before the deadline is
+    ``repair``'s look at the task)."""
+
+    tasks: TaskStore
+    queues: Queues
+    cache: TaskCache
+    changes: Changes
+    claim_store: ClaimStore
+    deadline_queue: str
+    repair: Repair
 
     async def report(self, task_id: str, run_id: int, state: RunState,
                      reason: ReasonResolved) -> dict[str, Any]:
         """reportCompleted, reportFailed, reportException."""
-        core = self.core
         now = timeutil.utcnow()
-        cached = core.cache.get(task_id)
-        change = await core.change(
+        cached = self.cache.get(task_id)
+        change = await self.changes.change(
             task_id, lambda t: model.resolve(t, run_id, state, reason, now), cached,
             speculative=cached is not None)
-        await core.settle(change, run_id)
+        await self.changes.settle(change, run_id)
         return change.after.status()
 
     async def cancel_task(self, task_id: str,
@@ -51,29 +61,28 @@ class Resolution:
         """Resolve the task's unresolved run exception ``canceled``; ``authorize`` sees the
         task first. A resolved task answers its status unchanged."""
         now = timeutil.utcnow()
-        loaded = await self.core.tasks.load(task_id)
+        loaded = await self.tasks.load(task_id)
         authorize(loaded.task)
-        change = await self.core.change(task_id, lambda t: model.cancel(t, now), loaded)
+        change = await self.changes.change(task_id, lambda t: model.cancel(t, now), loaded)
         last = change.after.last_run
         if last is not None:
             # A running run's tip is deleted with its receipt; a pending run's tip stays
             # until a worker finds it, is refused (409) and deletes it.
-            await self.core.settle(change, last.run_id)
+            await self.changes.settle(change, last.run_id)
         return change.after.status()
 
     # -- resolver steps --------------------------------------------------------------
 
     async def expired_claims(self) -> list[ClaimRecord]:
         now = timeutil.utcnow()
-        return [r async for r in self.core.index.store.expired(now)]
+        return [r async for r in self.claim_store.expired(now)]
 
     async def expire_claim(self, record: ClaimRecord) -> bool:
         """Resolve the claim of ``record`` if it expired; True if this call resolved it."""
-        core = self.core
-        store = core.index.store
+        store = self.claim_store
         now = timeutil.utcnow()
         try:
-            change = await core.change(
+            change = await self.changes.change(
                 record.task_id, lambda t: model.expire_claim(t, record.run_id, now))
         except errors.NotFound:
             await store.delete(record.task_id, record.run_id)
@@ -88,15 +97,14 @@ class Resolution:
         if not change.changed:  # resolved by other means: the row is left over
             await store.delete(record.task_id, record.run_id)
             return False
-        await core.settle(change, record.run_id)
+        await self.changes.settle(change, record.run_id)
         return True
 
     async def resolve_deadlines(self, invisible_for: timedelta) -> int:
         """Handle the deadline messages that are due; the number of messages handled. A
         message that fails for a storage outage is left to reappear after
         ``invisible_for``; the others are handled meanwhile."""
-        core = self.core
-        messages = await core.queues.receive(core.deadline_queue, invisible_for)
+        messages = await self.queues.receive(self.deadline_queue, invisible_for)
         for message in messages:
             try:
                 await self._deadline_message(message)
@@ -109,31 +117,30 @@ class Resolution:
         """A deadline message that surfaced: before the task's deadline it is the task's
         tip repair check (``repair``), and is postponed to the next one; at the deadline
         it resolves the task."""
-        core = self.core
         now = timeutil.utcnow()
         try:
             task_id = str(decode_json(message.text)["taskId"])
         except (ValueError, KeyError):
             log.error("dropping malformed message %s from %s", message.message_id,
-                      core.deadline_queue)
-            await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)
+                      self.deadline_queue)
+            await self.queues.drop(self.deadline_queue, message.message_id, message.pop_receipt)
             return
         try:
-            stored = await core.tasks.load(task_id)
+            stored = await self.tasks.load(task_id)
         except errors.NotFound:
             pass  # the task was never written, or has expired
         else:
             deadline = stored.task.deadline
             if deadline > now:
-                check = await repair(core, stored, now)
+                check = await self.repair.look(stored, now)
                 if check is not None:
-                    await core.queues.postpone(message.queue_name, message.message_id,
+                    await self.queues.postpone(message.queue_name, message.message_id,
                                                message.pop_receipt, min(check, deadline) - now)
                     return
             else:
-                change = await core.change(task_id, lambda t: model.resolve_deadline(t, now),
-                                           stored)
+                change = await self.changes.change(
+                    task_id, lambda t: model.resolve_deadline(t, now), stored)
                 if change.changed:
                     log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
-                await core.settle(change, len(change.after.runs) - 1)
-        await core.queues.drop(core.deadline_queue, message.message_id, message.pop_receipt)
+                await self.changes.settle(change, len(change.after.runs) - 1)
+        await self.queues.drop(self.deadline_queue, message.message_id, message.pop_receipt)

@@ -1,9 +1,9 @@
 """The work claimer: claimWork, served from one poller per task queue (Taskcluster's
 ``workclaimer``).
 
-A claimWork call registers as a waiter for up to ``tasks`` tips and claims each tip it
-is handed through ``Claims.claim_task``, exactly as a SAS worker would, so these claims
-expire, reclaim and retry like any other. Tips reach waiters two ways:
+A claimWork call registers as a waiter (``waiting``) for up to ``tasks`` tips and claims
+each tip it is handed through ``Claims.claim``, exactly as a SAS worker would, so these
+claims expire, reclaim and retry like any other. Tips reach waiters two ways:
 
 * **Handed over**: a createTask (or anything queuing a tip) in this process gives the
   message it just put, with its pop receipt, to the longest-waiting caller of that task
@@ -30,20 +30,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import errors
 from azqueue.model.priority import ORDER
-from azqueue.model.task import Task
 from azqueue.model.tip import Tip
-from azqueue.service.claims import TipClaim
-from azqueue.storage.queues import Message
-
-if TYPE_CHECKING:
-    from azqueue.service.queue import QueueService
+from azqueue.service.claims import Claims, TipClaim
+from azqueue.service.waiting import Waiter, Waiting, WaitingQueue
+from azqueue.service.workers import WorkerInfo
+from azqueue.storage.queues import Message, PendingQueues, Queues
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +50,7 @@ log = logging.getLogger(__name__)
 # It is also how long a receive whose answer was lost hides the tips it took, and a
 # caller waiting for them waits that long. A claim that outlives it still holds: the
 # receipt stays valid until another poll receives the tip; if one does, the two claims
-# are decided on the task as any two claims of one run (see ``claims.claim_task``).
+# are decided on the task as any two claims of one run (see ``Claims.claim``).
 CLAIM_WORK_HOLD = timedelta(seconds=2)
 # After a receive whose answer may have been lost, look again this long after its tips
 # should have reappeared (Azure's clock and ours differ by a little).
@@ -61,86 +59,39 @@ HIDDEN_MARGIN = 0.25
 RECHECK = 1.0
 # How often a waiting caller checks that its client is still connected.
 CONNECTED_CHECK = 1.0
-MAX_TASK_QUEUES = 10_000
 
 
-class _Waiter:
-    """One claimWork call waiting for tips."""
-
-    def __init__(self, wanted: int, connected: Callable[[], bool]) -> None:
-        self.wanted = wanted
-        self.connected = connected
-        self.busy = False  # claiming what it was handed: wants nothing more meanwhile
-        self.inbox: list[Message] = []
-        self.arrived = asyncio.Event()
-
-    @property
-    def room(self) -> int:
-        if self.busy or not self.connected():
-            return 0
-        return max(0, self.wanted - len(self.inbox))
-
-    def give(self, message: Message) -> None:
-        self.inbox.append(message)
-        self.arrived.set()
-
-    async def take(self, timeout: float) -> list[Message]:
-        try:
-            await asyncio.wait_for(self.arrived.wait(), timeout)
-        except TimeoutError:
-            pass
-        taken, self.inbox = self.inbox, []
-        self.arrived.clear()
-        return taken
-
-
-class _TaskQueue:
-    """The waiters of one task queue in this process, and its poller."""
-
-    def __init__(self) -> None:
-        self.waiters: deque[_Waiter] = deque()
-        self.poller: asyncio.Task[None] | None = None
-        self.wake = asyncio.Event()
-        self.start_rank = 0
-        self.recheck_at = 0.0
-        self.found_nothing_at = float("-inf")  # when a round from the top last found nothing
-        # When tips hidden by a receive whose answer was lost should be visible again.
-        self.hidden_until = float("-inf")
-
-    def demand(self) -> int:
-        return sum(w.room for w in self.waiters)
-
-    def hand(self, message: Message) -> bool:
-        """Give ``message`` to the longest-waiting caller with room for it."""
-        for waiter in self.waiters:
-            if waiter.room > 0:
-                waiter.give(message)
-                return True
-        return False
-
-
+@dataclass(frozen=True, slots=True)
 class WorkClaimer:
-    """claimWork for this process: waiting callers, one poller per task queue, hand-over."""
+    """claimWork for this process: waiting callers, one poller per task queue, hand-over.
 
-    def __init__(self, core: QueueService) -> None:
-        self.core = core
-        self._queues: dict[str, _TaskQueue] = {}
+    ``wait``: how long a call waits for work (``claim_work_wait``);
+    ``poll_interval``: how often a task queue's poller looks while nothing is found
+    (``claim_work_poll_interval``)."""
+
+    queues: Queues
+    pending: PendingQueues
+    claims: Claims
+    workerinfo: WorkerInfo
+    waiting: Waiting
+    wait: float
+    poll_interval: float
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
         """Claim up to ``count`` tasks, waiting up to ``claim_work_wait`` seconds for some."""
         loop = asyncio.get_running_loop()
-        end = loop.time() + self.core.settings.claim_work_wait
-        info = self.core.workerinfo
+        end = loop.time() + self.wait
+        info = self.workerinfo
         if await info.quarantined_until(task_queue_id, worker_group, worker_id) is not None:
             info.worker_active(task_queue_id, worker_group, worker_id)
             while connected() and loop.time() < end:
                 await asyncio.sleep(min(CONNECTED_CHECK, end - loop.time()))
             return []
         for priority in ORDER:
-            await self.core.pending.ensure(task_queue_id, priority)
-        tq = self._queues.get(task_queue_id) or self._task_queue(task_queue_id)
-        waiter = _Waiter(count, connected)
+            await self.pending.ensure(task_queue_id, priority)
+        tq = self.waiting.entry(task_queue_id)
+        waiter = Waiter(count, connected)
         tq.waiters.append(waiter)
         self._poll(task_queue_id, tq)
         claims: list[dict[str, Any]] = []
@@ -168,43 +119,22 @@ class WorkClaimer:
                            [(c["status"]["taskId"], c["runId"]) for c in claims])
         return claims
 
-    def _task_queue(self, task_queue_id: str) -> _TaskQueue:
-        """A new entry; kept when its callers leave (it remembers when its queues were
-        found empty), but at most ``MAX_TASK_QUEUES`` idle ones."""
-        if len(self._queues) >= MAX_TASK_QUEUES:
-            for name in [n for n, q in self._queues.items() if not q.waiters and q.poller is None]:
-                del self._queues[name]
-        tq = self._queues[task_queue_id] = _TaskQueue()
-        return tq
-
-    def offer(self, task: Task, message: Message) -> None:
-        """A tip was just put for ``task``: hand it to a caller waiting here, if any."""
-        tq = self._queues.get(task.task_queue_id)
-        if tq is not None:
-            tq.hand(message)
-
-    def wake(self, task: Task) -> None:
-        """A tip of ``task`` became visible again: have the poller look now."""
-        tq = self._queues.get(task.task_queue_id)
-        if tq is not None:
-            tq.wake.set()
-
-    async def _pass_on(self, tq: _TaskQueue, message: Message) -> None:
+    async def _pass_on(self, tq: WaitingQueue, message: Message) -> None:
         """A tip handed to a caller that no longer needs it: to another caller, or back."""
         if not tq.hand(message):
             await self._release(message)
 
     async def _release(self, message: Message) -> None:
         try:
-            await self.core.queues.release(message.queue_name, message.message_id,
-                                           message.pop_receipt)
+            await self.queues.release(message.queue_name, message.message_id,
+                                      message.pop_receipt)
         except errors.StorageError as e:  # it becomes visible by itself when its hold ends
             log.warning("could not release message %s of %s: %s", message.message_id,
                         message.queue_name, e)
 
     # -- polling ---------------------------------------------------------------------
 
-    def _poll(self, task_queue_id: str, tq: _TaskQueue) -> None:
+    def _poll(self, task_queue_id: str, tq: WaitingQueue) -> None:
         """A caller came: start the poller, and have it look now unless it found nothing
         less than a poll interval ago (tips put in this process since were handed over;
         others wait for the next round, as they would for a caller already waiting). So
@@ -213,11 +143,11 @@ class WorkClaimer:
             tq.poller = asyncio.create_task(self._poller(task_queue_id, tq),
                                             name=f"claimWork poller {task_queue_id}")
         now = asyncio.get_running_loop().time()
-        if now - tq.found_nothing_at >= self.core.settings.claim_work_poll_interval:
+        if now - tq.found_nothing_at >= self.poll_interval:
             tq.wake.set()
 
-    async def _poller(self, task_queue_id: str, tq: _TaskQueue) -> None:
-        interval = self.core.settings.claim_work_poll_interval
+    async def _poller(self, task_queue_id: str, tq: WaitingQueue) -> None:
+        interval = self.poll_interval
         try:
             while tq.waiters:
                 demand = tq.demand()
@@ -245,7 +175,7 @@ class WorkClaimer:
             if tq.waiters:  # a caller came just as it ended
                 self._poll(task_queue_id, tq)
 
-    async def _receive(self, task_queue_id: str, tq: _TaskQueue, demand: int) -> int:
+    async def _receive(self, task_queue_id: str, tq: WaitingQueue, demand: int) -> int:
         """Receive up to ``demand`` tips, highest priority first, and share them out (all
         at once, so that a caller gets what one round found)."""
         now = asyncio.get_running_loop().time()
@@ -253,10 +183,10 @@ class WorkClaimer:
         found: list[Message] = []
         try:
             for priority in ORDER[start:]:
-                name = self.core.pending.name(task_queue_id, priority)
+                name = self.pending.name(task_queue_id, priority)
                 sent = asyncio.get_running_loop().time()
-                got = await self.core.queues.receive_batch(name, CLAIM_WORK_HOLD,
-                                                           limit=min(demand - len(found), 32))
+                got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD,
+                                                      limit=min(demand - len(found), 32))
                 if got.others_hidden:
                     tq.hidden_until = max(tq.hidden_until, sent + HIDDEN_MARGIN +
                                           CLAIM_WORK_HOLD.total_seconds())
@@ -283,7 +213,7 @@ class WorkClaimer:
         """Claim the tip ``message`` carries, received from ``task_queue_id``'s pending
         queues: only a task of that task queue (the caller is authorized for it, no other);
         None (and the tip deleted or released) if not."""
-        queues = self.core.queues
+        queues = self.queues
         try:
             tip = Tip.decode(message.text)
         except ValueError:
@@ -292,7 +222,7 @@ class WorkClaimer:
             await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
             return None
         try:
-            return await self.core.claims.claim_task(
+            return await self.claims.claim(
                 tip.task_id, tip.run_id, worker_group, worker_id,
                 TipClaim(message.message_id, message.pop_receipt, tip.signature),
                 polled_from=task_queue_id)

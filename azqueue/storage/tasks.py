@@ -84,7 +84,9 @@ def definition_size(definition: Mapping[str, Any]) -> int:
 @dataclass(frozen=True, slots=True)
 class HeldMessage:
     """The Azure message a running run's claim holds: rewritten to carry the tip of
-    ``run_id + 1`` and invisible until ``takenUntil``; ``pop_receipt`` is its current one."""
+    ``run_id + 1`` and invisible until ``takenUntil``; ``pop_receipt`` is its current one,
+    or "" when the answer that had it was lost (the claim cannot move the message then,
+    which reappears at ``takenUntil``, but knows which message it took)."""
 
     run_id: int
     queue_name: str

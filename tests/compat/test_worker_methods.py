@@ -185,7 +185,7 @@ async def test_claimed_tasks_are_listed_and_counted_from_the_claim_index(
     for task_id in task_ids:
         await asyncio.to_thread(q.createTask, task_id, definition(tq))
         await asyncio.to_thread(q.claimTask, task_id, 0, {"workerGroup": "wg", "workerId": "w9"})
-    await server.service.index.flush(everything=True)
+    await server.services.index.flush(everything=True)
     listed = check("list-claimed-tasks-response",
                    await asyncio.to_thread(q.listClaimedTasks, tq))
     assert [(t["taskId"], t["runId"], t["workerId"]) for t in listed["tasks"]] == \

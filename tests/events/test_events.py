@@ -8,9 +8,7 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 from azure.data.tables.aio import TableServiceClient
 
-from azqueue.api.routes import ARTIFACTS_KEY
 from azqueue.devstorage import Azurite
-from azqueue.service.expiry import expire
 from tests import sas
 from tests.events.consumers import ConsumerFactory, Received, assert_valid
 from tests.servers import ServerFactory
@@ -209,10 +207,10 @@ async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(
     async def rows() -> list[str]:
         async with TableServiceClient.from_connection_string(azurite.connection_string) as t:
             return [str(e["RowKey"]) async for e in t.get_table_client(
-                server.service.groups.name).query_entities(
+                server.services.definitions.groups.name).query_entities(
                     "PartitionKey eq @pk", parameters={"pk": group})]
 
     assert "~announced" in await rows()
-    gone = await expire(server.service, server.app[ARTIFACTS_KEY], now + timedelta(days=3))
+    gone = await server.services.expiry.expire(now + timedelta(days=3))
     assert gone.tasks == 2
     assert await rows() == []

@@ -21,7 +21,7 @@ async def recorded_worker(server: Server, task_queue_id: str,
     """The worker as getWorker answers it, once recorded (just after claimWork answers)."""
     async def get() -> dict[str, Any] | None:
         try:
-            return await server.service.workerinfo.worker(task_queue_id, "wg", worker_id)
+            return await server.services.workers.worker(task_queue_id, "wg", worker_id)
         except errors.NotFound:
             return None
 

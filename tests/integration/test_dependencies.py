@@ -174,7 +174,7 @@ async def test_a_refused_redefinition_racing_the_definition_neither_blocks_nor_f
     winner = definition("prov/deps-race", dependencies=[done, failing], requires="all-resolved")
     loser = {**winner, "requires": "all-completed", "payload": {"other": True}}
     held, release = asyncio.Event(), asyncio.Event()
-    dependencies = replicas[1].service.dependencies
+    dependencies = replicas[1].services.dependencies
     track = dependencies.track
 
     async def held_up_track(*args: Any) -> None:  # the loser stalls just before writing
@@ -183,7 +183,7 @@ async def test_a_refused_redefinition_racing_the_definition_neither_blocks_nor_f
         await track(*args)
 
     dependencies.track = held_up_track  # type: ignore[method-assign]
-    refused = asyncio.ensure_future(replicas[1].service.create_task(task_id, loser))
+    refused = asyncio.ensure_future(replicas[1].services.definitions.create_task(task_id, loser))
     await held.wait()
     await queue.createTask(task_id, winner)
     await _run(queue, done)  # the winner stops waiting for `done`...
@@ -257,7 +257,7 @@ async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_f
     dying = await make_server(dependencies_recovery_delay=1.0, run_resolvers=False)
     queue = _queue(survivor)
     required = await _task(queue, "prov/deps-dying")
-    dependencies = dying.service.dependencies
+    dependencies = dying.services.dependencies
     track = dependencies.track
 
     async def track_then_complete(*args: Any) -> None:

@@ -8,9 +8,7 @@ from datetime import UTC, datetime, timedelta
 import aiohttp
 from azure.data.tables.aio import TableServiceClient
 
-from azqueue.api.routes import ARTIFACTS_KEY
 from azqueue.devstorage import Azurite
-from azqueue.service.expiry import expire
 from tests import sas
 from tests.servers import Server
 from tests.tasks import create, definition, iso, status
@@ -73,11 +71,10 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
                                   now + timedelta(days=1))
     code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200
-    artifacts = server.app[ARTIFACTS_KEY]
-    tasks_table = server.service.tasks.name
+    tasks_table = server.services.changes.tasks.name
 
     # Two days on: the short-lived artifacts are gone, rows and blobs; the rest stays.
-    gone = await expire(server.service, artifacts, now + timedelta(days=2))
+    gone = await server.services.expiry.expire(now + timedelta(days=2))
     assert (gone.tasks, gone.artifacts) == (0, 2)
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts/public/short.txt",
                         allow_redirects=False) as r:
@@ -90,16 +87,17 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
         assert r.status == 200
 
     # Past the task's expires (a year after its deadline): the task and all it kept.
-    gone = await expire(server.service, artifacts, now + timedelta(days=400))
+    gone = await server.services.expiry.expire(now + timedelta(days=400))
     assert gone.tasks == 1  # not `waiting`: it is still pending, though expired too
     async with http.get(f"{server.api}/task/{task_id}/status") as r:
         assert r.status == 404
     async with http.get(long) as r:
         assert r.status == 404
     assert await _rows(azurite, tasks_table, task_id) == []
-    assert await _rows(azurite, server.service.dependencies.dependents.name, task_id) == []
-    assert task_id not in await _rows(azurite, server.service.groups.name, task_id)  # own group
+    assert await _rows(azurite, server.services.dependencies.dependents.name, task_id) == []
+    groups_table = server.services.definitions.groups.name
+    assert task_id not in await _rows(azurite, groups_table, task_id)  # own group
     assert (await status(http, server.api, waiting))["state"] == "pending"
     # Once more: nothing left to do, and nothing fails.
-    gone = await expire(server.service, artifacts, now + timedelta(days=400))
+    gone = await server.services.expiry.expire(now + timedelta(days=400))
     assert (gone.tasks, gone.artifacts) == (0, 0)

@@ -89,13 +89,11 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
         http: aiohttp.ClientSession) -> None:
     """A few hundred tasks through two replicas, SAS and claimWork workers, with storage
     throttled and losing answers: no 5xx and no time-out for any client, every task
-    claimed once and completed once (one run), none left pending without a tip. (A worker
-    that presents a second tip of a run it holds may be answered with its claim again, as
-    a repeated claim is: the run is still its alone.)"""
+    claimed once and completed once (one run), none left pending without a tip."""
     replicas = [await faulty_servers(), await faulty_servers()]
     proxy.faults = Faults(busy=BUSY, lost=LOST)
     clients = Clients(http)
-    claimed: dict[str, set[tuple[int, str]]] = {}
+    claimed: dict[str, list[tuple[int, str]]] = {}
     completed: Counter[str] = Counter()
     created: list[str] = []
     done = asyncio.Event()
@@ -110,7 +108,7 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
             created.append(task_id)
 
     async def work(api: str, task_id: str, run_id: int, worker: str) -> None:
-        claimed.setdefault(task_id, set()).add((run_id, worker))
+        claimed.setdefault(task_id, []).append((run_id, worker))
         code, body = await clients.call("reportCompleted", "POST",
                                         f"{api}/task/{task_id}/runs/{run_id}/completed")
         if code == 200:
@@ -188,7 +186,7 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
     assert clients.failures == [], clients.failures[:10]
     assert len(created) == TASKS
     twice = {t: c for t, c in claimed.items() if len(c) != 1}
-    assert twice == {} and set(claimed) == set(created), f"claimed twice or never: {twice}"
+    assert twice == {} and set(claimed) == set(created), f"handed out twice or never: {twice}"
     assert completed == Counter({t: 1 for t in created})
     for task_id in created[::8]:
         final = await status(http, replicas[0].api, task_id)
@@ -278,6 +276,30 @@ async def test_a_claim_whose_rewrite_was_applied_but_not_answered_is_still_a_cla
     assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
     code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200 and done["status"]["state"] == "completed", done
+
+
+async def test_a_second_tip_of_a_run_claimed_without_its_receipt_is_refused_to_its_worker(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession) -> None:
+    """A claim whose rewrite was applied and not answered holds the run without the
+    message's receipt. Its worker, handed another tip of that run (a repeated createTask
+    put one), is told it is a duplicate (409), not given the run a second time; the claim
+    sent again with its own message is answered as before."""
+    server = await faulty_servers()
+    body = definition("prov/secondtip")
+    task_id = slugid()
+    for _ in range(2):  # the same definition again: a second tip of run 0
+        async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+            assert r.status == 200, await r.text()
+    urls = await sas.poll_task_urls(http, server.api, "prov", "secondtip")
+    first, second = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"], 2)
+    proxy.once("PUT", f"/messages/{first.message_id}", "timed out")
+    code, claim = await sas.claim(http, server.api, first)
+    assert code == 200, claim
+    code, refused = await sas.claim(http, server.api, second)
+    assert code == 409 and "duplicate tip" in refused["message"], refused
+    code, again = await sas.claim(http, server.api, first)
+    assert code == 200 and again["takenUntil"] == claim["takenUntil"], again
 
 
 async def test_a_reclaim_whose_message_update_was_applied_but_not_answered_is_a_reclaim(
@@ -376,7 +398,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     server = await faulty_servers(claim_work_wait=2.0, tip_repair_delay=120.0)  # no repair tip
     task_queue_id = "prov/lapsed"
     task_id = await _create(http, server, task_queue_id)  # before the call: polled, not handed
-    pending = server.service.pending.name(task_queue_id, Priority.LOWEST)
+    pending = server.services.tips.pending.name(task_queue_id, Priority.LOWEST)
     rewrite = proxy.hold("PUT", f"/{pending}/messages/")
     calling = asyncio.create_task(sas.post(
         http, f"{server.api}/claim-work/prov%2Flapsed", {"workerGroup": "wg",
@@ -386,7 +408,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
         urls = await sas.poll_task_urls(http, server.api, "prov", "lapsed")
         queue = urls["queues"][6]
         if order == "nobody else polls":
-            await eventually(lambda: server.service.queues.peek(pending),
+            await eventually(lambda: server.services.tips.queues.peek(pending),
                              what="the tip visible again after the hold")
             rewrite.release()
         else:
@@ -418,7 +440,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     assert code == 200 and [r["state"] for r in done["status"]["runs"]] == ["completed"], done
     # The message went with the run: held by the claim and deleted when it was resolved,
     # or deleted by the worker whose claim was refused.
-    assert await server.service.queues.approximate_count(pending) == 0
+    assert await server.services.tips.queues.approximate_count(pending) == 0
 
 
 @pytest.mark.parametrize("fault", ["timed out", "dropped"])
@@ -431,7 +453,7 @@ async def test_claim_work_looks_again_when_the_tips_a_lost_receive_hid_reappear(
     once they were visible again. (No tip repair meanwhile: it would hand a new tip over.)"""
     server = await faulty_servers(claim_work_poll_interval=60.0, tip_repair_delay=120.0)
     task_id = await _create(http, server, "prov/lostreceive")
-    pending = server.service.pending.name("prov/lostreceive", Priority.LOWEST)
+    pending = server.services.tips.pending.name("prov/lostreceive", Priority.LOWEST)
     proxy.once("GET", f"/{pending}/messages", fault)
     code, answer = await sas.post(http, f"{server.api}/claim-work/prov%2Flostreceive",
                                   {"workerGroup": "wg", "workerId": "cw", "tasks": 1})

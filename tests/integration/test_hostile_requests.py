@@ -130,7 +130,7 @@ def _definition_text(payload_text: str) -> bytes:
 
 async def _storage_writes(server: Server) -> int:
     """Storage requests of this server that may write (the resolvers only read when idle)."""
-    return sum(n for kind, n in server.service.storage_requests().items()
+    return sum(n for kind, n in server.services.health.storage_requests().items()
                if kind.split()[-1] not in ("GET", "HEAD"))
 
 
@@ -213,13 +213,13 @@ async def test_ten_thousand_missing_dependencies_stop_at_the_first_missing_one(
     Taskcluster task definition allows: `dependencies` has maxItems 10000.)"""
     existing = await create(http, server.api, definition("prov/hostile"))
     ghosts = [slugid() for _ in range(9_999)]
-    reads_before = sum(server.service.storage_requests().values())
+    reads_before = sum(server.services.health.storage_requests().values())
     async with http.put(f"{server.api}/task/{slugid()}",
                         json=definition("prov/hostile", dependencies=[existing, *ghosts])) as r:
         answer = await r.json()
         assert r.status == 400, answer
     assert "do not exist" in answer["message"] and ghosts[0] in answer["message"]
-    spent = sum(server.service.storage_requests().values()) - reads_before
+    spent = sum(server.services.health.storage_requests().values()) - reads_before
     assert spent < 500, f"{spent} storage requests to refuse the definition"
 
 
@@ -322,7 +322,7 @@ async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSess
         body = {"workerGroup": "wg", "workerId": "w",
                 "messageId": message.message_id if orphaned else str(uuid.UUID(int=i)),
                 "receipt": message.pop_receipt,
-                "signature": server.service.signer.sign(task_queue, task_id, run_id)}
+                "signature": server.services.tips.signer.sign(task_queue, task_id, run_id)}
         code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/{run_id}/claim", body)
         return code
 
@@ -340,7 +340,7 @@ async def test_claims_suggesting_a_lost_tip_add_at_most_one_tip(
     most once per run per interval": twelve such claims (refused) add one tip."""
     task_id, codes = await _claims_suggesting_a_lost_tip(server, http, orphaned)
     assert all(400 <= c < 500 for c in codes), codes
-    stored = await server.service.tasks.load(task_id)
+    stored = await server.services.changes.tasks.load(task_id)
     assert len(stored.tips) == 2, f"{len(stored.tips)} tips recorded"
 
 

@@ -42,11 +42,12 @@ async def test_a_claim_retried_on_another_replica_after_the_first_died_mid_claim
     provisioner, worker_type = _task_queue()
     task_id = await create(http, first.api, definition(f"{provisioner}/{worker_type}"))
     message, _ = await _poll_one(http, first, provisioner, worker_type)
-    core = first.service
-    await core.queues.update(core.pending.name(f"{provisioner}/{worker_type}", Priority.LOWEST),
+    tips = first.services.tips
+    claim_timeout = first.services.claims.claim_timeout
+    await tips.queues.update(tips.pending.name(f"{provisioner}/{worker_type}", Priority.LOWEST),
                              message.message_id, message.pop_receipt,
-                             visible_in=timedelta(seconds=core.claim_timeout.total_seconds()),
-                             text=core.signer.tip(f"{provisioner}/{worker_type}", task_id, 1).encode())
+                             visible_in=timedelta(seconds=claim_timeout.total_seconds()),
+                             text=tips.signer.tip(f"{provisioner}/{worker_type}", task_id, 1).encode())
     for _ in range(2):
         code, claim = await sas.claim(http, second.api, message)
         assert code == 200, claim
@@ -70,7 +71,7 @@ async def test_a_claim_expired_by_a_worker_and_then_by_a_resolver_gets_no_second
     assert code == 200
     reappeared, _ = await _poll_one(http, server, provisioner, worker_type)  # run 1's tip
     assert reappeared.tip["runId"] == 1
-    taken_until = (await server.service.tasks.load(task_id)).task.runs[0].taken_until
+    taken_until = (await server.services.changes.tasks.load(task_id)).task.runs[0].taken_until
     assert taken_until is not None
     record = ClaimRecord(task_id, 0, taken_until)
 
@@ -80,10 +81,10 @@ async def test_a_claim_expired_by_a_worker_and_then_by_a_resolver_gets_no_second
         code, _ = await sas.claim(http, server.api, reappeared, worker_id="w2")
         return code
 
-    resolved, code = await asyncio.gather(server.service.resolution.expire_claim(record),
+    resolved, code = await asyncio.gather(server.services.resolution.expire_claim(record),
                                           worker_claims_the_retry())
     assert resolved and code == 200
-    stored = await server.service.tasks.load(task_id)
+    stored = await server.services.changes.tasks.load(task_id)
     assert [r.state.value for r in stored.task.runs] == ["exception", "running"]
     assert len(stored.tips) == 1, f"{len(stored.tips)} tips recorded"
     assert await sas.get_messages(http, queue["signedPollUrl"]) == []

@@ -26,12 +26,12 @@ from tests.waiting import eventually
 async def _stage_tip(server: Server, task_queue_id: str) -> tuple[str, model.Task, str]:
     """What createTask does first: a task's run-0 tip put in its queue, the task not yet
     stored. Returns the taskId, the task to store, and the tip's messageId."""
-    service = server.service
+    tips = server.services.tips
     task_id = slugid()
     task = model.new_task(task_id, definitions.normalize(
         task_id, definition(task_queue_id), timeutil.utcnow()), timeutil.utcnow())
-    name = await service.pending.ensure(task_queue_id, Priority.LOWEST)
-    message = await service.queues.put(name, service.signer.tip(task_queue_id, task_id, 0).encode())
+    name = await tips.pending.ensure(task_queue_id, Priority.LOWEST)
+    message = await tips.queues.put(name, tips.signer.tip(task_queue_id, task_id, 0).encode())
     return task_id, task, message.message_id
 
 
@@ -55,7 +55,7 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
     claiming = asyncio.create_task(sas.claim(http, server.api, message))
     await asyncio.sleep(0.5)
     assert not claiming.done()
-    assert await server.service.tasks.insert(task, tips=(message_id,)) is not None
+    assert await server.services.changes.tasks.insert(task, tips=(message_id,)) is not None
     code, claim = await claiming
     assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0
 
@@ -76,11 +76,11 @@ async def test_a_tip_recorded_as_a_row_by_an_earlier_version_is_still_honoured(
         make_server: ServerFactory, http: aiohttp.ClientSession, azurite: Azurite) -> None:
     server = await make_server()
     task_id, task, message_id = await _stage_tip(server, "prov/legacy")
-    assert await server.service.tasks.insert(task) is not None
+    assert await server.services.changes.tasks.insert(task) is not None
     async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
-        await tables.get_table_client(server.service.tasks.name).create_entity(
+        await tables.get_table_client(server.services.changes.tasks.name).create_entity(
             {"PartitionKey": task_id, "RowKey": TIP + message_id})
-    server.service.cache.drop(task_id)
+    server.services.changes.cache.drop(task_id)
     message, _ = await _poll_one(http, server, "legacy")
     code, claim = await sas.claim(http, server.api, message)
     assert code == 200 and claim["runId"] == 0
@@ -130,7 +130,7 @@ async def test_a_short_run_costs_the_claim_index_nothing_and_a_long_one_is_index
     claim (here half the 2 s claim timeout); a run resolved sooner never gets a row, and
     the row of an indexed run goes when it is resolved."""
     server = await make_server(claim_timeout=2.0, run_resolvers=False)
-    index = server.service.index.store
+    index = server.services.index.store
     short = await create(http, server.api, definition("prov/index"))
     long = await create(http, server.api, definition("prov/index"))
     for task_id in (short, long):
@@ -154,9 +154,9 @@ async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
     code, claim = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
                                  {"workerGroup": "wg", "workerId": "w"})
     assert code == 200
-    assert await server.service.index.store.get(task_id, 0) is None  # 300 s to go
-    await server.service.index.close()
-    row = await server.service.index.store.get(task_id, 0)
+    assert await server.services.index.store.get(task_id, 0) is None  # 300 s to go
+    await server.services.index.close()
+    row = await server.services.index.store.get(task_id, 0)
     assert row is not None and timeutil.fmt(row.taken_until) == claim["takenUntil"]
 
 
@@ -187,7 +187,7 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     is answered and its message settled), not a no-op; a concurrent write of someone else
     that happens to decide the same is not taken for its own."""
     task_id = await create(http, server.api, definition("prov/replay"))
-    tasks = server.service.tasks
+    tasks = server.services.changes.tasks
     rest = tasks._rest
     send = rest.update_entity
 
@@ -198,7 +198,7 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     now = timeutil.utcnow()
 
     def claim(task: model.Task) -> model.Task:
-        return model.claim(task, 0, "wg", "w", now, server.service.claim_timeout)
+        return model.claim(task, 0, "wg", "w", now, server.services.claims.claim_timeout)
 
     first = await tasks.load(task_id)
     rest.update_entity = answer_lost_once  # type: ignore[method-assign]

@@ -171,10 +171,11 @@ async def test_a_resolver_that_lost_the_race_to_a_late_reclaim_leaves_its_receip
     [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
     code, _ = await sas.claim(http, server.api, message)
     assert code == 200
-    [listed] = await eventually(server.service.expired_claims, what="the claim listed expired")
+    [listed] = await eventually(server.services.resolution.expired_claims,
+                                what="the claim listed expired")
     code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
     assert code == 200, body
-    assert await server.service.expire_claim(listed) is False
+    assert await server.services.resolution.expire_claim(listed) is False
     code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
     assert code == 200, body
     assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"

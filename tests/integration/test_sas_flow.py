@@ -44,7 +44,7 @@ async def test_worker_does_the_seed_000_dance_with_plain_http(
     # The tip is gone: not visible now, and not hidden either (the queue is empty).
     for q in urls["queues"]:
         assert await sas.get_messages(http, q["signedPollUrl"], 32) == []
-    qclient = server.service.queues.client(server.service.pending.name(
+    qclient = server.services.tips.queues.client(server.services.tips.pending.name(
         "prov/seed000", Priority.LOWEST))
     props = await qclient.get_queue_properties()
     assert props.approximate_message_count == 0
@@ -82,7 +82,7 @@ async def test_unreclaimed_claim_reappears_as_next_run_and_expires_the_old_one(
     assert again.message_id == message.message_id
     tip = again.tip
     assert tip["taskId"] == task_id and tip["runId"] == 1
-    assert tip["signature"] == server.service.signer.sign("prov/expiry", task_id, 1)
+    assert tip["signature"] == server.services.tips.signer.sign("prov/expiry", task_id, 1)
 
     code, claim = await sas.claim(http, server.api, again, worker_id="second")
     assert code == 200, claim
@@ -200,9 +200,9 @@ async def test_a_tip_whose_record_was_lost_is_replaced_by_a_recorded_one(
     queue = urls["queues"][6]
     [recorded] = await sas.get_messages(http, queue["signedPollUrl"])
     assert await sas.delete_message(http, queue["signedDeleteUrl"], recorded) == 204
-    qclient = server.service.queues.client(server.service.pending.name("prov/unrecorded",
-                                                                       Priority.LOWEST))
-    await qclient.send_message(server.service.signer.tip("prov/unrecorded", task_id, 0).encode())  # unrecorded
+    tips = server.services.tips
+    qclient = tips.queues.client(tips.pending.name("prov/unrecorded", Priority.LOWEST))
+    await qclient.send_message(tips.signer.tip("prov/unrecorded", task_id, 0).encode())  # unrecorded
     [orphan] = await sas.get_messages(http, queue["signedPollUrl"])
     code, err = await sas.claim(http, server.api, orphan)
     assert code == 400 and "does not carry a tip" in err["message"]
@@ -270,12 +270,12 @@ async def test_a_claim_whose_message_id_or_receipt_is_not_azures_is_refused_at_o
 
     for field, value in [("messageId", "a/b#c?d"), ("messageId", "not-a-guid"),
                          ("receipt", "a/b#c?d&x=1"), ("receipt", "AgAA AAMA")]:
-        before = sum(server.service.storage_requests().values())
+        before = sum(server.services.health.storage_requests().values())
         code, answer = await sas.post(http, url, {**genuine, field: value})
         assert (code, answer["code"]) == (400, "InputValidationError"), (field, value, answer)
         assert field in answer["message"]
         assert ("GUID" if field == "messageId" else "base64") in answer["message"]
-        assert sum(server.service.storage_requests().values()) == before
+        assert sum(server.services.health.storage_requests().values()) == before
 
     code, claim = await sas.post(http, url, genuine)
     assert code == 200, claim

@@ -11,10 +11,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from azqueue.api.routes import ARTIFACTS_KEY
 from azqueue.model import timeutil
 from azqueue.service import groups as group_service
-from azqueue.service.expiry import expire
 from tests import sas
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, slugid, status
@@ -209,15 +207,14 @@ async def test_a_sealed_groups_record_expires_with_its_tasks(
     await sas.post(http, f"{server.api}/task/{task_id}/cancel")
     code, sealed = await sas.post(http, f"{server.api}/task-group/{group}/seal")
     assert code == 200
-    artifacts = server.app[ARTIFACTS_KEY]
 
-    await expire(server.service, artifacts, now + timedelta(days=2))
-    assert await server.service.groups.meta(group) is not None
-    assert await server.service.groups.owner(group) is not None
-    await expire(server.service, artifacts,
-                 timeutil.parse(sealed["expires"]) + timedelta(days=1))
-    assert await server.service.groups.meta(group) is None
+    groups = server.services.definitions.groups
+    await server.services.expiry.expire(now + timedelta(days=2))
+    assert await groups.meta(group) is not None
+    assert await groups.owner(group) is not None
+    await server.services.expiry.expire(timeutil.parse(sealed["expires"]) + timedelta(days=1))
+    assert await groups.meta(group) is None
     # The record of the group's schedulerId goes with its last task.
-    assert await server.service.groups.owner(group) is None
+    assert await groups.owner(group) is None
     async with http.get(f"{server.api}/task-group/{group}") as r:
         assert r.status == 404

@@ -135,8 +135,8 @@ async def test_pending_counts_across_priorities_count_each_pending_run_once(
     assert counts["taskQueueId"] == tq
     approximate = 0
     for priority in ORDER:
-        approximate += await server.service.queues.approximate_count(
-            server.service.pending.name(tq, priority))
+        approximate += await server.services.tips.queues.approximate_count(
+            server.services.tips.pending.name(tq, priority))
     assert approximate == 7  # 5 pending tips, the claimed run's, the cancelled task's
 
 
@@ -203,7 +203,7 @@ async def test_a_quarantine_reaches_another_replica_within_its_copys_lifetime(
     first, second = await make_server(), await make_server()
     tq = "prov/replicas"
     await _declare(http, first, tq, "w1")
-    info = second.service.workerinfo
+    info = second.services.workers
     assert await info.quarantined_until(tq, "wg", "w1") is None  # the second reads its copy
     await _quarantine(http, first, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
     await eventually(lambda: info.quarantined_until(tq, "wg", "w1"),
@@ -223,7 +223,7 @@ async def test_expired_workers_and_task_queues_are_deleted_unless_quarantined(
     await _declare(http, server, tq, "gone")
     await _declare(http, server, tq, "held")
     await _quarantine(http, server, tq, "held", datetime.now(UTC) + timedelta(days=7))
-    info = server.service.workerinfo
+    info = server.services.workers
     # Workers expire a day after they were last seen, task queues five days after.
     assert await info.expire(datetime.now(UTC) + timedelta(days=2)) == 1  # "gone"
     deleted = await info.expire(datetime.now(UTC) + timedelta(days=6))

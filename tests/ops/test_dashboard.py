@@ -19,7 +19,6 @@ import pytest
 
 from azure.storage.blob.aio import BlobServiceClient
 
-from azqueue.api.routes import SERVICES_KEY
 from azqueue.config import Client
 from azqueue.devstorage import Azurite
 from tests import sas
@@ -117,7 +116,7 @@ async def test_a_task_page_shows_the_task_and_follows_it_to_completed(
 async def readable_blobs(server: Server, azurite: Azurite) -> AsyncIterator[None]:
     """Blob storage lets the dashboard's origin read artifacts (CORS), as `azqueue dev`
     and AZQUEUE_BLOB_CORS_ORIGINS arrange; the rule is removed afterwards."""
-    assert await server.app[SERVICES_KEY].artifacts.blobs.allow_browsers((server.root_url,))
+    assert await server.services.artifacts.blobs.allow_browsers((server.root_url,))
     yield
     async with BlobServiceClient.from_connection_string(azurite.connection_string) as blobs:
         await blobs.set_service_properties(cors=[])

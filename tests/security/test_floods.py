@@ -20,9 +20,9 @@ ANONYMOUS_BOUND = 100
 
 async def _cost(server: Server, call: Callable[[], Awaitable[Any]]) -> tuple[int, Any]:
     """The storage requests the server made while ``call`` ran, and its result."""
-    before = sum(server.service.storage_requests().values())
+    before = sum(server.services.health.storage_requests().values())
     result = await call()
-    return sum(server.service.storage_requests().values()) - before, result
+    return sum(server.services.health.storage_requests().values()) - before, result
 
 
 async def _quiet_server(make_server: ServerFactory) -> Server:

@@ -133,7 +133,7 @@ async def test_a_tip_polled_with_a_sas_url_claims_nothing_outside_its_queue(
 
 
 def _spent(server: Server) -> int:
-    return sum(server.service.storage_requests().values())
+    return sum(server.services.health.storage_requests().values())
 
 
 async def test_a_claim_the_caller_may_not_make_is_refused_before_storage_work(

@@ -16,7 +16,7 @@ import pytest
 
 from tests.cli.helpers import azqueue, one_line_error
 from tests.servers import IN_CI, ROOT, Server
-from tests.tasks import create, definition
+from tests.tasks import create, definition, slugid
 from tests.worker.helpers import AZQUEUE, cli_env, finish, log_of, wait_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,7 +110,7 @@ async def test_a_token_file_that_cannot_be_read_is_one_line_naming_the_variable(
     assert done.returncode == 1
     assert one_line_error(done) == (f"azqueue: TASKCLUSTER_ACCESS_TOKEN_FILE={str(missing)!r}: "
                                     "cannot read it (No such file or directory)")
-    both = await azqueue("task", "status", "x", env=_worker_env(
+    both = await azqueue("task", "status", slugid(), env=_worker_env(
         server, TASKCLUSTER_ACCESS_TOKEN_FILE=str(missing)))
     assert both.returncode == 1
     assert "set TASKCLUSTER_ACCESS_TOKEN or TASKCLUSTER_ACCESS_TOKEN_FILE, not both" in \

@@ -148,8 +148,8 @@ async def test_the_messages_of_one_poll_are_claimed_at_once_each_deleted_after_i
     tip that is refused is deleted while the others are claimed."""
     server = await make_server()
     tasks = [await create(http, server.api, definition("prov/batch")) for _ in range(4)]
-    qclient = server.service.queues.client(server.service.pending.name("prov/batch",
-                                                                       Priority.LOWEST))
+    tips = server.services.tips
+    qclient = tips.queues.client(tips.pending.name("prov/batch", Priority.LOWEST))
     await qclient.send_message(base64.b64encode(json.dumps(
         {"taskId": slugid(), "runId": 0, "signature": "not-a-signature"}).encode()).decode())
     async with aiohttp.ClientSession() as session:

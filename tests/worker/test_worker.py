@@ -209,8 +209,8 @@ async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_log
     task_id = await create(http, server.api, definition("prov/dequeue"))
     urls = await sas.poll_task_urls(http, server.api, "prov", "dequeue")
     poll = urls["queues"][6]["signedPollUrl"]
-    qclient = server.service.queues.client(server.service.pending.name("prov/dequeue",
-                                                                       Priority.LOWEST))
+    tips = server.services.tips
+    qclient = tips.queues.client(tips.pending.name("prov/dequeue", Priority.LOWEST))
     for _ in range(11):  # dequeue it 11 times, making it visible again each time
         [m] = await sas.get_messages(http, poll)
         await qclient.update_message(m.message_id, pop_receipt=m.pop_receipt, visibility_timeout=0)
@@ -307,8 +307,8 @@ async def test_a_sas_worker_refused_for_its_own_credentials_keeps_the_tip(
         source = SasSource(session, server.root_url, creds, "prov/noclaim", "g", "w",
                            idle_sleep=0.1)
         assert await source.get(1, asyncio.Event()) == []
-    qclient = server.service.queues.client(server.service.pending.name("prov/noclaim",
-                                                                       Priority.LOWEST))
+    tips = server.services.tips
+    qclient = tips.queues.client(tips.pending.name("prov/noclaim", Priority.LOWEST))
     assert (await qclient.get_queue_properties()).approximate_message_count == 1
     assert (await status(http, server.api, task_id))["state"] == "pending"
 
