@@ -1,4 +1,4 @@
-"""Claims: claimTask and reclaimTask, by the rewrite of the tip (source document 001).
+"""Claims: claimTask and reclaimTask, by the rewrite of the tip (see docs/workers/sas.md).
 
 claimTask verifies the tip's signature, decides the claim on the task (refusing early,
 before the message is touched), rewrites the message to ``{taskId, runId + 1}``

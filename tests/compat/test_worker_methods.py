@@ -78,7 +78,7 @@ async def _drive(server: Server) -> None:
     await q.createTask(slugid(), definition("prov-wm/wt-b"))
 
     # pendingTasks and the counts: 'a provisioner ... must be able to tell the number of
-    # pending tasks' (000).
+    # pending tasks' (docs/workers/sas.md).
     pending = check("pending-tasks-response", await q.pendingTasks(tq))
     assert pending == {"provisionerId": "prov-wm", "workerType": "wt-a", "taskQueueId": tq,
                        "pendingTasks": 5}
