@@ -8,7 +8,8 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 ``held`` is the message the running run's claim holds (``HeldMessage``), written with
 the claim that took it and cleared by the write that ends the run; each property
 ``tip_<hash of messageId>`` (value: the messageId) records a message that was put carrying
-one of the task's tips, the first in the task's own insert; ``tipRepair`` (``<runId>
+one of the task's tips, the first in the task's own insert; ``liveTip`` (a ``LiveTip``)
+is the pending run's last tip with its pop receipt, for the tip repair; ``tipRepair`` (``<runId>
 <epoch seconds>``) notes the last tip a claim queued to repair a pending run's (kept
 until the next write of the task, which changes the run anyway).
 
