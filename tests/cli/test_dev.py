@@ -20,7 +20,8 @@ from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.cli.helpers import azqueue, one_line_error
 from tests.signing import hawk_signer
 from tests.tasks import definition, slugid
-from tests.worker.helpers import AZQUEUE, alive, checkout_env, eventually, running
+from tests.waiting import eventually
+from tests.worker.helpers import AZQUEUE, alive, checkout_env, running
 
 BANNER_TIMEOUT = 120.0
 

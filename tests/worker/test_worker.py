@@ -23,13 +23,13 @@ from azqueue.worker.sas import POLL_TASK_URLS, SasSource
 from tests import sas
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
+from tests.waiting import eventually
 from tests.worker.helpers import (
     AZQUEUE,
     CREDENTIALS,
     alive,
     cli_env,
     config,
-    eventually,
     finish,
     log_of,
     running,
