@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from azqueue.devstorage import Azurite, free_port
 from tests import sas
@@ -20,6 +21,7 @@ def _kinds(messages: list[Received]) -> list[str]:
     return [m.exchange for m in messages]
 
 
+@pytest.mark.crash
 async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_restart(
         azurite: Azurite, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
         http: aiohttp.ClientSession, consume: ConsumerFactory) -> None:

@@ -67,6 +67,7 @@ async def test_fifty_tasks_three_sas_and_two_claim_work_workers_each_completed_o
         assert f"done {task_id}" in await log_of(http, server, task_id, 0)
 
 
+@pytest.mark.crash
 async def test_a_worker_killed_mid_task_is_replaced_after_its_claim_expires(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'If a worker fails to reclaimTask the run will be resolved exception, and a new
