@@ -181,6 +181,7 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
                             account.queue_name("events"),
                             timedelta(seconds=settings.events_recovery_delay))
             await outbox.setup()
+            await publisher.start()
         else:
             log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
         services = build(settings, account, outbox)
