@@ -29,7 +29,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
-from azure.core import MatchConditions
 from azure.data.tables import EntityProperty, EdmType, UpdateMode
 
 from azqueue.errors import NotFound, StorageError
@@ -218,9 +217,9 @@ class TaskStore(TableStore):
         try:
             with translate(f"inserting task {task.task_id}"):
                 if outbox:
-                    written = await self._table.submit_transaction(
-                        [("create", entity), *(("create", row) for row in outbox)])
-                    etag = written[0]["etag"]
+                    etag = await self._rest.transaction(
+                        self.name, [("create", entity, ""), *(("create", row, "")
+                                                                for row in outbox)])
                 else:
                     etag = (await self._rest.create_entity(self.name, entity))["etag"]
         except (EntityExists, TransactionConflict):
@@ -431,12 +430,9 @@ class TaskStore(TableStore):
             try:
                 with translate(f"updating task {task_id}"):
                     if outbox:
-                        written = await self._table.submit_transaction([
-                            ("update", entity,
-                             {"mode": UpdateMode.REPLACE, "etag": stored.etag,
-                              "match_condition": MatchConditions.IfNotModified}),
-                            *(("create", row) for row in outbox)])
-                        etag = written[0]["etag"]
+                        etag = await self._rest.transaction(
+                            self.name, [("replace", entity, stored.etag),
+                                        *(("create", row, "") for row in outbox)])
                     else:
                         etag = (await self._rest.update_entity(
                             self.name, entity, stored.etag))["etag"]
