@@ -47,7 +47,7 @@ TASKCLUSTER_ACCESS_TOKEN (anonymous without them), TASKCLUSTER_CERTIFICATE
 instead of TASKCLUSTER_ACCESS_TOKEN: a file holding the token (first line)."""
 
 SERVE_VARIABLES = """\
-Configured entirely by environment variables (README.md, "Running it", describes each):
+Configured entirely by environment variables (docs/operating/settings.md describes each):
   required:  AZQUEUE_STORAGE_CONNECTION_STRING or AZQUEUE_STORAGE_ACCOUNT_URL,
              AZQUEUE_TIP_SECRETS, AZQUEUE_ROOT_CLIENT_ID, AZQUEUE_ROOT_ACCESS_TOKEN
   listening: AZQUEUE_HOST (127.0.0.1), AZQUEUE_PORT (8080), AZQUEUE_ROOT_URL

@@ -1,6 +1,7 @@
 """Settings, parsed once from ``AZQUEUE_*`` environment variables and passed down.
 
-Every variable is documented in README.md; keep the two in step.
+Every variable is documented in docs/operating/settings.md; tests/unit/test_settings_doc.py
+keeps the two in step.
 """
 
 from __future__ import annotations
@@ -231,7 +232,7 @@ class Settings:
     # How long the storage calls of one client request may take in all, retries included
     # (claimWork: on top of its wait); then the request is answered 503 with Retry-After.
     request_budget: float = 10.0
-    # A pending run that has had no live tip for this long gets a new one (see README).
+    # A pending run that has had no live tip for this long gets a new one (see docs/operating/failures.md).
     tip_repair_delay: float = 180.0
     # How long a PUT to an s3 artifact's putUrl may send nothing before it is cut off,
     # storing nothing (azqueue.service.uploads.READ_TIMEOUT).
@@ -376,7 +377,7 @@ def check_required(env: Mapping[str, str]) -> None:
         missing.insert(0, "AZQUEUE_STORAGE_CONNECTION_STRING (or AZQUEUE_STORAGE_ACCOUNT_URL)")
     if len(missing) > 1:  # one alone gets the message of its own check, with its advice
         raise ConfigError(f"{len(missing)} required settings are not set: {', '.join(missing)}; "
-                          "README.md (Running it) describes each, or run `azqueue dev` for a "
+                          "docs/operating/settings.md describes each, or run `azqueue dev` for a "
                           "development server that needs none")
 
 

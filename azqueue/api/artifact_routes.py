@@ -6,7 +6,7 @@ has the shape of the reference's schemas (post-artifact-response, artifact-respo
 list-artifacts-response, get-artifact-response, artifact-content-response).
 
 ``receive_upload`` is not a Queue API method: it answers the plain ``PUT`` to an ``s3``
-artifact's ``putUrl`` (document 003), authorized by the URL's signature rather than
+artifact's ``putUrl`` (docs/workers/artifacts.md), authorized by the URL's signature rather than
 Hawk, and it streams the body (``azqueue.service.uploads``) instead of reading it
 whole, so it is registered with the router itself (``UPLOAD_ROUTE``), ahead of the API.
 """

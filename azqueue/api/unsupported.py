@@ -116,5 +116,5 @@ def refusing_unimplemented(dispatch: Dispatcher) -> Dispatcher:
                 raise
             raise errors.Unsupported(
                 f"{name} is a method of the Taskcluster Queue API that this service does not "
-                "implement (yet); the README lists what is not supported") from None
+                "implement (yet); docs/api/index.md lists what is not supported") from None
     return dispatch_or_refuse

@@ -1,4 +1,4 @@
-"""The AMQP messages a state change publishes (source document 004).
+"""The AMQP messages a state change publishes (see docs/concepts.md).
 
 Every task message goes to ``exchange/taskcluster-queue/v1/<name>`` with the routing key
 ``primary.<taskId>.<runId>.<workerGroup>.<workerId>.<provisionerId>.<workerType>.

@@ -1,4 +1,4 @@
-"""Artifact operations: create, finish, find, list (source document 003's rules)."""
+"""Artifact operations: create, finish, find, list (the rules of docs/workers/artifacts.md)."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ from azqueue.service.changes import Changes
 from azqueue.service.claims import TIP_WAIT
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.groupowner import GroupOwners
-from azqueue.service.tips import Tips
+from azqueue.service.tips import Tips, live
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message, Queues, encode_json
@@ -118,7 +118,8 @@ class Definitions:
         token = self.outbox.begin() if self.outbox is not None else None
         try:
             stored = await self.tasks.insert(task, events.for_change if token is not None
-                                             else None, tips=(tip.message_id,) if tip else ())
+                                             else None, tips=(tip.message_id,) if tip else (),
+                                             live_tip=live(tip, 0) if tip else None)
         except BaseException as e:
             if self.outbox is not None and token is not None:
                 await self.outbox.abandon(token, task_id, written=isinstance(
@@ -169,7 +170,7 @@ class Definitions:
         pending = last is not None and last.state is RunState.PENDING
         if tip is not None and pending and last is not None and last.run_id == 0 and \
                 len(stored.tips) < MAX_TIPS:
-            await self.tips.record(existing, tip)
+            await self.tips.record(existing, tip, 0)
             return existing.status()
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)

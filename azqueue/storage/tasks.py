@@ -8,7 +8,8 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 ``held`` is the message the running run's claim holds (``HeldMessage``), written with
 the claim that took it and cleared by the write that ends the run; each property
 ``tip_<hash of messageId>`` (value: the messageId) records a message that was put carrying
-one of the task's tips, the first in the task's own insert; ``tipRepair`` (``<runId>
+one of the task's tips, the first in the task's own insert; ``liveTip`` (a ``LiveTip``)
+is the pending run's last tip with its pop receipt, for the tip repair; ``tipRepair`` (``<runId>
 <epoch seconds>``) notes the last tip a claim queued to repair a pending run's (kept
 until the next write of the task, which changes the run anyway).
 
@@ -27,7 +28,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from azure.data.tables import EntityProperty, EdmType, UpdateMode
 
@@ -60,6 +61,8 @@ ROW = "task"
 TIP = "tip:"
 # Properties "tip_<hash>" on the task entity: the messages put carrying its tips.
 TIP_PROPERTY = "tip_"
+# Property "liveTip" on the task entity: the ``LiveTip`` of a pending run.
+LIVE_TIP = "liveTip"
 # More tip records than this are not kept (a createTask repeated without end).
 MAX_TIPS = 64
 # Rows "wait:<tag>:<taskId>": a dependency this task still waits for, as written by a
@@ -100,10 +103,25 @@ class HeldMessage:
                           separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> HeldMessage:
+    def from_json(cls, text: str) -> Self:
         data = json.loads(text)
         return cls(int(data["runId"]), str(data["queue"]), str(data["messageId"]),
                    str(data["receipt"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LiveTip(HeldMessage):
+    """The tip last put for a pending run, with the pop receipt its put (or the last
+    look at it) returned: updating the message with that receipt succeeds only while
+    nobody has received it since, so the tip repair can tell a tip that waits untouched
+    from one a worker took (and may have lost) without putting a duplicate."""
+
+    @classmethod
+    def parse(cls, text: str) -> LiveTip | None:
+        try:
+            return cls.from_json(text)
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +136,7 @@ class Stored:
     tips: frozenset[str] = field(default=frozenset())
     write_id: str = ""  # names the write that stored it (see ``modify``)
     tip_repair: str = ""  # ``<runId> <epoch seconds>``: see ``note_tip_repair``
+    live_tip: LiveTip | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +167,8 @@ def tip_property(message_id: str) -> str:
 
 
 def to_entity(task: Task, held: HeldMessage | None = None,
-              tips: frozenset[str] = frozenset(), write_id: str = "") -> dict[str, Any]:
+              tips: frozenset[str] = frozenset(), write_id: str = "",
+              live_tip: LiveTip | None = None) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": task.task_id,
         "RowKey": ROW,
@@ -161,6 +181,7 @@ def to_entity(task: Task, held: HeldMessage | None = None,
         "held": held.to_json() if held is not None else "",
         "writeId": write_id,
         **{tip_property(t): t for t in tips},
+        **({LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}),
     }
     _put_chunks(entity, "definition", json.dumps(task.definition, separators=(",", ":")))
     _put_chunks(entity, "runs", json.dumps([r.to_json() for r in task.runs], separators=(",", ":")))
@@ -172,7 +193,8 @@ def stored_from_entity(entity: Mapping[str, Any]) -> Stored:
     recorded = frozenset(str(v) for k, v in entity.items() if k.startswith(TIP_PROPERTY))
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
                   HeldMessage.from_json(held) if held else None, recorded,
-                  str(entity.get("writeId", "")), str(entity.get("tipRepair", "")))
+                  str(entity.get("writeId", "")), str(entity.get("tipRepair", "")),
+                  LiveTip.parse(str(entity[LIVE_TIP])) if entity.get(LIVE_TIP) else None)
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
@@ -206,14 +228,15 @@ class TaskStore(TableStore):
         super().__init__(account, "tasks")
 
     async def insert(self, task: Task, events: EventsFor | None = None,
-                     tips: tuple[str, ...] = ()) -> Stored | None:
+                     tips: tuple[str, ...] = (), live_tip: LiveTip | None = None
+                     ) -> Stored | None:
         """Store a new task with the records of the tip messages already put for it (and
         the outbox rows of its events, in one transaction); None if a task with this
         taskId already exists (then nothing was written), unless that task is this very
         insert, applied by an attempt whose answer was lost."""
         outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
         write_id = secrets.token_hex(8)
-        entity = to_entity(task, None, frozenset(tips), write_id)
+        entity = to_entity(task, None, frozenset(tips), write_id, live_tip)
         try:
             with translate(f"inserting task {task.task_id}"):
                 if outbox:
@@ -230,7 +253,7 @@ class TaskStore(TableStore):
             except NotFound:
                 return None
             return existing if existing.write_id == write_id else None
-        return Stored(task, str(etag), None, frozenset(tips), write_id)
+        return Stored(task, str(etag), None, frozenset(tips), write_id, live_tip=live_tip)
 
     async def load(self, task_id: str, tip: str | None = None) -> Stored:
         """The task as stored; with ``tip``, a messageId not recorded on the task, also
@@ -314,17 +337,30 @@ class TaskStore(TableStore):
             str(r["RowKey"])[len(WAIT):].partition(":") for r in rows if r["RowKey"] != ROW))
         return stored_from_entity(entity), waits
 
-    async def record_tip(self, task_id: str, message_id: str) -> None:
+    async def record_tip(self, task_id: str, message_id: str,
+                         live_tip: LiveTip | None = None) -> None:
         """Remember that the message ``message_id`` was put carrying a tip of this task (a
-        merge: it moves the ETag, so a concurrent ``modify`` keeps the record)."""
+        merge: it moves the ETag, so a concurrent ``modify`` keeps the record), and, with
+        ``live_tip``, that it is the pending run's tip to look at (``LiveTip``)."""
+        live = {LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}
         try:
             with translate(f"recording a tip of task {task_id}"):
                 await self._rest.update_entity(
                     self.name,
-                    {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id},
-                    "*", merge=True)
+                    {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id,
+                     **live}, "*", merge=True)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+
+    async def renew_live_tip(self, task_id: str, live_tip: LiveTip) -> None:
+        """The live tip's new pop receipt, after a look at it changed it (a merge)."""
+        try:
+            with translate(f"recording the tip of task {task_id}"):
+                await self._rest.update_entity(
+                    self.name, {"PartitionKey": task_id, "RowKey": ROW,
+                                LIVE_TIP: live_tip.to_json()}, "*", merge=True)
+        except EntityNotFound:
+            pass
 
     async def note_tip_repair(self, stored: Stored, run_id: int, now: datetime) -> bool:
         """Note on the task, if it is still as ``stored``, that a tip for ``run_id`` is
@@ -424,7 +460,13 @@ class TaskStore(TableStore):
             # a new priority they are all stale, and forgetting them makes a claim of one
             # a claim of a message that is not the task's tip (refused, then deleted).
             tips = stored.tips if after.priority == before.priority else frozenset[str]()
-            entity = to_entity(after, held, tips, write_id)
+            live = stored.live_tip
+            last = after.last_run
+            if live is not None and (after.priority != before.priority or last is None or
+                                     last.run_id != live.run_id or
+                                     last.state is not RunState.PENDING):
+                live = None  # it is the tip of a run that is pending no more
+            entity = to_entity(after, held, tips, write_id, live)
             if before_write is not None:
                 await before_write(before, after)
             try:
@@ -440,6 +482,6 @@ class TaskStore(TableStore):
                 lost = (before, stored.held, write_id)
                 continue
             return Change(before, after, stored.held,
-                          Stored(after, str(etag), held, tips, write_id))
+                          Stored(after, str(etag), held, tips, write_id, live_tip=live))
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "
                            "updated; try again")

@@ -1,16 +1,16 @@
 """The worker: claims tasks, runs a handler for each, reclaims, and reports.
 
-Lifecycle (document 002): ``ready → running → stopping → stopped``. ``start()`` runs the
+Lifecycle (docs/workers/sdk.md): ``ready → running → stopping → stopped``. ``start()`` runs the
 loop until ``stop()``; every wait in the loop is bounded, so stopping takes seconds.
 
 * Capacity: up to ``capacity`` tasks run at once; the worker asks for exactly its free
-  capacity (document 001's remark on multiple messages).
+  capacity (docs/workers/sas.md: the claims of one poll).
 * Work comes from SAS URLs (``mode="sas"``, documents 000/001; see ``azqueue.worker.sas``
   for the order of polls and the sleeps between empty passes) or from claimWork
-  (``mode="claim-work"``, document 003).
+  (``mode="claim-work"``, docs/workers/sdk.md).
 * Each task is reclaimed ``reclaim_margin`` seconds before ``takenUntil`` with its own
   credentials, which are then swapped for the new ones. A 409 on reclaim cancels the
-  handler at once and forgets the task: no artifacts, no report (document 003).
+  handler at once and forgets the task: no artifacts, no report (docs/workers/sdk.md).
 * A cancel reaches the handler within ``status_interval`` seconds (10 by default), not
   at the next reclaim: every running task's status is read that often (one ``status``
   call, one table read on the server), and a run resolved by someone else (canceled,
@@ -91,10 +91,10 @@ class WorkerConfig:
     :param mode: ``"claim-work"`` (default): long-poll claimWork; ``"sas"``: poll the
         Azure queues of pollTaskUrls directly.
     :param reclaim_margin: seconds before ``takenUntil`` at which a task is reclaimed,
-        default 60 (document 003: "a few minutes prior to expiration" for the default
+        default 60 (docs/workers/sdk.md: "a few minutes prior to expiration" for the default
         20-minute claims).
     :param idle_sleep: ``sas`` mode: seconds slept after an empty pass over the queues,
-        default 1 ("sleep a second or so", document 000), with ±25% jitter; doubled
+        default 1 ("sleep a second or so", docs/workers/sas.md), with ±25% jitter; doubled
         after each further empty pass in a row, up to ``max_idle_sleep``.
     :param max_idle_sleep: ``sas`` mode: the longest sleep between empty passes (on
         average; ±25% jitter), default 5. An idle worker asks the queue which queues
@@ -355,7 +355,7 @@ class Worker:
         queue = client.queue(c.root_url, c.credentials, session)
 
         async def claim_work(n: int) -> list[Any]:
-            """Up to ``n`` claims: document 003's ``tasks``, "the number of tasks it is
+            """Up to ``n`` claims: claimWork's ``tasks``, "the number of tasks it is
             willing to process", is the free capacity."""
             self.requests[CLAIM_WORK] += 1
             call = asyncio.ensure_future(queue.claimWork(c.task_queue_id, {

@@ -29,7 +29,7 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
     """`azqueue task cancel` while `azqueue worker` runs the task: the worker learns of it
     from the task's status (every --status-interval seconds), kills the command's
     process group and makes no report ('halt execution ... and forget all about the
-    task', document 003), although its claim lasts 20 minutes and its next reclaim is
+    task', docs/workers/sdk.md), although its claim lasts 20 minutes and its next reclaim is
     19 minutes away."""
     pid_file = tmp_path / "pid"
     task_id = await create(http, server.api, definition("prov/cancel-now", payload={

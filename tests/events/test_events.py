@@ -1,4 +1,4 @@
-"""Task events on AMQP exchanges (source document 004), on a real RabbitMQ."""
+"""Task events on AMQP exchanges (see docs/concepts.md), on a real RabbitMQ."""
 
 from __future__ import annotations
 

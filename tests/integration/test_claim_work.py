@@ -1,4 +1,4 @@
-"""claimWork long-polling (source document 003), sharing the tips with the SAS flow."""
+"""claimWork long-polling (see docs/workers/sdk.md), sharing the tips with the SAS flow."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ async def claim_work(http: aiohttp.ClientSession, server: Server, task_queue_id:
 
 async def test_a_waiting_claim_work_gets_a_task_created_while_it_waits(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """'This end-point is long-polling' (003): with polling effectively off (60 s), only the
+    """'This end-point is long-polling' (docs/workers/sdk.md): with polling effectively off (60 s), only the
     in-process wake-up can deliver a task created 0.5 s into a 20 s wait."""
     server = await make_server(claim_work_poll_interval=60.0)
     waiting = asyncio.create_task(claim_work(http, server, "prov/wake"))

@@ -162,7 +162,7 @@ async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
 
 async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """'claimWork ... long-polling' (003): eight callers waiting at once on a replica that
+    """'claimWork ... long-polling' (docs/workers/sdk.md): eight callers waiting at once on a replica that
     did not create the tasks (so nothing is handed over) each get their own task."""
     creator, server = await make_server(), await make_server(claim_work_poll_interval=0.5)
     callers = [asyncio.create_task(claim_work(http, server, "prov/shared", worker_id=f"w{i}"))

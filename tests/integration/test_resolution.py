@@ -49,7 +49,7 @@ async def test_claim_of_expired_run_with_no_retries_left_resolves_the_task_and_a
 
 async def test_retries_are_used_up_then_the_task_resolves_exception(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """worker-shutdown and intermittent-task 'will trigger an automatic retry' (004) while
+    """worker-shutdown and intermittent-task 'will trigger an automatic retry' (docs/concepts.md) while
     retries are left; malformed-payload never retries."""
     server = await make_server(run_resolvers=False)
     task_id = await create(http, server.api, definition("prov/retries", retries=1))
@@ -101,7 +101,7 @@ async def test_intermittent_task_retry_is_a_task_retry_and_its_tip_is_visible_at
 async def test_deadline_resolves_pending_and_running_runs_deadline_exceeded(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'pending and running runs are resolved as exception if not resolved by other means
-    before the deadline' (004)."""
+    before the deadline' (docs/concepts.md)."""
     server = await make_server(deadline_resolver_interval=0.5)
     pending = await create(http, server.api, definition("prov/deadline", deadline=timedelta(seconds=3)))
     running = await create(http, server.api, definition("prov/deadline", deadline=timedelta(seconds=3)))

@@ -14,7 +14,7 @@ import aiohttp
 from tests.servers import Server, ServerFactory
 from tests.tasks import definition, slugid
 
-# The most storage requests one anonymous request may cost (README, "Limits").
+# The most storage requests one anonymous request may cost (docs/api/limits.md).
 ANONYMOUS_BOUND = 100
 
 

@@ -1,4 +1,4 @@
-"""Which messages a transition publishes, and their routing keys (source document 004)."""
+"""Which messages a transition publishes, and their routing keys (see docs/concepts.md)."""
 
 from __future__ import annotations
 
