@@ -182,6 +182,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
                             account.queue_name("events"),
                             timedelta(seconds=settings.events_recovery_delay))
             await outbox.setup()
+            await publisher.start()
+            await outbox.start()
         else:
             log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
         services = build(settings, account, outbox)
@@ -199,6 +201,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
         finally:
             await _close(services)
     finally:
+        if outbox is not None:
+            await outbox.close()
         if publisher is not None:
             await publisher.close()
         await account.close()

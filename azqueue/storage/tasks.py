@@ -30,7 +30,6 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Self
 
-from azure.core import MatchConditions
 from azure.data.tables import EntityProperty, EdmType, UpdateMode
 
 from azqueue.errors import NotFound, StorageError
@@ -50,6 +49,8 @@ from azqueue.storage.errors import (
 CHUNK = 30_000
 OUTBOX = "outbox:"  # Azure refuses "/" in keys; ";" follows ":"
 _sequence = itertools.count()
+# Names this process in the outbox rows it writes (``azqueue.events``: its lease).
+WRITER = secrets.token_hex(6)
 
 EventsFor = Callable[[Task | None, Task], list[Event]]
 BeforeWrite = Callable[[Task, Task], Awaitable[None]]
@@ -208,9 +209,10 @@ def from_entity(entity: Mapping[str, Any]) -> Task:
 
 def outbox_row(task_id: str, event: Event) -> dict[str, Any]:
     """An outbox entity in the task's partition; RowKeys sort in the order of writing
-    within this process (nanoseconds, then a counter)."""
-    entity: dict[str, Any] = {"PartitionKey": task_id,
-                              "RowKey": f"{OUTBOX}{time.time_ns():020d}-{next(_sequence):09d}"}
+    within this process (nanoseconds, then a counter) and end with the ``WRITER``."""
+    entity: dict[str, Any] = {
+        "PartitionKey": task_id,
+        "RowKey": f"{OUTBOX}{time.time_ns():020d}-{next(_sequence):09d}-{WRITER}"}
     _put_chunks(entity, "event", json.dumps(event.to_json(), separators=(",", ":")))
     return entity
 
@@ -238,9 +240,9 @@ class TaskStore(TableStore):
         try:
             with translate(f"inserting task {task.task_id}"):
                 if outbox:
-                    written = await self._table.submit_transaction(
-                        [("create", entity), *(("create", row) for row in outbox)])
-                    etag = written[0]["etag"]
+                    etag = await self._rest.transaction(
+                        self.name, [("create", entity, ""), *(("create", row, "")
+                                                                for row in outbox)])
                 else:
                     etag = (await self._rest.create_entity(self.name, entity))["etag"]
         except (EntityExists, TransactionConflict):
@@ -278,13 +280,11 @@ class TaskStore(TableStore):
                 "RowKey eq @task and expires lt @now", parameters={"task": ROW, "now": now})]
 
     async def delete_partition(self, task_id: str) -> bool:
-        """Delete every row of the task's partition, the task itself last; False (and
-        nothing deleted) while it holds unpublished events."""
+        """Delete every row of the task's partition (its outbox rows too: an event not
+        published by the time its task expires is not any more), the task itself last."""
         with translate(f"listing the rows of task {task_id}"):
             keys = [str(e["RowKey"]) async for e in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
-        if any(k.startswith(OUTBOX) for k in keys):
-            return False
         await delete_rows(self._table, task_id, [k for k in keys if k != ROW],
                           f"deleting the rows of task {task_id}")
         with translate(f"deleting task {task_id}"):
@@ -376,13 +376,25 @@ class TaskStore(TableStore):
             return False
         return True
 
-    async def outbox(self, task_id: str) -> list[tuple[str, Event]]:
-        """The task's unpublished events, oldest first, with their RowKeys."""
+    async def outbox(self, task_id: str, after: str = OUTBOX) -> list[tuple[str, Event]]:
+        """The task's outbox rows from RowKey ``after`` on, oldest first, with their
+        RowKeys (published or not: published rows stay until the task expires)."""
         with translate(f"reading the outbox of task {task_id}"):
             rows = self._table.query_entities(
                 "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-                parameters={"pk": task_id, "low": OUTBOX, "high": OUTBOX[:-1] + ";"})
+                parameters={"pk": task_id, "low": max(after, OUTBOX), "high": OUTBOX[:-1] + ";"})
             return [(str(row["RowKey"]), event_from_row(row)) async for row in rows]
+
+    async def outbox_of(self, writer: str, after: str) -> list[tuple[str, str, Event]]:
+        """The outbox rows that the process ``writer`` wrote, from RowKey ``after`` on, in
+        every partition: (partition, RowKey, event). A scan of the table (for recovering
+        what a process that died left, which is rare)."""
+        with translate(f"reading the outbox rows of {writer}"):
+            rows = self._table.query_entities(
+                "RowKey ge @low and RowKey lt @high",
+                parameters={"low": max(after, OUTBOX), "high": OUTBOX[:-1] + ";"})
+            return [(str(row["PartitionKey"]), str(row["RowKey"]), event_from_row(row))
+                    async for row in rows if str(row["RowKey"]).endswith(f"-{writer}")]
 
     async def add_outbox(self, partition: str, events: list[Event]) -> None:
         """Outbox rows for events that are no task's change (a task group's), in the
@@ -460,12 +472,9 @@ class TaskStore(TableStore):
             try:
                 with translate(f"updating task {task_id}"):
                     if outbox:
-                        written = await self._table.submit_transaction([
-                            ("update", entity,
-                             {"mode": UpdateMode.REPLACE, "etag": stored.etag,
-                              "match_condition": MatchConditions.IfNotModified}),
-                            *(("create", row) for row in outbox)])
-                        etag = written[0]["etag"]
+                        etag = await self._rest.transaction(
+                            self.name, [("replace", entity, stored.etag),
+                                        *(("create", row, "") for row in outbox)])
                     else:
                         etag = (await self._rest.update_entity(
                             self.name, entity, stored.etag))["etag"]

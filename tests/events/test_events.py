@@ -19,6 +19,15 @@ def _kinds(messages: list[Received]) -> list[str]:
     return [m.exchange for m in messages]
 
 
+def iso_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+async def _expires(http: aiohttp.ClientSession, api: str, task_id: str) -> str:
+    async with http.get(f"{api}/task/{task_id}/status") as r:
+        return str((await r.json())["status"]["expires"])
+
+
 async def _claim(http: aiohttp.ClientSession, api: str, task_id: str, run_id: int = 0) -> dict:
     code, body = await sas.post(http, f"{api}/task/{task_id}/runs/{run_id}/claim",
                                 {"workerGroup": "wg", "workerId": "w1"})
@@ -134,7 +143,9 @@ async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
     await asyncio.sleep(0.5)
     [message] = consumer.messages
     assert message.routing_key == f"primary.{group}.-._"
-    assert message.body == {"version": 1, "taskGroupId": group, "schedulerId": "-"}
+    latest = max([await _expires(http, server.api, t) for t in tasks], key=iso_time)
+    assert message.body == {"version": 1, "taskGroupId": group, "schedulerId": "-",
+                            "expires": latest}
     assert_valid(message)
 
     late = await create(http, server.api, definition("prov/group", taskGroupId=group))
@@ -161,7 +172,11 @@ async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
     await consumer.wait_for(lambda m: len(m) >= 1)
     await asyncio.sleep(0.5)
     [message] = consumer.messages
-    assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-"}
+    latest = max([await _expires(http, server.api, t) for t in (decision, child)],
+                 key=iso_time)
+    assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-",
+                            "expires": latest}
+    assert_valid(message)
 
 
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
