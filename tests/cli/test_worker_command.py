@@ -20,8 +20,8 @@ from azqueue.worker import Credentials, QueueRefused, Worker, WorkerConfig, Work
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
-from tests.worker.helpers import (alive, cli_env, config, eventually, finish, log_of, running,
-                                  spawn, wait_status)
+from tests.waiting import eventually
+from tests.worker.helpers import alive, cli_env, config, finish, log_of, running, spawn, wait_status
 
 
 async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(

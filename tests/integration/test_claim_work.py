@@ -13,7 +13,7 @@ from azqueue import errors
 from tests import sas
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, status
-from tests.waiting import eventually
+from tests.waiting import eventually, stays
 
 
 async def recorded_worker(server: Server, task_queue_id: str,
@@ -45,8 +45,8 @@ async def test_a_waiting_claim_work_gets_a_task_created_while_it_waits(
     in-process wake-up can deliver a task created 0.5 s into a 20 s wait."""
     server = await make_server(claim_work_poll_interval=60.0)
     waiting = asyncio.create_task(claim_work(http, server, "prov/wake"))
-    await asyncio.sleep(0.5)
-    assert not waiting.done()
+    await stays(waiting.done, lambda done: not done, what="claimWork waiting for work",
+                for_=0.5)
     task_id = await create(http, server.api, definition("prov/wake"))
     [claim] = await asyncio.wait_for(waiting, 15)
     assert claim["status"]["taskId"] == task_id and claim["runId"] == 0

@@ -20,7 +20,7 @@ from tests import sas
 from tests.integration.test_claim_work import claim_work
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, slugid, status
-from tests.waiting import eventually
+from tests.waiting import eventually, stays
 
 
 async def _stage_tip(server: Server, task_queue_id: str) -> tuple[str, model.Task, str]:
@@ -53,8 +53,8 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
     message, _ = await _poll_one(http, server, "early")
     assert message.message_id == message_id
     claiming = asyncio.create_task(sas.claim(http, server.api, message))
-    await asyncio.sleep(0.5)
-    assert not claiming.done()
+    await stays(claiming.done, lambda done: not done, what="the claim waiting for its task",
+                for_=0.5)
     assert await server.services.changes.tasks.insert(task, tips=(message_id,)) is not None
     code, claim = await claiming
     assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0

@@ -22,7 +22,8 @@ from azqueue.worker import TaskRun, Worker
 from azqueue.worker.sas import EMPTY_POLL, POLL, SasSource, idle_delay
 from tests.servers import ServerFactory
 from tests.tasks import create, definition, slugid, status
-from tests.worker.helpers import CREDENTIALS, config, eventually, running
+from tests.waiting import eventually
+from tests.worker.helpers import CREDENTIALS, config, running
 
 BACKLOG = 5
 PAUSE = 0.4  # seconds a handler takes in test_a_higher_priority_task_...

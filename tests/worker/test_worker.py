@@ -23,13 +23,13 @@ from azqueue.worker.sas import POLL_TASK_URLS, SasSource
 from tests import sas
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
+from tests.waiting import eventually
 from tests.worker.helpers import (
     AZQUEUE,
     CREDENTIALS,
     alive,
     cli_env,
     config,
-    eventually,
     finish,
     log_of,
     running,
@@ -67,6 +67,7 @@ async def test_fifty_tasks_three_sas_and_two_claim_work_workers_each_completed_o
         assert f"done {task_id}" in await log_of(http, server, task_id, 0)
 
 
+@pytest.mark.crash
 async def test_a_worker_killed_mid_task_is_replaced_after_its_claim_expires(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'If a worker fails to reclaimTask the run will be resolved exception, and a new
