@@ -16,7 +16,7 @@ from functools import cache
 from aiohttp import web
 
 from azqueue import errors
-from azqueue.api.routes import API, ROUTES
+from azqueue.api.routing import API
 
 QUEUE_API: tuple[tuple[str, str, str], ...] = (
     ("heartbeat", "GET", "/__heartbeat__"),
@@ -80,6 +80,8 @@ QUEUE_API: tuple[tuple[str, str, str], ...] = (
 
 def unimplemented() -> list[str]:
     """The methods of ``QUEUE_API`` that no route implements."""
+    from azqueue.api.app import ROUTES  # which imports this module
+
     implemented = {r.name for r in ROUTES}
     return [name for name, _, _ in QUEUE_API if name not in implemented]
 

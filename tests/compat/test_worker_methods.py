@@ -15,7 +15,8 @@ import taskcluster
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from azqueue.api.routes import ROUTES
+from azqueue.api.app import ROUTES
+from azqueue.api.routing import API
 from azqueue.api.unsupported import unimplemented
 from azqueue.config import Client
 from tests.compat.reference import assert_matches
@@ -243,8 +244,17 @@ async def test_worker_methods_need_the_reference_scopes(make_server: ServerFacto
 
 def test_every_method_of_the_official_client_has_a_route() -> None:
     """README: 'Today every one of the 50 methods of taskcluster 113.2's Queue has a
-    route'."""
+    route': in the table the server serves, each method of the official client's
+    ``Queue.funcinfo`` is declared once, under its name, at its HTTP method and path, and
+    no route is declared twice."""
     assert unimplemented() == []
+    official = {name: (f["method"].upper(), API + f["route"])
+                for name, f in taskcluster.Queue.funcinfo.items()}
+    assert len(official) >= 50
+    for name, target in official.items():
+        assert [(r.method, r.path) for r in ROUTES if r.name == name] == [target], name
+    names = [r.name for r in ROUTES]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
 
 
 async def test_a_method_without_a_route_answers_501_naming_it(server: Server) -> None:

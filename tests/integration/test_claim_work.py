@@ -189,3 +189,20 @@ async def test_a_duplicate_tip_never_hands_a_run_out_twice(
     # Repeating the first claim as it was sent (a client retry) answers it again.
     code, again = await sas.claim(http, server.api, first[0], worker_id="w1")
     assert code == 200 and again["runId"] == 0
+
+
+async def test_claim_work_claims_what_comes_after_a_requests_storage_budget_is_spent(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """claimWork's route long-polls, so its storage calls get the long poll's time on top
+    of a request's budget: a task created once that budget is spent is still claimed."""
+    server = await make_server(request_budget=2.0, claim_work_wait=10.0)
+    loop = asyncio.get_running_loop()
+    budget_spent = loop.time() + 3.0
+    waiting = asyncio.create_task(claim_work(http, server, "prov/long-poll"))
+
+    async def now() -> float:
+        return loop.time()
+
+    await eventually(now, lambda t: t > budget_spent, what="the request's budget spent")
+    task_id = await create(http, server.api, definition("prov/long-poll"))
+    assert [c["status"]["taskId"] for c in await waiting] == [task_id]
