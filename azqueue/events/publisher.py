@@ -8,12 +8,14 @@ them again after every reconnect."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.connection import make_url
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 from aiormq.abc import FieldValue
 
@@ -86,11 +88,18 @@ class Publisher:
         """
         async with self._lock:
             if self._channel is None:
+                # As aio_pika.connect_robust does, but a connection that fails is closed
+                # here: left to the garbage collector, it schedules its own close on a
+                # loop that may be gone by then.
+                connection = aio_pika.RobustConnection(
+                    make_url(self._url, reconnect_interval=RECONNECT_INTERVAL),
+                    reconnect_interval=RECONNECT_INTERVAL)
                 try:
-                    connection = await aio_pika.connect_robust(
-                        self._url, timeout=CONNECT_TIMEOUT, reconnect_interval=RECONNECT_INTERVAL)
+                    await connection.connect(timeout=CONNECT_TIMEOUT)
                 except BaseException:
                     self._failed_at = time.monotonic()
+                    with contextlib.suppress(Exception):
+                        await connection.close()
                     raise
                 try:
                     channel = await connection.channel(publisher_confirms=True)
