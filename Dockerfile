@@ -1,8 +1,14 @@
 FROM python:3.11-slim
+# The server runs as a user of its own, not root; it writes nothing but its logs (stdout).
+RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin azqueue
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
+COPY azurite/package.json azurite/package-lock.json ./azurite/
+COPY deploy/constraints.txt ./
 COPY azqueue ./azqueue
-RUN pip install --no-cache-dir .
+# Exactly the versions the release was tested with (scripts/image_constraints.py).
+RUN pip install --no-cache-dir -c constraints.txt .
+USER azqueue
 EXPOSE 8080
 ENV AZQUEUE_HOST=0.0.0.0
 CMD ["azqueue", "serve"]

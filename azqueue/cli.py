@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from azqueue import __version__, logs
-from azqueue.config import ConfigError
+from azqueue.config import ConfigError, variables_help
 from azqueue.worker.exitcodes import INTERRUPTED, USAGE, WAIT_EXIT_CODES
 
 __all__ = ["INTERRUPTED", "WAIT_EXIT_CODES", "main", "parser"]
@@ -46,22 +46,7 @@ TASKCLUSTER_ACCESS_TOKEN (anonymous without them), TASKCLUSTER_CERTIFICATE
 (temporary credentials), as `azqueue dev` prints them; TASKCLUSTER_ACCESS_TOKEN_FILE
 instead of TASKCLUSTER_ACCESS_TOKEN: a file holding the token (first line)."""
 
-SERVE_VARIABLES = """\
-Configured entirely by environment variables (README.md, "Running it", describes each):
-  required:  AZQUEUE_STORAGE_CONNECTION_STRING or AZQUEUE_STORAGE_ACCOUNT_URL,
-             AZQUEUE_TIP_SECRETS, AZQUEUE_ROOT_CLIENT_ID, AZQUEUE_ROOT_ACCESS_TOKEN
-  listening: AZQUEUE_HOST (127.0.0.1), AZQUEUE_PORT (8080), AZQUEUE_ROOT_URL
-  storage:   AZQUEUE_STORAGE_PREFIX (azq), AZQUEUE_STORAGE_CA_FILE,
-             AZQUEUE_STORAGE_PUBLIC_QUEUE_ENDPOINT, AZQUEUE_STORAGE_PUBLIC_BLOB_ENDPOINT,
-             AZQUEUE_STORAGE_WAIT (seconds to wait for storage at start-up, 60)
-             AZQUEUE_BLOB_CORS_ORIGINS (pages that may read artifacts: the dashboard)
-  clients:   AZQUEUE_CLIENTS_FILE, AZQUEUE_ANONYMOUS_SCOPES
-  events:    AZQUEUE_AMQP_URL (events off without it), AZQUEUE_EXCHANGE_PREFIX
-  timing:    AZQUEUE_CLAIM_TIMEOUT, AZQUEUE_SAS_LIFETIME, AZQUEUE_CLAIM_WORK_WAIT, ...
-  uploads:   AZQUEUE_UPLOAD_READ_TIMEOUT (seconds a putUrl PUT may send nothing, 60)
-  logging:   AZQUEUE_LOG_LEVEL (INFO), AZQUEUE_LOG_FORMAT (text)
-  metrics:   AZQUEUE_METRICS_PORT (/metrics on a listener of its own, not the API's),
-             AZQUEUE_METRICS_HOST (127.0.0.1)"""
+SERVE_VARIABLES = variables_help()
 
 
 CREATE_EPILOG = f"""\

@@ -178,7 +178,7 @@ async def _serve(settings: Settings, stop: asyncio.Event,
 async def _allow_browsers(app: web.Application, origins: tuple[str, ...]) -> None:
     """The Blob service's CORS rule for ``origins`` (AZQUEUE_BLOB_CORS_ORIGINS), so the
     dashboard of those origins can follow live logs; a failure is one line, as any."""
-    from azqueue.api.routes import SERVICES_KEY
+    from azqueue.api.routing import SERVICES_KEY
     try:
         changed = await app[SERVICES_KEY].artifacts.blobs.allow_browsers(origins)
     except ConfigError:

@@ -17,6 +17,10 @@ hands out point at the proxy too). Then, in phases (all by default):
   latency   claimWork wake-up: createTask answered -> claimWork answered, 1 and 8 waiting
   replicas  claimWork drain with two `azqueue serve` on the same storage, half the workers each
   idle      16 idle workers per mode, 10 s, no tasks: storage requests/s per idle worker
+  events    claimwork again with events on: a second `azqueue serve` with AZQUEUE_AMQP_URL
+            (--amqp, default the local RabbitMQ), a consumer bound to task-completed before
+            the first task; the lifecycle's figures next to claimwork's (on / off), then
+            reportCompleted sent -> task-completed received, one task at a time
 
 and prints a summary with the performance goals next to the measured values. Workers run in
 a child process (scripts/bench_workers.py); CPU times come from /proc.
@@ -35,6 +39,7 @@ import asyncio
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -57,7 +62,9 @@ from benchlib import (KEY, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, Azurite, BenchE
                       get_messages, signed_session, stop_process)
 
 SCRIPTS = Path(__file__).resolve().parent
-PHASES = ("steps", "celery", "create", "sas", "claimwork", "latency", "replicas", "idle")
+PHASES = ("steps", "celery", "create", "sas", "claimwork", "latency", "replicas", "idle",
+          "events")
+DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 PYTHON = sys.executable
 
 
@@ -295,32 +302,37 @@ async def phase_celery(b: Bench) -> None:
 
 # -- phases: createTask, drains ------------------------------------------------------------
 
-async def create_backlog(b: Bench, queue: str, label: str, key: str = "") -> float:
-    """N tasks on ``queue`` by ``workers`` concurrent clients; prints and returns tasks/s,
-    and keeps the server's requests and CPU per createTask under ``key``."""
+async def create_backlog(b: Bench, queue: str, label: str, key: str = "",
+                         server: Server | None = None) -> float:
+    """N tasks on ``queue`` by ``workers`` concurrent clients (to ``server``, the main one
+    unless told); prints and returns tasks/s, and keeps the server's requests and CPU per
+    createTask under ``key``."""
     n, w = b.args.tasks, b.args.workers
+    api = (server or b.main).api
     async with signed_session(w * 2) as http:
-        await create_task(http, b.main.api, queue)  # the queue's Azure queues exist: not timed
+        await create_task(http, api, queue)  # the queue's Azure queues exist: not timed
         left = n - 1
 
         async def client() -> None:
             nonlocal left
             while left > 0:
                 left -= 1
-                await create_task(http, b.main.api, queue)
+                await create_task(http, api, queue)
 
         before = b.mark()
         await asyncio.gather(*(client() for _ in range(w)))
         span = b.span(before, b.mark())
     rate = float(n - 1) / span.seconds
+    server_cpu = sum(v for k, v in span.cpu.items() if k.startswith("server"))
     print(f"  {label}: {n - 1} createTask by {w} concurrent clients in {span.seconds:.2f}s = "
           f"{rate:.1f} tasks/s; server {span.requests('server') / (n - 1):.2f} storage requests "
-          f"and {span.cpu['server'] * 1000 / (n - 1):.1f} ms CPU per task; CPU cores: "
-          f"{cpu_line(span, 'server', 'azurite', 'bench')}")
+          f"and {server_cpu * 1000 / (n - 1):.1f} ms CPU per task; CPU cores: "
+          f"{cpu_line(span, *(k for k in span.cpu if k.startswith('server')), 'azurite', 'bench')}")
     print_kinds(span, n - 1, ("server",))
     if key:
         b.summary[f"{key} create requests"] = span.requests("server") / (n - 1)
-        b.summary[f"{key} create cpu"] = span.cpu["server"] * 1000 / (n - 1)
+        b.summary[f"{key} create cpu"] = server_cpu * 1000 / (n - 1)
+        b.summary[f"{key} create rate"] = rate
     return rate
 
 
@@ -493,6 +505,96 @@ async def phase_claimwork(b: Bench) -> None:
                                              [b.main.root_url]))
 
 
+# -- phase: events on ----------------------------------------------------------------------
+
+async def phase_events(b: Bench) -> None:
+    """The claimwork phase again, on a server with events on (same Azurite, same run), and
+    the change -> delivered latency as a listener sees it."""
+    import aio_pika  # (the benchmark's other phases do without RabbitMQ)
+
+    amqp = b.args.amqp or DEFAULT_AMQP
+    prefix = f"bench-{secrets.token_hex(4)}/"  # exchanges of this run only
+    print(f"\n== events: claimwork with events on ({amqp}, exchanges {prefix}*) ==")
+    server = await b.start_server("server-events", AZQUEUE_AMQP_URL=amqp,
+                                  AZQUEUE_EXCHANGE_PREFIX=prefix)
+    connection = await aio_pika.connect(amqp)
+    completed: dict[str, float] = {}
+    arrived = asyncio.Event()
+    try:
+        channel = await connection.channel()
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        # Bound before the first task, to the exchange the server declared at start-up.
+        await queue.bind(f"{prefix}task-completed", routing_key="#")
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            async with message.process():
+                task_id = json.loads(message.body)["status"]["taskId"]
+                completed.setdefault(task_id, time.monotonic())
+                arrived.set()
+
+        await queue.consume(on_message, no_ack=False)
+        q = "bench/events"
+        await create_backlog(b, q, "backlog, events on", "events", server)
+        d = await drain(b, "claim-work", q, [server.root_url])
+        # The background work the lifecycles caused: counted until every task-completed
+        # has arrived.
+        before_settle = b.mark()
+        deadline = time.monotonic() + b.args.timeout
+        while len(completed) < d.completed and time.monotonic() < deadline:
+            arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(arrived.wait(), 1.0)
+        settle = b.span(before_settle, b.mark())
+        if len(completed) < d.completed:
+            b.anomalies.append(f"events: {len(completed)} task-completed received for "
+                               f"{d.completed} tasks completed")
+        record_drain(b, "events", Drain(d.rate, Span(d.span.seconds + settle.seconds,
+                                                     d.span.counts + settle.counts,
+                                                     {k: v + settle.cpu.get(k, 0.0)
+                                                      for k, v in d.span.cpu.items()}),
+                                        d.completed))
+        lat: list[float] = []
+        async with signed_session() as http:
+            for i in range(b.args.latency_tasks + 1):
+                task_id = await create_task(http, server.api, q)
+                claimed = await call(http, "POST", f"{server.api}/claim-work/{q.replace('/', '%2F')}",
+                                     {"workerGroup": "bench", "workerId": "events", "tasks": 1})
+                [claim] = claimed["tasks"]
+                assert claim["status"]["taskId"] == task_id
+                sent = time.monotonic()
+                await call(http, "POST",
+                           f"{server.api}/task/{task_id}/runs/{claim['runId']}/completed")
+                while task_id not in completed:
+                    arrived.clear()
+                    await asyncio.wait_for(arrived.wait(), 30)
+                if i:  # the first warms the connections up
+                    lat.append((completed[task_id] - sent) * 1000)
+        p50, p99 = percentile(lat, 50), percentile(lat, 99)
+        print(f"  reportCompleted sent -> task-completed received, {len(lat)} tasks one at a "
+              f"time: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
+        s = b.summary
+        s["events delivered p50"], s["events delivered p99"] = p50, p99
+        rows = [("server storage requests / lifecycle", "lifecycle requests", False),
+                ("createTask/s", "create rate", True),
+                ("claimWork backlog drain, tasks/s", "rate", True),
+                ("server CPU / lifecycle, ms", "lifecycle cpu", False)]
+        print("\n| figure (claimWork) | events off | events on | on / off |\n"
+              "| --- | ---: | ---: | ---: |")
+        for what, key, _ in rows:
+            off, on = s.get(f"claimwork {key}"), s.get(f"events {key}")
+            if on is None:
+                continue
+            ratio = f"{on / off:.2f}x" if off else ""
+            if off:
+                s[f"events/off {key}"] = on / off
+            print(f"| {what} | {'' if off is None else f'{off:.2f}'} | {on:.2f} | {ratio} |")
+        print(f"| reportCompleted sent -> task-completed received, p50 / p99 | | "
+              f"{p50:.0f} / {p99:.0f} ms | |")
+    finally:
+        await connection.close()
+        await b.stop_server("server-events", server)
+
+
 # -- phase: claimWork wake-up latency --------------------------------------------------------
 
 def percentile(values: list[float], p: float) -> float:
@@ -652,6 +754,14 @@ GOALS = (
          _get("latency1 p99", "latency8 p99", combine=max), lambda v: v <= 100, " ms (worse)"),
     Goal("two replicas / one, claimWork drain", ">= 1.7x", _get("replicas ratio"),
          lambda v: v >= 1.7, "x"),
+    Goal("events on: server storage requests / lifecycle (claimWork)", "<= 10",
+         _get("events lifecycle requests"), lambda v: v <= 10),
+    Goal("events on / off: createTask/s", ">= 0.8x", _get("events/off create rate"),
+         lambda v: v >= 0.8, "x"),
+    Goal("events on / off: claimWork drain", ">= 0.8x", _get("events/off rate"),
+         lambda v: v >= 0.8, "x"),
+    Goal("events on / off: server CPU / lifecycle", "<= 1.5x", _get("events/off lifecycle cpu"),
+         lambda v: v <= 1.5, "x"),
 )
 
 FIGURES = (
@@ -703,7 +813,7 @@ def print_summary(b: Bench) -> None:
 RUNNERS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "steps": phase_steps, "celery": phase_celery, "create": phase_create, "sas": phase_sas,
     "claimwork": phase_claimwork, "latency": phase_latency, "replicas": phase_replicas,
-    "idle": phase_idle}
+    "idle": phase_idle, "events": phase_events}
 
 
 async def main(args: argparse.Namespace) -> None:

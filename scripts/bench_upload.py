@@ -6,7 +6,7 @@ off), claims a task, writes a file of random bytes (100 MB by default) and uploa
 alternately, ``--rounds`` times each way:
 
   s3    createArtifact storageType s3, then a plain PUT of the file to its putUrl with only
-        Content-Type and Content-Length (document 003): the queue streams the body into a
+        Content-Type and Content-Length (docs/workers/artifacts.md): the queue streams the body into a
         block blob (4 MiB blocks, 4 staged at once) and commits it
   blob  createArtifact storageType blob, then a PUT of the file to its SAS putUrl with
         x-ms-blob-type (one Put Blob, straight to Azurite: the queue never sees the bytes)

@@ -191,7 +191,8 @@ class Hit:
 
 # The background resolvers' periodic reads (deadline, dependency and event triggers, the
 # scan of the claim index): a cost per replica and second, not per task.
-BACKGROUND = re.compile(r"^/[^/]+/[a-z0-9]+-(deadline|dependencies|events)/messages\?"
+BACKGROUND = re.compile(r"^/[^/]+/[a-z0-9]+-(deadline|dependencies|events|events-leases)"
+                        r"/messages\?"
                         r"|^/[^/]+/[a-z0-9]+claims\(\)")
 
 

@@ -28,7 +28,7 @@ from aiohttp import web
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from azqueue.api.app import create_app  # noqa: E402
-from azqueue.api.routes import SERVICES_KEY  # noqa: E402
+from azqueue.api.routing import SERVICES_KEY  # noqa: E402
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.service import groups  # noqa: E402

@@ -23,6 +23,13 @@ from tests.servers import ROOT, Server, ServerFactory
 from tests.signing import hawk_signer
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that uses the broker (the ``amqp_url`` fixture) is marked ``rabbitmq``."""
+    for item in items:
+        if "amqp_url" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.rabbitmq)
+
+
 @pytest.fixture(scope="session")
 async def azurite() -> AsyncIterator[Azurite]:
     instance = await Azurite.start()

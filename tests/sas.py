@@ -1,4 +1,4 @@
-"""A worker's side of the SAS polling flow (source document 000), in plain aiohttp.
+"""A worker's side of the SAS polling flow (see docs/workers/sas.md), in plain aiohttp.
 
 No Azure SDK: exactly what a worker written from the document would do.
 """

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from azqueue.api.routes import SERVICES_KEY
+from azqueue.api.routing import SERVICES_KEY
 from azqueue.config import Client, Settings
 from azqueue.service.wiring import Services
 

@@ -3,6 +3,8 @@
 Cleanup contexts run in registration order and are torn down in reverse: the storage
 account and the services on it first (``service.wiring``), then the background
 resolvers.
+
+The API's route table is the endpoint modules' tables, put together here (``ROUTES``).
 """
 
 from __future__ import annotations
@@ -14,20 +16,21 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from azqueue.api import artifact_routes  # declares its routes; receives uploads
-from azqueue.api import task_routes  # noqa: F401  (declares its routes)
-from azqueue.api import worker_routes  # noqa: F401  (declares its routes)
+from azqueue.api.endpoints import artifacts, claims, counts, groups, meta, tasks, workers
 from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
-from azqueue.api.routes import AUTH_KEY, SERVICES_KEY, STARTED_KEY, dispatch
+from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
 from azqueue.service.wiring import open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
 MAX_BODY = 2 * 1024 * 1024
+# Every endpoint of the API (a request goes to the first route that has its method and path).
+ROUTES: list[Route] = [*meta.ROUTES, *tasks.ROUTES, *groups.ROUTES, *claims.ROUTES,
+                       *artifacts.ROUTES, *workers.ROUTES, *counts.ROUTES]
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -86,8 +89,10 @@ def _quiet_malformed_requests() -> None:
 
 def create_app(settings: Settings) -> web.Application:
     _quiet_malformed_requests()
+    router = Router(ROUTES)
     app = web.Application(middlewares=[observe_middleware, error_middleware, budget_middleware(
-        settings.request_budget, settings.claim_work_wait)], client_max_size=MAX_BODY)
+        settings.request_budget, settings.claim_work_wait, router.long_polls)],
+        client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
@@ -99,7 +104,7 @@ def create_app(settings: Settings) -> web.Application:
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
     dashboard.add_routes(app.router)
-    app.router.add_route("*", artifact_routes.UPLOAD_ROUTE, artifact_routes.receive_upload)
+    app.router.add_route("*", artifacts.UPLOAD_ROUTE, artifacts.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.
-    app.router.add_route("*", r"/{tail:[\s\S]*}", dispatch)
+    app.router.add_route("*", r"/{tail:[\s\S]*}", router)
     return app

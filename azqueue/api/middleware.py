@@ -86,13 +86,15 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
                               f"the log as incident {incident}")
 
 
-def budget_middleware(seconds: float, long_poll: float) -> Any:
-    """A middleware giving each request's storage calls ``seconds`` in all (claimWork,
-    which first waits for work up to ``long_poll`` seconds, that much more)."""
+def budget_middleware(seconds: float, long_poll: float,
+                      long_polls: Callable[[web.Request], bool]) -> Any:
+    """A middleware giving each request's storage calls ``seconds`` in all (a request to a
+    route that long-polls, as claimWork first waits for work up to ``long_poll`` seconds,
+    that much more); ``long_polls`` reads that flag from the route the request matches."""
 
     @web.middleware
     async def storage_budget(request: web.Request, handler: Handler) -> web.StreamResponse:
-        extra = long_poll if "/claim-work/" in request.path else 0.0
+        extra = long_poll if long_polls(request) else 0.0
         with budget(seconds + extra):
             return await handler(request)
 

@@ -1,14 +1,21 @@
-"""Publishing to RabbitMQ with aio-pika: persistent messages, publisher confirms."""
+"""Publishing to RabbitMQ with aio-pika: persistent messages, publisher confirms.
+
+The exchanges are declared when the server starts (``start``), so listeners that come up
+before the first event can bind; with the broker away then, a background attempt
+connects (and declares them) as soon as it is back. aio-pika's robust connection declares
+them again after every reconnect."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.connection import make_url
 from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
 from aiormq.abc import FieldValue
 
@@ -24,6 +31,8 @@ RECONNECT_INTERVAL = 1.0
 # before one of them tries again.
 FIRST_CONNECT_RETRY = 10.0
 PUBLISH_TIMEOUT = 10.0
+# How often the start-up connection is tried again while the broker is away.
+START_RETRY = 2.0
 # What aio-pika raises when the broker is away, refuses or does not confirm in time.
 BROKER_ERRORS = (AMQPError, ChannelInvalidStateError, OSError, TimeoutError)
 
@@ -39,6 +48,25 @@ class Publisher:
         self._exchanges: dict[str, AbstractExchange] = {}
         self._lock = asyncio.Lock()
         self._failed_at: float | None = None  # the last failed first connection attempt
+        self._starting: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect and declare the exchanges now; if the broker cannot be reached, keep
+        trying in the background (serving does not wait for it)."""
+        try:
+            await self._ready()
+        except BROKER_ERRORS as e:
+            log.warning("RabbitMQ is not reachable at start-up (%s: %s); declaring the "
+                        "exchanges once it is", type(e).__name__, e)
+            self._starting = asyncio.create_task(self._keep_trying())
+
+    async def _keep_trying(self) -> None:
+        while self._connection is None:
+            await asyncio.sleep(START_RETRY)
+            try:
+                await self._ready()
+            except BROKER_ERRORS:
+                continue
 
     @property
     def reachable(self) -> bool:
@@ -60,11 +88,18 @@ class Publisher:
         """
         async with self._lock:
             if self._channel is None:
+                # As aio_pika.connect_robust does, but a connection that fails is closed
+                # here: left to the garbage collector, it schedules its own close on a
+                # loop that may be gone by then.
+                connection = aio_pika.RobustConnection(
+                    make_url(self._url, reconnect_interval=RECONNECT_INTERVAL),
+                    reconnect_interval=RECONNECT_INTERVAL)
                 try:
-                    connection = await aio_pika.connect_robust(
-                        self._url, timeout=CONNECT_TIMEOUT, reconnect_interval=RECONNECT_INTERVAL)
+                    await connection.connect(timeout=CONNECT_TIMEOUT)
                 except BaseException:
                     self._failed_at = time.monotonic()
+                    with contextlib.suppress(Exception):
+                        await connection.close()
                     raise
                 try:
                     channel = await connection.channel(publisher_confirms=True)
@@ -100,5 +135,7 @@ class Publisher:
         metrics.count_event(event.exchange)
 
     async def close(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
         if self._connection is not None:
             await self._connection.close()

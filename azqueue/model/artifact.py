@@ -1,7 +1,7 @@
-"""Artifacts and the rules for creating them (source document 003).
+"""Artifacts and the rules for creating them (see docs/workers/artifacts.md).
 
 * ``s3``: content a worker PUTs to ``putUrl`` with only ``Content-Type`` and
-  ``Content-Length`` (document 003); the queue receives it (``azqueue.model.upload``)
+  ``Content-Length`` (docs/workers/artifacts.md); the queue receives it (``azqueue.model.upload``)
   and the artifact is present once that PUT succeeded: there is nothing to finish.
   ``reference``: a URL; ``link``: another artifact of the same run; ``error``: a reason
   and a message, answered with 424.

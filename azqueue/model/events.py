@@ -1,4 +1,4 @@
-"""The AMQP messages a state change publishes (source document 004).
+"""The AMQP messages a state change publishes (see docs/concepts.md).
 
 Every task message goes to ``exchange/taskcluster-queue/v1/<name>`` with the routing key
 ``primary.<taskId>.<runId>.<workerGroup>.<workerId>.<provisionerId>.<workerType>.
@@ -119,11 +119,12 @@ def artifact_created(task: Task, run_id: int, artifact: dict[str, Any]) -> Event
     return _event("artifact-created", task, run, artifact=artifact, **_worker(run))
 
 
-def task_group_resolved(task_group_id: str, scheduler_id: str) -> Event:
+def task_group_resolved(task_group_id: str, scheduler_id: str, expires: str) -> Event:
+    """``expires``: the latest of its tasks' (ISO)."""
     return Event(exchange="task-group-resolved",
                  routing_key=f"primary.{task_group_id}.{scheduler_id}._",
                  payload={"version": 1, "taskGroupId": task_group_id,
-                          "schedulerId": scheduler_id})
+                          "schedulerId": scheduler_id, "expires": expires})
 
 
 def _group_key(task_group_id: str, scheduler_id: str) -> str:

@@ -7,7 +7,7 @@ raises ``Conflict`` naming why the request does not fit the task's state. Every 
 the rules below hold whichever path got there first; ``storage`` makes the write
 conditional on the ETag the decision was based on.
 
-Run rules (Taskcluster's, see the task status structure of source document 004):
+Run rules (Taskcluster's, see docs/concepts.md):
 
 * Runs are numbered from 0; only the last run may be unresolved.
 * pending --claim--> running --report--> completed | failed | exception.

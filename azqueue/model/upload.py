@@ -1,6 +1,6 @@
 """Upload grants: what an ``s3`` artifact's ``putUrl`` allows, and its signature.
 
-Source document 003's workers upload an ``s3`` artifact with a plain ``PUT`` of the
+Workers upload (docs/workers/artifacts.md) an ``s3`` artifact with a plain ``PUT`` of the
 bytes to ``putUrl``, sending only ``Content-Type`` and ``Content-Length``. Azure Blob
 storage refuses a PUT without ``x-ms-blob-type``, so ``putUrl`` points at the queue
 itself, which streams the body into a block blob. The URL is a capability: an

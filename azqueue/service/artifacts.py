@@ -1,4 +1,4 @@
-"""Artifact operations: create, finish, find, list (source document 003's rules)."""
+"""Artifact operations: create, finish, find, list (the rules of docs/workers/artifacts.md)."""
 
 from __future__ import annotations
 
@@ -72,12 +72,18 @@ class ArtifactService:
         if wanted.storage_type == "blob":  # signed first: a refusal must write nothing
             put_url = await self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME,
                                                   append=wanted.blob_type == "append")
-        trigger = await self.outbox.begin(task_id) if self.outbox else None
-        outbox = [outbox_row(task_id, events.artifact_created(task, run_id, wanted.info()))
-                  ] if trigger else []
-        inserted = await self.records.insert(wanted, outbox)
-        if trigger and self.outbox:
-            await self.outbox.finish(task_id, trigger)
+        token = self.outbox.begin() if self.outbox else None
+        created = [events.artifact_created(task, run_id, wanted.info())] \
+            if token is not None else []
+        try:
+            inserted = await self.records.insert(wanted, [outbox_row(task_id, e)
+                                                          for e in created])
+        except BaseException:
+            if token is not None and self.outbox:
+                await self.outbox.abandon(token, task_id, written=True)
+            raise
+        if token is not None and self.outbox:
+            await self.outbox.finish(token, task_id, created if inserted else [])
         if not inserted:
             existing = await self.records.get(task_id, run_id, name)
             if existing is not None and model.extends(existing, wanted):

@@ -67,22 +67,23 @@ class Changes:
                 if change.changed:
                     self._fault_point()
             else:
-                trigger = await self.outbox.begin(task_id)
+                token = self.outbox.begin()
                 try:
                     change = await self.tasks.modify(task_id, fn, loaded, events.for_change,
                                                      watch.before_write, hold, speculative)
-                except (errors.QueueError, errors.StorageError) as e:
+                except BaseException as e:
                     # A decision refused the change and nothing was written. A storage
-                    # failure may have come after the write, though: then the trigger
-                    # stays for recovery.
-                    if not isinstance(e, errors.StorageError):
-                        await self.outbox.discard(trigger)
+                    # failure may have come after the write, though: then its events are
+                    # handed over to recovery.
+                    await self.outbox.abandon(token, task_id, written=isinstance(
+                        e, errors.StorageError) or not isinstance(e, errors.QueueError))
                     raise
                 if change.changed:
                     self._fault_point()
-                # With no change, this publishes what an earlier change may have left
-                # behind (one whose answer was lost after it was stored).
-                await self.outbox.finish(task_id, trigger)
+                # The events are a function of the change: published as written, from
+                # memory.
+                await self.outbox.finish(token, task_id, events.for_change(
+                    change.before, change.after) if change.changed else [])
         except BaseException:
             self.cache.drop(task_id)
             raise

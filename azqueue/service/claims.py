@@ -1,4 +1,4 @@
-"""Claims: claimTask and reclaimTask, by the rewrite of the tip (source document 001).
+"""Claims: claimTask and reclaimTask, by the rewrite of the tip (see docs/workers/sas.md).
 
 claimTask verifies the tip's signature, decides the claim on the task (refusing early,
 before the message is touched), rewrites the message to ``{taskId, runId + 1}``
@@ -217,7 +217,8 @@ class Claims:
                                   "are left: the task is resolved exception")
         run = after.runs[run_id]
         assert run.taken_until is not None
-        self.index.claimed(task_id, run_id, run.taken_until)
+        self.index.claimed(task_id, run_id, run.taken_until, after.task_queue_id,
+                           hold.queue_name if hold is not None else "")
         if run_id > 0 and change.before.runs[run_id - 1].state is RunState.RUNNING:
             # This claim expired the previous run, whose message it now holds.
             await self.index.ended(task_id, run_id - 1, change.before.runs[run_id - 1].started)
@@ -298,7 +299,9 @@ class Claims:
         run = stored.task.runs[run_id]
         assert run.taken_until is not None
         # The first claim's process may have died before indexing it.
-        self.index.claimed(stored.task.task_id, run_id, run.taken_until)
+        self.index.claimed(stored.task.task_id, run_id, run.taken_until,
+                           stored.task.task_queue_id,
+                           held.queue_name if held is not None and held.run_id == run_id else "")
         return self.answer(stored.task, run_id, with_task=True)
 
     async def _after_failed_write(self, hold: HeldMessage, task: Task, worker_group: str,
@@ -321,7 +324,8 @@ class Claims:
         elif not isinstance(error, asyncio.CancelledError):
             await self._restore_tip(hold, task)  # refused before anything was written
             return
-        self.index.claimed(task_id, hold.run_id, now + self.claim_timeout)
+        self.index.claimed(task_id, hold.run_id, now + self.claim_timeout, task.task_queue_id,
+                           hold.queue_name)
 
     async def _restore_tip(self, hold: HeldMessage, task: Task) -> None:
         text = self.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
@@ -417,8 +421,10 @@ class Claims:
             raise
         run = change.after.runs[run_id]
         assert run.taken_until is not None
+        held_now = change.stored.held
         await self.index.extended(task_id, run_id, run.started, run.taken_until,
-                                  change.after.task_queue_id)
+                                  change.after.task_queue_id,
+                                  held_now.queue_name if held_now is not None else "")
         claim = self.answer(change.after, run_id)
         self.workerinfo.worker_active(claim["status"]["taskQueueId"], claim["workerGroup"],
                                       claim["workerId"])

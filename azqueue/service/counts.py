@@ -8,18 +8,23 @@ until ``takenUntil``). So:
 * **Pending count**, per priority queue: a peek (1 request). Fewer than 32 visible: the
   count is those visible tips, each run counted once, less the ones this process's copy
   of the task shows to be no longer pending. 32 or more: Azure's approximate count of
-  that queue (1 request more), which also counts the invisible tips of that priority's
-  running claims and stale tips. So 7 to 14 requests per task queue.
+  that queue (1 request more), less the claims known to hold one of its messages
+  invisible (the claimed runs below); stale tips are still in it, but the tip repair
+  adds none for a tip that waits untouched (see ``tips``). So 7 to 14 requests per task
+  queue.
 * **Claimed count** and **listClaimedTasks**: the claim index (``claimindex``), which has
-  a row only for runs still running ``min(30 s, claimTimeout / 2)`` after their claim:
-  shorter runs are not counted. One scan of the claims table for every task queue at
-  once (a request per 1000 running rows), kept ``COUNTS_TTL`` seconds and shared by every
-  request meanwhile, those that ask while it runs included: however many task queues are
-  asked about, and however often, a process scans at most once per ``COUNTS_TTL``.
+  a row for runs still running ``min(30 s, claimTimeout / 2)`` after their claim, and the
+  claims younger than that as each replica notes them (its own at once, the others' as
+  their rows say, written at most once a second): a run is counted within about two
+  seconds of its claim and leaves the count when resolved. One scan of the claims table
+  for every task queue at once (a request per 1000 running rows) and one read of the
+  replicas' notes, kept ``RUNNING_TTL`` seconds and shared by every request meanwhile,
+  those that ask while it runs included.
 * **listPendingTasks**: the first 32 visible tips of each priority, highest first, with
   each task read (a request per task, fewer with this process's copies) to drop stale ones.
 
-Pending counts are kept ``COUNTS_TTL`` seconds per task queue and process. The metrics'
+Pending counts are kept ``COUNTS_TTL`` seconds per task queue and process, unless a
+claim or resolution made in this process moves its claims meanwhile. The metrics'
 gauge of pending tips (``pending_tips``) is Azure's approximate count of each priority
 queue.
 """
@@ -40,14 +45,16 @@ from azqueue.model.tip import Tip, TipSigner
 from azqueue.service import paging
 from azqueue.service.cache import TaskCache
 from azqueue.service.dependencies import gather_limited
-from azqueue.storage.claims import ClaimStore
+from azqueue.service.claimindex import ClaimIndex
+from azqueue.storage.claims import ClaimRecord
 from azqueue.storage.queues import PendingQueues, Peeked, Queues
 from azqueue.storage.tasks import TaskStore
 
 PEEK_LIMIT = 32  # Azure's
 COUNTS_TTL = 5.0
+RUNNING_TTL = 2.0
 MAX_REMEMBERED = 10_000
-_Cache = dict[str, tuple[float, int]]
+_Cache = dict[str, tuple[float, int, int]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +71,8 @@ class TaskQueueCounts:
     _pending: _Cache = field(default_factory=dict, init=False, repr=False)
 
     async def pending(self, task_queue_id: str) -> int:
-        return await _cached(self._pending, task_queue_id, self._count_pending)
+        return await _cached(self._pending, task_queue_id, self._count_pending,
+                             self.running.index.generation)
 
     async def claimed(self, task_queue_id: str) -> int:
         return len((await self.running.by_task_queue()).get(task_queue_id, ()))
@@ -89,14 +97,18 @@ class TaskQueueCounts:
         return {str(p): n for p, n in zip(ORDER, counts)}
 
     async def _count_pending(self, task_queue_id: str) -> int:
-        counts = await asyncio.gather(*(self._count_priority(task_queue_id, p) for p in ORDER))
+        running = (await self.running.by_task_queue()).get(task_queue_id, [])
+        counts = await asyncio.gather(*(self._count_priority(task_queue_id, p, running)
+                                        for p in ORDER))
         return sum(counts)
 
-    async def _count_priority(self, task_queue_id: str, priority: Priority) -> int:
+    async def _count_priority(self, task_queue_id: str, priority: Priority,
+                              running: list[ClaimRecord]) -> int:
         name = self.pending_queues.name(task_queue_id, priority)
         peeked = await self.queues.peek(name, PEEK_LIMIT)
         if len(peeked) >= PEEK_LIMIT:
-            return max(len(peeked), await self.queues.approximate_count(name))
+            held = sum(1 for r in running if r.queue == name)
+            return max(len(peeked), await self.queues.approximate_count(name) - held)
         return len({tip for tip in self._tips(task_queue_id, peeked)
                     if not self._surely_stale(*tip)})
 
@@ -159,10 +171,10 @@ class TaskQueueCounts:
     async def list_claimed(self, task_queue_id: str, continuation: str | None,
                            limit: int) -> dict[str, Any]:
         """listClaimedTasks: ``{taskId, runId, workerGroup, workerId, claimed, task}`` of the
-        runs in the claim index (running longer than the index's delay), by taskId. A page
-        reads at most ``limit`` tasks."""
+        running runs (``RunningClaims``), by taskId. A page reads at most ``limit`` tasks."""
         after = paging.after(continuation)
-        rows = (await self.running.by_task_queue()).get(task_queue_id, [])
+        rows = [(r.task_id, r.run_id)
+                for r in (await self.running.by_task_queue()).get(task_queue_id, [])]
         if after is not None:
             rows = [r for r in rows if _claim_key(*r) > after]
         page = rows[:limit]
@@ -182,51 +194,60 @@ class TaskQueueCounts:
 
 
 class RunningClaims:
-    """The runs of the claim index by task queue, from one scan of the claims table kept
-    ``COUNTS_TTL`` seconds; a request that asks while a scan runs waits for that scan."""
+    """The running claims by task queue: the claim index's rows and the other replicas'
+    notes from one scan and one read kept ``RUNNING_TTL`` seconds (a request that asks
+    while they run waits for them), with this process's notes as they are now."""
 
-    def __init__(self, store: ClaimStore) -> None:
-        self.store = store
-        self._taken: tuple[float, dict[str, list[tuple[str, int]]]] | None = None
-        self._scan: asyncio.Future[dict[str, list[tuple[str, int]]]] | None = None
+    def __init__(self, index: ClaimIndex) -> None:
+        self.index = index
+        self._taken: tuple[float, list[ClaimRecord]] | None = None
+        self._scan: asyncio.Future[list[ClaimRecord]] | None = None
 
-    async def by_task_queue(self) -> dict[str, list[tuple[str, int]]]:
-        """(taskId, runId) of the indexed runs of each task queue, sorted."""
+    async def by_task_queue(self) -> dict[str, list[ClaimRecord]]:
+        """The claims of each task queue, each run once, sorted by taskId and runId."""
         now = asyncio.get_running_loop().time()
-        if self._taken is not None and now - self._taken[0] < COUNTS_TTL:
-            return self._taken[1]
-        if self._scan is None:
-            self._scan = asyncio.ensure_future(self._read(now))
-            self._scan.add_done_callback(self._scanned)
-        # Shielded: a waiter that gives up does not cancel the scan the others wait for.
-        return await asyncio.shield(self._scan)
+        if self._taken is not None and now - self._taken[0] < RUNNING_TTL:
+            stored = self._taken[1]
+        else:
+            if self._scan is None:
+                self._scan = asyncio.ensure_future(self._read(now))
+                self._scan.add_done_callback(self._scanned)
+            # Shielded: a waiter that gives up does not cancel the scan the others wait for.
+            stored = await asyncio.shield(self._scan)
+        runs: dict[tuple[str, int], ClaimRecord] = {}
+        for record in [*stored, *self.index.local()]:
+            if record.task_queue_id:
+                runs[(record.task_id, record.run_id)] = record
+        by_queue: dict[str, list[ClaimRecord]] = {}
+        for key in sorted(runs):
+            by_queue.setdefault(runs[key].task_queue_id, []).append(runs[key])
+        return by_queue
 
-    async def _read(self, now: float) -> dict[str, list[tuple[str, int]]]:
-        runs: dict[str, set[tuple[str, int]]] = {}
-        async for r in self.store.running(timeutil.utcnow()):
-            if r.task_queue_id:
-                runs.setdefault(r.task_queue_id, set()).add((r.task_id, r.run_id))
-        taken = {task_queue_id: sorted(found) for task_queue_id, found in runs.items()}
-        self._taken = (now, taken)
-        return taken
+    async def _read(self, now: float) -> list[ClaimRecord]:
+        at = timeutil.utcnow()
+        indexed = [r async for r in self.index.store.running(at)]
+        noted = await self.index.notes.read(at, but=self.index.replica)
+        self._taken = (now, indexed + noted)
+        return self._taken[1]
 
-    def _scanned(self, scan: asyncio.Future[dict[str, list[tuple[str, int]]]]) -> None:
+    def _scanned(self, scan: asyncio.Future[list[ClaimRecord]]) -> None:
         self._scan = None
         if not scan.cancelled():
             scan.exception()  # retrieved: its waiters have it, or nobody waits any more
 
 
 async def _cached(cache: _Cache, task_queue_id: str,
-                  compute: Callable[[str], Awaitable[int]]) -> int:
+                  compute: Callable[[str], Awaitable[int]], generation: int) -> int:
+    """``compute(task_queue_id)``, kept ``COUNTS_TTL`` seconds while ``generation`` stays."""
     now = asyncio.get_running_loop().time()
     hit = cache.get(task_queue_id)
-    if hit is not None and now - hit[0] < COUNTS_TTL:
+    if hit is not None and now - hit[0] < COUNTS_TTL and hit[2] == generation:
         return hit[1]
     value = await compute(task_queue_id)
     if len(cache) >= MAX_REMEMBERED:
-        for name in [n for n, (when, _) in cache.items() if now - when >= COUNTS_TTL]:
+        for name in [n for n, (when, _, _) in cache.items() if now - when >= COUNTS_TTL]:
             del cache[name]
-    cache[task_queue_id] = (now, value)
+    cache[task_queue_id] = (now, value, generation)
     return value
 
 

@@ -34,7 +34,7 @@ from azqueue.service.changes import Changes
 from azqueue.service.claims import TIP_WAIT
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.groupowner import GroupOwners
-from azqueue.service.tips import Tips
+from azqueue.service.tips import Tips, live
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message, Queues, encode_json
@@ -115,9 +115,16 @@ class Definitions:
                             forever=True),
             self._add_to_group(task),
             self._no_tip() if waiting else put_tip())
-        trigger = await self.outbox.begin(task_id) if self.outbox is not None else None
-        stored = await self.tasks.insert(task, events.for_change if trigger else None,
-                                         tips=(tip.message_id,) if tip else ())
+        token = self.outbox.begin() if self.outbox is not None else None
+        try:
+            stored = await self.tasks.insert(task, events.for_change if token is not None
+                                             else None, tips=(tip.message_id,) if tip else (),
+                                             live_tip=live(tip, 0) if tip else None)
+        except BaseException as e:
+            if self.outbox is not None and token is not None:
+                await self.outbox.abandon(token, task_id, written=isinstance(
+                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
+            raise
         if stored is not None and tip is not None and \
                 loop.time() - tip_visible > TIP_WAIT.total_seconds() / 2:
             # A claim of the tip waits only so long for the task: one that gave up had its
@@ -128,10 +135,11 @@ class Definitions:
         if stored is not None:
             self.changes.inserted(stored)
             self.workerinfo.task_queue_active(task.task_queue_id)
-        if self.outbox is not None and trigger is not None:
+        if self.outbox is not None and token is not None:
             # Published before a worker can claim the task (a claim waits for the task
             # to be stored), so task-defined and task-pending precede its task-running.
-            await self.outbox.finish(task_id, trigger)
+            await self.outbox.finish(token, task_id, events.for_change(None, stored.task)
+                                     if stored is not None else [])
         if stored is None:
             existing = await self.tasks.load(task_id)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
@@ -162,7 +170,7 @@ class Definitions:
         pending = last is not None and last.state is RunState.PENDING
         if tip is not None and pending and last is not None and last.run_id == 0 and \
                 len(stored.tips) < MAX_TIPS:
-            await self.tips.record(existing, tip)
+            await self.tips.record(existing, tip, 0)
             return existing.status()
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)

@@ -70,7 +70,7 @@ class Expiry:
                             artifact.task_id, artifact.run_id, e)
         gone_tasks = 0
         for task in await self.tasks.expired(before):
-            if not task.state.resolved or await self.tasks.outbox(task.task_id):
+            if not task.state.resolved:
                 continue
             try:
                 await self.artifacts.blobs.delete_all(f"{task.task_id}/")

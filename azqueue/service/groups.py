@@ -161,9 +161,13 @@ class TaskGroups:
         outbox = self.outbox
         if outbox is None:
             return
-        trigger = await outbox.begin(task_group_id)
-        await self.tasks.add_outbox(task_group_id, [event])
-        await outbox.finish(task_group_id, trigger)
+        token = outbox.begin()
+        try:
+            await self.tasks.add_outbox(task_group_id, [event])
+        except BaseException:
+            await outbox.abandon(token, task_group_id, written=True)
+            raise
+        await outbox.finish(token, task_group_id, [event])
 
     # -- going through the members ---------------------------------------------------
 

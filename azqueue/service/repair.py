@@ -108,7 +108,12 @@ class Repair:
             return next_check(change.after, now, delay)
         if needs_tip(task, now, delay):
             assert last is not None
-            log.info("task %s: run %d pending for %.0fs: queuing another tip in case it has "
-                     "none", task.task_id, last.run_id, (now - last.scheduled).total_seconds())
-            await self.tips.queue(stored, last.run_id)
+            if await self.tips.still_waiting(stored):
+                log.debug("task %s: run %d pending for %.0fs, its tip untouched in its queue",
+                          task.task_id, last.run_id, (now - last.scheduled).total_seconds())
+            else:
+                log.info("task %s: run %d pending for %.0fs and its tip was received since it "
+                         "was put (or is not known): queuing another in case it was lost",
+                         task.task_id, last.run_id, (now - last.scheduled).total_seconds())
+                await self.tips.queue(stored, last.run_id)
         return next_check(task, now, delay)

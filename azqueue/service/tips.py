@@ -44,6 +44,13 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   claimTask checks the caller's scopes for the task's queue on the task's first read. So
   the tip a refused createTask put in the queue it named (it is dropped, but a poll may
   take it first) serves nobody there, and the poller's refused claim deletes it.
+* A pending run's tip is counted once, however long it waits: the tip last put for it
+  is kept on the task with the pop receipt its put returned (``LiveTip``), and the tip
+  repair's look updates the message with that receipt first (``still_waiting``): that
+  succeeds only while nobody has received the tip since, and then the tip is alive and
+  gets no duplicate. Only a tip a worker received (and may have lost), or one put
+  without that record (a retry's released message, an earlier release's tip), is
+  duplicated.
 * An **unscheduled** task (waiting for dependencies, see ``dependencies``) has no tip;
   it gets one when it is scheduled.
 * A task's tips live in the queue of its current priority. changeTaskPriority queues a
@@ -58,14 +65,16 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import timedelta
 
 from azqueue.model.task import Task
 from azqueue.model.tip import TipSigner
 from azqueue.service.hints import PendingHints
 from azqueue.service.waiting import Waiting
+from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import Message, PendingQueues, Queues
-from azqueue.storage.tasks import MAX_TIPS, HeldMessage, Stored, TaskStore
+from azqueue.storage.tasks import MAX_TIPS, HeldMessage, LiveTip, Stored, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -91,10 +100,30 @@ class Tips:
         self.hints.tip_visible(task.task_queue_id, task.priority)
         return message
 
-    async def record(self, task: Task, message: Message) -> None:
-        """Record ``message``, a tip just put, as one of the task's tips, and hand it over."""
-        await self.tasks.record_tip(task.task_id, message.message_id)
+    async def record(self, task: Task, message: Message, run_id: int) -> None:
+        """Record ``message``, a tip of run ``run_id`` just put, as one of the task's tips
+        and as the run's live tip, and hand it over."""
+        await self.tasks.record_tip(task.task_id, message.message_id, live(message, run_id))
         self.hand_over(task, message)
+
+    async def still_waiting(self, stored: Stored) -> bool:
+        """Whether the pending run's live tip is in its queue, untouched since it was put
+        (or last looked at): one request, and a second to keep the new receipt. False if
+        there is no such record or a worker received the tip since (it may be lost)."""
+        task = stored.task
+        last, tip = task.last_run, stored.live_tip
+        if last is None or tip is None or tip.run_id != last.run_id or \
+                tip.queue_name != self.pending.name(task.task_queue_id, task.priority):
+            return False
+        try:
+            receipt = await self.queues.update(tip.queue_name, tip.message_id, tip.pop_receipt,
+                                               visible_in=timedelta(0))
+        except ReceiptLost:
+            return True  # applied, its answer lost: alive, and the next look will not know
+        except MessageGone:
+            return False
+        await self.tasks.renew_live_tip(task.task_id, replace(tip, pop_receipt=receipt))
+        return True
 
     def hand_over(self, task: Task, message: Message) -> None:
         """Offer a tip of ``task`` just put (and recorded) to a claimWork caller waiting
@@ -110,7 +139,7 @@ class Tips:
             log.warning("task %s has %d tips recorded: not queuing another for run %d",
                         task.task_id, len(stored.tips), run_id)
             return
-        await self.record(task, await self.put(task, run_id))
+        await self.record(task, await self.put(task, run_id), run_id)
 
     def in_own_queue(self, task: Task, held: HeldMessage) -> bool:
         """Whether ``held`` is in the pending queue of the task's current priority."""
@@ -125,3 +154,8 @@ class Tips:
             self.hints.tip_visible(task.task_queue_id, task.priority)
             self.waiting.wake(task)
         return released
+
+
+def live(message: Message, run_id: int) -> LiveTip:
+    """The live tip record of ``message``, a tip of run ``run_id`` just put."""
+    return LiveTip(run_id, message.queue_name, message.message_id, message.pop_receipt)

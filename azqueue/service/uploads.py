@@ -1,11 +1,12 @@
-"""Receiving an ``s3`` artifact's content: the plain ``PUT`` to ``putUrl`` (document 003).
+"""Receiving an ``s3`` artifact's content: the plain ``PUT`` to ``putUrl``
+(docs/workers/artifacts.md).
 
 Promises:
 
 * Nothing is written unless the grant is genuine and unexpired, the declared
   ``Content-Type`` and ``Content-Length`` are what it allows, the artifact exists (as
   ``s3``) and its run may still get artifacts: "Artifacts can be uploaded until
-  reportCompleted or reportFailed is called" (document 003), or for 20 minutes after an
+  reportCompleted or reportFailed is called" (docs/workers/artifacts.md), or for 20 minutes after an
   exception, the rule of createArtifact. An upload under way when the run is reported
   is finished.
 * The body is never held whole: it is staged in blocks of ``BLOCK_SIZE`` with at most

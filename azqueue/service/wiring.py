@@ -48,7 +48,7 @@ from azqueue.service.waiting import Waiting
 from azqueue.service.workclaimer import WorkClaimer
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.claims import ClaimStore
+from azqueue.storage.claims import ClaimNotes, ClaimStore
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import PendingQueues, Queues
@@ -108,7 +108,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     dependencies = Dependencies(
         tasks, DependentStore(account), queues, account.queue_name("dependencies"),
         timedelta(seconds=settings.dependencies_recovery_delay), schedule)
-    index = ClaimIndex(ClaimStore(account), tasks, claim_timeout)
+    index = ClaimIndex(ClaimStore(account), ClaimNotes(account), tasks, claim_timeout)
     changes = Changes(tasks, outbox, dependencies, cache, queues, tips, index,
                       settings.crash_after_commit)
     owners = GroupOwners(tasks, groups)
@@ -136,7 +136,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
         rerun=Rerun(tasks, groups, changes, tips, events_on=outbox is not None),
         batch=BatchReads(tasks),
         counts=TaskQueueCounts(tasks, queues, pending, signer, cache,
-                               RunningClaims(index.store)),
+                               RunningClaims(index)),
         workers=workerinfo,
         task_urls=TaskUrls(pending, hints, timedelta(seconds=settings.sas_lifetime)),
         artifacts=artifacts,
@@ -154,6 +154,7 @@ async def _setup(services: Services) -> None:
     """Create the tables and internal queues (idempotent), start the claim index."""
     await services.definitions.setup()
     await services.index.store.ensure()
+    await services.index.notes.ensure()
     await services.workers.setup()
     await services.dependencies.setup()
     services.index.start()
@@ -181,6 +182,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
                             account.queue_name("events"),
                             timedelta(seconds=settings.events_recovery_delay))
             await outbox.setup()
+            await publisher.start()
+            await outbox.start()
         else:
             log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
         services = build(settings, account, outbox)
@@ -198,6 +201,8 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
         finally:
             await _close(services)
     finally:
+        if outbox is not None:
+            await outbox.close()
         if publisher is not None:
             await publisher.close()
         await account.close()

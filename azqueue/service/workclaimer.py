@@ -19,7 +19,7 @@ claims expire, reclaim and retry like any other. Tips reach waiters two ways:
   A receive whose answer was lost hides the tips it took for ``CLAIM_WORK_HOLD``; the
   poller looks again as soon as they reappear.
 
-Tips a caller cannot claim are deleted (document 000's worker rule); tips it was handed
+Tips a caller cannot claim are deleted (the worker rule of docs/workers/sas.md); tips it was handed
 but no longer needs (it answered, or went away) are handed to another caller or released.
 Which workers called, and what they claimed, is recorded by ``workers.WorkerInfo``; a
 quarantined worker waits as long as a call finding no work and gets no tasks, as in

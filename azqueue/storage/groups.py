@@ -274,10 +274,26 @@ class GroupStore(TableStore):
         with translate(f"dropping task {task_id} from group {task_group_id}"):
             await self._table.delete_entity(task_group_id, task_id)
 
-    async def claim_announcement(self, task_group_id: str, by_task_id: str) -> bool:
+    async def is_empty(self, task_group_id: str) -> bool:
+        """Whether the group has no member rows (its own task has none while it is
+        unresolved, or, with a group of one, ever): one request."""
+        with translate(f"reading group {task_group_id}"):
+            pages = self._table.query_entities(
+                "PartitionKey eq @pk and RowKey lt @below",
+                parameters={"pk": task_group_id, "below": RECORD}, select=["RowKey"],
+                results_per_page=1).by_page()
+            async for page in pages:
+                async for _ in page:
+                    return False
+                break
+        return True
+
+    async def claim_announcement(self, task_group_id: str,
+                                 by_task_id: str) -> tuple[bool, str | None]:
         """Whether the resolution of ``by_task_id`` is to announce the group resolved: true
         for the first to claim the current set of members, and again for that same task
-        (its announcement may not have gone out), false for everyone else."""
+        (its announcement may not have gone out), false for everyone else; with the
+        latest ``expires`` of the member rows that carry one (None if none does)."""
         with translate(f"reading group {task_group_id}"):
             rows = [r async for r in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_group_id},
@@ -290,18 +306,19 @@ class GroupStore(TableStore):
                   "by": by_task_id}
         # Rows of earlier versions carry no expires; then neither does the marker.
         expires = [str(r["expires"]) for r in member_rows if r.get("expires")]
-        if expires and len(expires) == len(member_rows):
-            marker["expires"] = timeutil.fmt(max(map(timeutil.parse, expires)))
+        latest = timeutil.fmt(max(map(timeutil.parse, expires))) if expires else None
+        if latest is not None and len(expires) == len(member_rows):
+            marker["expires"] = latest
         try:
             with translate(f"announcing group {task_group_id}"):
                 if current is None:
                     await self._table.create_entity(marker)
                 elif current.get("members") == digest:
-                    return bool(current.get("by") == by_task_id)
+                    return bool(current.get("by") == by_task_id), latest
                 else:
                     await self._table.update_entity(
                         marker, mode=UpdateMode.REPLACE, etag=current.metadata["etag"],
                         match_condition=MatchConditions.IfNotModified)
         except (EntityExists, ETagMismatch, EntityNotFound):
-            return False  # another resolution announced this set just now
-        return True
+            return False, latest  # another resolution announced this set just now
+        return True, latest

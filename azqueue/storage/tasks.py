@@ -8,7 +8,8 @@ one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQue
 ``held`` is the message the running run's claim holds (``HeldMessage``), written with
 the claim that took it and cleared by the write that ends the run; each property
 ``tip_<hash of messageId>`` (value: the messageId) records a message that was put carrying
-one of the task's tips, the first in the task's own insert; ``tipRepair`` (``<runId>
+one of the task's tips, the first in the task's own insert; ``liveTip`` (a ``LiveTip``)
+is the pending run's last tip with its pop receipt, for the tip repair; ``tipRepair`` (``<runId>
 <epoch seconds>``) notes the last tip a claim queued to repair a pending run's (kept
 until the next write of the task, which changes the run anyway).
 
@@ -27,9 +28,8 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
-from azure.core import MatchConditions
 from azure.data.tables import EntityProperty, EdmType, UpdateMode
 
 from azqueue.errors import NotFound, StorageError
@@ -49,6 +49,8 @@ from azqueue.storage.errors import (
 CHUNK = 30_000
 OUTBOX = "outbox:"  # Azure refuses "/" in keys; ";" follows ":"
 _sequence = itertools.count()
+# Names this process in the outbox rows it writes (``azqueue.events``: its lease).
+WRITER = secrets.token_hex(6)
 
 EventsFor = Callable[[Task | None, Task], list[Event]]
 BeforeWrite = Callable[[Task, Task], Awaitable[None]]
@@ -59,6 +61,8 @@ ROW = "task"
 TIP = "tip:"
 # Properties "tip_<hash>" on the task entity: the messages put carrying its tips.
 TIP_PROPERTY = "tip_"
+# Property "liveTip" on the task entity: the ``LiveTip`` of a pending run.
+LIVE_TIP = "liveTip"
 # More tip records than this are not kept (a createTask repeated without end).
 MAX_TIPS = 64
 # Rows "wait:<tag>:<taskId>": a dependency this task still waits for, as written by a
@@ -99,10 +103,25 @@ class HeldMessage:
                           separators=(",", ":"))
 
     @classmethod
-    def from_json(cls, text: str) -> HeldMessage:
+    def from_json(cls, text: str) -> Self:
         data = json.loads(text)
         return cls(int(data["runId"]), str(data["queue"]), str(data["messageId"]),
                    str(data["receipt"]))
+
+
+@dataclass(frozen=True, slots=True)
+class LiveTip(HeldMessage):
+    """The tip last put for a pending run, with the pop receipt its put (or the last
+    look at it) returned: updating the message with that receipt succeeds only while
+    nobody has received it since, so the tip repair can tell a tip that waits untouched
+    from one a worker took (and may have lost) without putting a duplicate."""
+
+    @classmethod
+    def parse(cls, text: str) -> LiveTip | None:
+        try:
+            return cls.from_json(text)
+        except (ValueError, KeyError, TypeError):
+            return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,6 +136,7 @@ class Stored:
     tips: frozenset[str] = field(default=frozenset())
     write_id: str = ""  # names the write that stored it (see ``modify``)
     tip_repair: str = ""  # ``<runId> <epoch seconds>``: see ``note_tip_repair``
+    live_tip: LiveTip | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +167,8 @@ def tip_property(message_id: str) -> str:
 
 
 def to_entity(task: Task, held: HeldMessage | None = None,
-              tips: frozenset[str] = frozenset(), write_id: str = "") -> dict[str, Any]:
+              tips: frozenset[str] = frozenset(), write_id: str = "",
+              live_tip: LiveTip | None = None) -> dict[str, Any]:
     entity: dict[str, Any] = {
         "PartitionKey": task.task_id,
         "RowKey": ROW,
@@ -160,6 +181,7 @@ def to_entity(task: Task, held: HeldMessage | None = None,
         "held": held.to_json() if held is not None else "",
         "writeId": write_id,
         **{tip_property(t): t for t in tips},
+        **({LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}),
     }
     _put_chunks(entity, "definition", json.dumps(task.definition, separators=(",", ":")))
     _put_chunks(entity, "runs", json.dumps([r.to_json() for r in task.runs], separators=(",", ":")))
@@ -171,7 +193,8 @@ def stored_from_entity(entity: Mapping[str, Any]) -> Stored:
     recorded = frozenset(str(v) for k, v in entity.items() if k.startswith(TIP_PROPERTY))
     return Stored(from_entity(entity), str(entity.metadata["etag"]),  # type: ignore[attr-defined]
                   HeldMessage.from_json(held) if held else None, recorded,
-                  str(entity.get("writeId", "")), str(entity.get("tipRepair", "")))
+                  str(entity.get("writeId", "")), str(entity.get("tipRepair", "")),
+                  LiveTip.parse(str(entity[LIVE_TIP])) if entity.get(LIVE_TIP) else None)
 
 
 def from_entity(entity: Mapping[str, Any]) -> Task:
@@ -186,9 +209,10 @@ def from_entity(entity: Mapping[str, Any]) -> Task:
 
 def outbox_row(task_id: str, event: Event) -> dict[str, Any]:
     """An outbox entity in the task's partition; RowKeys sort in the order of writing
-    within this process (nanoseconds, then a counter)."""
-    entity: dict[str, Any] = {"PartitionKey": task_id,
-                              "RowKey": f"{OUTBOX}{time.time_ns():020d}-{next(_sequence):09d}"}
+    within this process (nanoseconds, then a counter) and end with the ``WRITER``."""
+    entity: dict[str, Any] = {
+        "PartitionKey": task_id,
+        "RowKey": f"{OUTBOX}{time.time_ns():020d}-{next(_sequence):09d}-{WRITER}"}
     _put_chunks(entity, "event", json.dumps(event.to_json(), separators=(",", ":")))
     return entity
 
@@ -204,20 +228,21 @@ class TaskStore(TableStore):
         super().__init__(account, "tasks")
 
     async def insert(self, task: Task, events: EventsFor | None = None,
-                     tips: tuple[str, ...] = ()) -> Stored | None:
+                     tips: tuple[str, ...] = (), live_tip: LiveTip | None = None
+                     ) -> Stored | None:
         """Store a new task with the records of the tip messages already put for it (and
         the outbox rows of its events, in one transaction); None if a task with this
         taskId already exists (then nothing was written), unless that task is this very
         insert, applied by an attempt whose answer was lost."""
         outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
         write_id = secrets.token_hex(8)
-        entity = to_entity(task, None, frozenset(tips), write_id)
+        entity = to_entity(task, None, frozenset(tips), write_id, live_tip)
         try:
             with translate(f"inserting task {task.task_id}"):
                 if outbox:
-                    written = await self._table.submit_transaction(
-                        [("create", entity), *(("create", row) for row in outbox)])
-                    etag = written[0]["etag"]
+                    etag = await self._rest.transaction(
+                        self.name, [("create", entity, ""), *(("create", row, "")
+                                                                for row in outbox)])
                 else:
                     etag = (await self._rest.create_entity(self.name, entity))["etag"]
         except (EntityExists, TransactionConflict):
@@ -228,7 +253,7 @@ class TaskStore(TableStore):
             except NotFound:
                 return None
             return existing if existing.write_id == write_id else None
-        return Stored(task, str(etag), None, frozenset(tips), write_id)
+        return Stored(task, str(etag), None, frozenset(tips), write_id, live_tip=live_tip)
 
     async def load(self, task_id: str, tip: str | None = None) -> Stored:
         """The task as stored; with ``tip``, a messageId not recorded on the task, also
@@ -255,13 +280,11 @@ class TaskStore(TableStore):
                 "RowKey eq @task and expires lt @now", parameters={"task": ROW, "now": now})]
 
     async def delete_partition(self, task_id: str) -> bool:
-        """Delete every row of the task's partition, the task itself last; False (and
-        nothing deleted) while it holds unpublished events."""
+        """Delete every row of the task's partition (its outbox rows too: an event not
+        published by the time its task expires is not any more), the task itself last."""
         with translate(f"listing the rows of task {task_id}"):
             keys = [str(e["RowKey"]) async for e in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_id}, select=["RowKey"])]
-        if any(k.startswith(OUTBOX) for k in keys):
-            return False
         await delete_rows(self._table, task_id, [k for k in keys if k != ROW],
                           f"deleting the rows of task {task_id}")
         with translate(f"deleting task {task_id}"):
@@ -314,17 +337,30 @@ class TaskStore(TableStore):
             str(r["RowKey"])[len(WAIT):].partition(":") for r in rows if r["RowKey"] != ROW))
         return stored_from_entity(entity), waits
 
-    async def record_tip(self, task_id: str, message_id: str) -> None:
+    async def record_tip(self, task_id: str, message_id: str,
+                         live_tip: LiveTip | None = None) -> None:
         """Remember that the message ``message_id`` was put carrying a tip of this task (a
-        merge: it moves the ETag, so a concurrent ``modify`` keeps the record)."""
+        merge: it moves the ETag, so a concurrent ``modify`` keeps the record), and, with
+        ``live_tip``, that it is the pending run's tip to look at (``LiveTip``)."""
+        live = {LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}
         try:
             with translate(f"recording a tip of task {task_id}"):
                 await self._rest.update_entity(
                     self.name,
-                    {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id},
-                    "*", merge=True)
+                    {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id,
+                     **live}, "*", merge=True)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+
+    async def renew_live_tip(self, task_id: str, live_tip: LiveTip) -> None:
+        """The live tip's new pop receipt, after a look at it changed it (a merge)."""
+        try:
+            with translate(f"recording the tip of task {task_id}"):
+                await self._rest.update_entity(
+                    self.name, {"PartitionKey": task_id, "RowKey": ROW,
+                                LIVE_TIP: live_tip.to_json()}, "*", merge=True)
+        except EntityNotFound:
+            pass
 
     async def note_tip_repair(self, stored: Stored, run_id: int, now: datetime) -> bool:
         """Note on the task, if it is still as ``stored``, that a tip for ``run_id`` is
@@ -340,13 +376,25 @@ class TaskStore(TableStore):
             return False
         return True
 
-    async def outbox(self, task_id: str) -> list[tuple[str, Event]]:
-        """The task's unpublished events, oldest first, with their RowKeys."""
+    async def outbox(self, task_id: str, after: str = OUTBOX) -> list[tuple[str, Event]]:
+        """The task's outbox rows from RowKey ``after`` on, oldest first, with their
+        RowKeys (published or not: published rows stay until the task expires)."""
         with translate(f"reading the outbox of task {task_id}"):
             rows = self._table.query_entities(
                 "PartitionKey eq @pk and RowKey ge @low and RowKey lt @high",
-                parameters={"pk": task_id, "low": OUTBOX, "high": OUTBOX[:-1] + ";"})
+                parameters={"pk": task_id, "low": max(after, OUTBOX), "high": OUTBOX[:-1] + ";"})
             return [(str(row["RowKey"]), event_from_row(row)) async for row in rows]
+
+    async def outbox_of(self, writer: str, after: str) -> list[tuple[str, str, Event]]:
+        """The outbox rows that the process ``writer`` wrote, from RowKey ``after`` on, in
+        every partition: (partition, RowKey, event). A scan of the table (for recovering
+        what a process that died left, which is rare)."""
+        with translate(f"reading the outbox rows of {writer}"):
+            rows = self._table.query_entities(
+                "RowKey ge @low and RowKey lt @high",
+                parameters={"low": max(after, OUTBOX), "high": OUTBOX[:-1] + ";"})
+            return [(str(row["PartitionKey"]), str(row["RowKey"]), event_from_row(row))
+                    async for row in rows if str(row["RowKey"]).endswith(f"-{writer}")]
 
     async def add_outbox(self, partition: str, events: list[Event]) -> None:
         """Outbox rows for events that are no task's change (a task group's), in the
@@ -412,18 +460,21 @@ class TaskStore(TableStore):
             # a new priority they are all stale, and forgetting them makes a claim of one
             # a claim of a message that is not the task's tip (refused, then deleted).
             tips = stored.tips if after.priority == before.priority else frozenset[str]()
-            entity = to_entity(after, held, tips, write_id)
+            live = stored.live_tip
+            last = after.last_run
+            if live is not None and (after.priority != before.priority or last is None or
+                                     last.run_id != live.run_id or
+                                     last.state is not RunState.PENDING):
+                live = None  # it is the tip of a run that is pending no more
+            entity = to_entity(after, held, tips, write_id, live)
             if before_write is not None:
                 await before_write(before, after)
             try:
                 with translate(f"updating task {task_id}"):
                     if outbox:
-                        written = await self._table.submit_transaction([
-                            ("update", entity,
-                             {"mode": UpdateMode.REPLACE, "etag": stored.etag,
-                              "match_condition": MatchConditions.IfNotModified}),
-                            *(("create", row) for row in outbox)])
-                        etag = written[0]["etag"]
+                        etag = await self._rest.transaction(
+                            self.name, [("replace", entity, stored.etag),
+                                        *(("create", row, "") for row in outbox)])
                     else:
                         etag = (await self._rest.update_entity(
                             self.name, entity, stored.etag))["etag"]
@@ -431,6 +482,6 @@ class TaskStore(TableStore):
                 lost = (before, stored.held, write_id)
                 continue
             return Change(before, after, stored.held,
-                          Stored(after, str(etag), held, tips, write_id))
+                          Stored(after, str(etag), held, tips, write_id, live_tip=live))
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "
                            "updated; try again")

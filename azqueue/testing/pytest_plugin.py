@@ -1,7 +1,7 @@
 """pytest fixtures for projects that test their workers against azqueue on Azurite.
 
-Installed with azqueue (entry point ``pytest11``); README ("Testing your workers against
-azqueue") shows them at work:
+Installed with azqueue (entry point ``pytest11``); docs/testing-workers.md shows them at
+work:
 
 * ``azurite`` (session): a throwaway Azurite (data in RAM where there is some), with
   ``.connection_string``; found or installed as ``azqueue.devstorage.azurite_bin`` says.

@@ -1,5 +1,5 @@
-"""Getting work through claimWork (``mode="claim-work"``, document 003): one long-polling
-call per request for work, asking for the worker's free capacity.
+"""Getting work through claimWork (``mode="claim-work"``, docs/workers/sdk.md): one
+long-polling call per request for work, asking for the worker's free capacity.
 
 ``requests`` counts the calls under ``CLAIM_WORK``, as ``azqueue.worker.sas.SasSource``
 counts its own.
@@ -42,7 +42,7 @@ class ClaimWorkSource:
         self.requests: Counter[str] = requests if requests is not None else Counter()
 
     async def get(self, n: int, stop: asyncio.Event) -> list[Any]:
-        """Up to ``n`` claims: document 003's ``tasks``, "the number of tasks it is
+        """Up to ``n`` claims: claimWork's ``tasks``, "the number of tasks it is
         willing to process", is the free capacity. None when ``stop`` is set or no answer
         came within ``CLAIM_WORK_TIMEOUT`` seconds, unless one comes while the call is
         given up."""

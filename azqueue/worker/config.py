@@ -27,10 +27,10 @@ class WorkerConfig:
     :param mode: ``"claim-work"`` (default): long-poll claimWork; ``"sas"``: poll the
         Azure queues of pollTaskUrls directly.
     :param reclaim_margin: seconds before ``takenUntil`` at which a task is reclaimed,
-        default 60 (document 003: "a few minutes prior to expiration" for the default
+        default 60 (docs/workers/sdk.md: "a few minutes prior to expiration" for the default
         20-minute claims).
     :param idle_sleep: ``sas`` mode: seconds slept after an empty pass over the queues,
-        default 1 ("sleep a second or so", document 000), with ±25% jitter; doubled
+        default 1 ("sleep a second or so", docs/workers/sas.md), with ±25% jitter; doubled
         after each further empty pass in a row, up to ``max_idle_sleep``.
     :param max_idle_sleep: ``sas`` mode: the longest sleep between empty passes (on
         average; ±25% jitter), default 5. An idle worker asks the queue which queues

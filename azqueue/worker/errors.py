@@ -14,7 +14,7 @@ Any other exception escaping a handler is a bug in the worker and is reported
 ``internal-error`` too. The worker logs each exception's message; the handler owns the
 task log and should write the explanation there before raising ("it is still important
 to write a detailed explanation of what is wrong with the task definition to the task
-log", document 003), as ``azqueue.worker.shell`` does.
+log", docs/workers/sdk.md), as ``azqueue.worker.shell`` does.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ class ResourceUnavailable(TaskException):
 
 
 class IntermittentTask(TaskException):
-    """The task asked to be retried (strongly discouraged by document 003)."""
+    """The task asked to be retried (strongly discouraged by docs/workers/sdk.md)."""
 
     reason = "intermittent-task"
 

@@ -14,7 +14,7 @@
 * 5xx answers are retried with backoff by the official client.
 
 What it costs. Every poll of an Azure queue is a billed storage request, an empty one
-too, and document 000's plain loop spends seven of them per task when the backlog is in
+too, and the plain loop of docs/workers/sas.md spends seven of them per task when the backlog is in
 the last queue (``lowest``, the default priority). Two rules bring that down without
 reordering the queues:
 
@@ -39,7 +39,7 @@ reordering the queues:
 * **Idle backoff.** After the *k*-th empty pass in a row the worker sleeps
   ``min(idle_sleep * 2 ** (k - 1), max_idle_sleep)`` seconds, times a random factor
   between 0.75 and 1.25 so that workers do not poll in step: "a second or so" after the
-  first empty pass (document 000), growing to ``max_idle_sleep`` on average. Finding
+  first empty pass (docs/workers/sas.md), growing to ``max_idle_sleep`` on average. Finding
   work resets it. An idle worker thus costs one pollTaskUrls per ``max_idle_sleep``
   seconds (seven polls without sampled queues).
 
@@ -212,7 +212,7 @@ class SasSource:
                 self.empty_passes = 0
                 return await self._claim_all(messages, q["signedDeleteUrl"])
         # "If at end of the array, the worker should sleep a second or so, and start
-        # polling from the start of the list" (000); longer while nothing comes.
+        # polling from the start of the list" (docs/workers/sas.md); longer while nothing comes.
         self.empty_passes += 1
         delay = idle_delay(self.empty_passes, self.idle_sleep, self.max_idle_sleep,
                            random.uniform(0.75, 1.25))

@@ -1,16 +1,16 @@
 """The worker: claims tasks, runs a handler for each, reclaims, and reports.
 
-Lifecycle (document 002): ``ready → running → stopping → stopped``. ``start()`` runs the
+Lifecycle (docs/workers/sdk.md): ``ready → running → stopping → stopped``. ``start()`` runs the
 loop until ``stop()``; every wait in the loop is bounded, so stopping takes seconds.
 
 * Capacity: up to ``capacity`` tasks run at once; the worker asks for exactly its free
-  capacity (document 001's remark on multiple messages).
+  capacity (docs/workers/sas.md: the claims of one poll).
 * Work comes from SAS URLs (``mode="sas"``, documents 000/001; see ``azqueue.worker.sas``
   for the order of polls and the sleeps between empty passes) or from claimWork
-  (``mode="claim-work"``, document 003; ``azqueue.worker.claimwork``).
+  (``mode="claim-work"``, docs/workers/sdk.md; ``azqueue.worker.claimwork``).
 * Each task is reclaimed ``reclaim_margin`` seconds before ``takenUntil`` with its own
   credentials, which are then swapped for the new ones. A 409 on reclaim cancels the
-  handler at once and forgets the task: no artifacts, no report (document 003).
+  handler at once and forgets the task: no artifacts, no report (docs/workers/sdk.md).
 * A cancel reaches the handler within ``status_interval`` seconds (10 by default), not
   at the next reclaim: every running task's status is read that often (one ``status``
   call, one table read on the server), and a run resolved by someone else (canceled,

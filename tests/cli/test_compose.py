@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 import yaml
 
 from azqueue.config import Settings
+from azqueue.errors import ConfigError
 from azqueue.devstorage import Azurite, free_port
 from tests.servers import IN_CI, Server
 
@@ -120,3 +122,62 @@ async def test_the_rabbitmq_healthcheck_passes_on_the_local_broker(
             pytest.fail(f"{command[1]} is needed: RabbitMQ runs next to the tests under CI")
         pytest.skip(f"no {command[1]} (RabbitMQ) here")
     assert await asyncio.to_thread(_run, command[1:]) == 0
+
+
+def test_the_image_runs_unprivileged_and_installs_pinned_versions() -> None:
+    """The server runs as a user of its own, and `pip install` in the image is
+    constrained to an exact version of every package azqueue needs at run time."""
+    lines = [line.split() for line in (ROOT / "Dockerfile").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    users = [words[1] for words in lines if words[0] == "USER"]
+    assert users and users[-1] not in ("root", "0")
+    install = next(i for i, words in enumerate(lines) if words[:2] == ["RUN", "pip"])
+    assert "-c" in lines[install] and lines.index(["USER", users[-1]]) > install
+    pinned = dict(line.split("==") for line in
+                  (ROOT / "deploy" / "constraints.txt").read_text().splitlines()
+                  if line and not line.startswith("#"))
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from image_constraints import closure
+    finally:
+        sys.path.pop(0)
+    assert set(closure("azqueue")) <= set(pinned), "deploy/constraints.txt lacks a package"
+
+
+def test_the_example_clients_give_workers_their_own_task_queue_only(tmp_path: Path) -> None:
+    example = json.loads((ROOT / "deploy" / "clients.example.json").read_text())
+    given = tmp_path / "clients.json"
+    env = {"AZQUEUE_TIP_SECRETS": "s" * 32, "AZQUEUE_ROOT_CLIENT_ID": "root",
+           "AZQUEUE_ROOT_ACCESS_TOKEN": "t" * 32, "AZQUEUE_CLIENTS_FILE": str(given),
+           "AZQUEUE_STORAGE_ACCOUNT_URL": "https://account.blob.core.windows.net"}
+    given.write_text(json.dumps(example))
+    with pytest.raises(ConfigError, match="AZQUEUE_CLIENTS_FILE"):  # example tokens
+        Settings.from_env(env)
+    for client in example:
+        client["accessToken"] = "x" * 40
+    given.write_text(json.dumps(example))
+    clients = {c.client_id: c for c in Settings.from_env(env).clients}
+    worker = clients["worker/ci-linux"]
+    assert not any("*" in s.split(":")[-1] and s.startswith("queue:claim") for s in worker.scopes)
+    assert {s.split(":")[1] for s in worker.scopes} <= {
+        "claim-work", "claim-task", "poll-task-urls", "worker-id"}
+
+
+def test_the_storage_account_compose_file_signs_in_with_azure_identity(tmp_path: Path) -> None:
+    data = yaml.safe_load((ROOT / "deploy" / "compose" / "azure.yml").read_text())
+    service = data["services"]["azqueue"]
+    assert service["read_only"] is True
+    assert all(str(p).startswith("127.0.0.1:") for p in service["ports"])
+    given = {"AZQUEUE_STORAGE_ACCOUNT_URL": "https://account.blob.core.windows.net",
+             "AZQUEUE_AMQP_URL": "amqps://u:p@broker/vhost", "AZQUEUE_TIP_SECRETS": "s" * 32,
+             "AZQUEUE_ROOT_ACCESS_TOKEN": "t" * 32, "AZQUEUE_ROOT_URL": "https://queue.example"}
+    env = {k: re.sub(r"\$\{(\w+):[?-][^}]*\}", lambda m: given.get(m[1], ""), str(v))
+           for k, v in service["environment"].items()}
+    clients = json.loads((ROOT / "deploy" / "clients.example.json").read_text())
+    for client in clients:
+        client["accessToken"] = "x" * 40
+    (tmp_path / "clients.json").write_text(json.dumps(clients))
+    env["AZQUEUE_CLIENTS_FILE"] = str(tmp_path / "clients.json")
+    settings = Settings.from_env(env)
+    assert "AccountKey" not in settings.storage.connection_string
+    assert settings.amqp_url.startswith("amqps://") and settings.clients

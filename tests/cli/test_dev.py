@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from azqueue.devstorage import free_port
 from azqueue.server_commands import DEV_STATE
@@ -20,7 +21,8 @@ from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.cli.helpers import azqueue, one_line_error
 from tests.signing import hawk_signer
 from tests.tasks import definition, slugid
-from tests.worker.helpers import AZQUEUE, alive, checkout_env, eventually, running
+from tests.waiting import eventually
+from tests.worker.helpers import AZQUEUE, alive, checkout_env, running
 
 BANNER_TIMEOUT = 120.0
 
@@ -63,6 +65,7 @@ class Dev:
         return err
 
 
+@pytest.mark.crash
 async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
         tmp_path: Path) -> None:
     """A task created before a restart is still pending after it, and its tip (signed
@@ -149,6 +152,7 @@ async def test_a_second_dev_on_the_same_data_dir_says_it_is_taken(tmp_path: Path
         await asyncio.to_thread(first.stop, signal.SIGTERM)
 
 
+@pytest.mark.crash
 async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
         tmp_path: Path) -> None:
     first = await Dev(tmp_path, free_port()).started()

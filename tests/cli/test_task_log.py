@@ -14,8 +14,8 @@ from azqueue.cli import WAIT_EXIT_CODES
 from tests.cli.helpers import as_root
 from tests.servers import Server
 from tests.tasks import create, definition
-from tests.worker.helpers import (AZQUEUE, cli_env, eventually, running, shell_worker,
-                                  wait_status)
+from tests.waiting import eventually
+from tests.worker.helpers import AZQUEUE, cli_env, running, shell_worker, wait_status
 
 INTERVAL = 0.2  # the worker's log interval: short, so the test waits little
 

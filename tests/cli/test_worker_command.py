@@ -20,8 +20,8 @@ from azqueue.worker import Credentials, QueueRefused, Worker, WorkerConfig, Work
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
-from tests.worker.helpers import (alive, cli_env, config, eventually, finish, log_of, running,
-                                  spawn, wait_status)
+from tests.waiting import eventually
+from tests.worker.helpers import alive, cli_env, config, finish, log_of, running, spawn, wait_status
 
 
 async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
@@ -29,7 +29,7 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
     """`azqueue task cancel` while `azqueue worker` runs the task: the worker learns of it
     from the task's status (every --status-interval seconds), kills the command's
     process group and makes no report ('halt execution ... and forget all about the
-    task', document 003), although its claim lasts 20 minutes and its next reclaim is
+    task', docs/workers/sdk.md), although its claim lasts 20 minutes and its next reclaim is
     19 minutes away."""
     pid_file = tmp_path / "pid"
     task_id = await create(http, server.api, definition("prov/cancel-now", payload={

@@ -43,12 +43,12 @@ def _expires(hours: float = 1) -> str:
 
 
 def _upload(put_url: str, content: bytes, content_type: str) -> requests.Response:
-    """The PUT of document 003: `content-length`, `content-type` and the data as body."""
+    """The PUT of docs/workers/artifacts.md: `content-length`, `content-type` and the data as body."""
     return requests.put(put_url, data=content, headers={
         "Content-Type": content_type, "Content-Length": str(len(content))}, timeout=60)
 
 
-# -- a worker written from document 003 alone ----------------------------------------------
+# -- a worker written from docs/workers/artifacts.md alone ----------------------------
 
 
 def _document_003_worker(root_url: str, task_queue_id: str, content: bytes) -> str:
@@ -86,10 +86,10 @@ async def test_a_worker_written_from_document_003_uploads_an_s3_artifact_a_secon
     """'Workers should create S3 artifacts using createArtifact(taskId, runId, name,
     {storageType: 's3', expires, contentType}) which returns a putUrl. The file is then
     uploaded to S3 by making a PUT request to the putUrl with content-length,
-    content-type and artifact data as body' (003)."""
+    content-type and artifact data as body' (docs/workers/artifacts.md)."""
     queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "credentials": CREDENTIALS})
     await queue.createTask(slugid(), definition("prov/doc003"))
-    content = b"built by a worker that read document 003\n" * 100
+    content = b"built by a worker that read docs/workers/artifacts.md\n" * 100
     task_id = await asyncio.to_thread(_document_003_worker, server.root_url, "prov/doc003",
                                       content)
     from_buf, from_file, content_type = await asyncio.to_thread(
@@ -430,7 +430,7 @@ async def test_a_large_upload_is_staged_in_blocks_and_reads_back_whole(
 
 
 async def test_no_upload_after_the_run_is_reported_completed(server: Server) -> None:
-    """'Artifacts can be uploaded until reportCompleted or reportFailed is called' (003):
+    """'Artifacts can be uploaded until reportCompleted or reportFailed is called' (docs/workers/artifacts.md):
     a putUrl handed out before is refused after, and the content stays as it was."""
     task_id, queue = await _running(server)
     made = await queue.createArtifact(task_id, 0, "public/final.txt", {

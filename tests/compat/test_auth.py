@@ -243,7 +243,7 @@ async def test_claim_credentials_resolve_their_run_and_no_other(auth_server: Ser
 async def test_sas_worker_needs_its_scopes(auth_server: Server,
                                            anonymous: aiohttp.ClientSession) -> None:
     """pollTaskUrls and claimTask are refused to a worker without their scopes; the signed
-    seed-000 worker of tests/integration/test_sas_flow.py is the positive case."""
+    SAS worker of tests/integration/test_sas_flow.py is the positive case."""
     async with anonymous.get(f"{auth_server.api}/poll-task-url/prov/wt") as r:
         assert r.status == 403
         assert "queue:poll-task-urls:prov/wt" in (await r.json())["message"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import pytest
 
 from azqueue.devstorage import Azurite, free_port
 from tests import sas
@@ -13,12 +14,14 @@ from tests.events.consumers import ConsumerFactory, Received
 from tests.servers import ServerFactory
 from tests.serving import serve
 from tests.tasks import create, definition, slugid
+from tests.waiting import stays
 
 
 def _kinds(messages: list[Received]) -> list[str]:
     return [m.exchange for m in messages]
 
 
+@pytest.mark.crash
 async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_restart(
         azurite: Azurite, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
         http: aiohttp.ClientSession, consume: ConsumerFactory) -> None:
@@ -35,8 +38,8 @@ async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_r
         except aiohttp.ClientError:
             pass
         assert await asyncio.to_thread(doomed.wait, 10) == 70
-    await asyncio.sleep(1.5)
-    assert consumer.about(task_id) == []  # nothing was published before the crash
+    await stays(lambda: consumer.about(task_id), lambda m: m == [], for_=1.5,
+                what="nothing published before the crash")
     async with serve(azurite, storage_prefix, amqp_url, port):
         await consumer.wait_for(lambda _: "task-pending" in _kinds(consumer.about(task_id)))
         assert _kinds(consumer.about(task_id)) == ["task-defined", "task-pending"]
@@ -111,8 +114,8 @@ async def test_publishing_resumes_after_the_broker_connection_is_cut_and_nothing
         assert code == 200  # the API keeps working while events wait
         code, _ = await sas.post(http, f"{server.api}/task/{during}/runs/0/completed")
         assert code == 200
-        await asyncio.sleep(1.0)
-        assert consumer.about(during) == []
+        await stays(lambda: consumer.about(during), lambda m: m == [], for_=1.0,
+                    what="no event published while the broker is unreachable")
 
         proxy.restore()
         await consumer.wait_for(

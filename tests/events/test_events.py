@@ -1,4 +1,4 @@
-"""Task events on AMQP exchanges (source document 004), on a real RabbitMQ."""
+"""Task events on AMQP exchanges (see docs/concepts.md), on a real RabbitMQ."""
 
 from __future__ import annotations
 
@@ -13,10 +13,20 @@ from tests import sas
 from tests.events.consumers import ConsumerFactory, Received, assert_valid
 from tests.servers import ServerFactory
 from tests.tasks import create, definition, iso, slugid
+from tests.waiting import stays
 
 
 def _kinds(messages: list[Received]) -> list[str]:
     return [m.exchange for m in messages]
+
+
+def iso_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+async def _expires(http: aiohttp.ClientSession, api: str, task_id: str) -> str:
+    async with http.get(f"{api}/task/{task_id}/status") as r:
+        return str((await r.json())["status"]["expires"])
 
 
 async def _claim(http: aiohttp.ClientSession, api: str, task_id: str, run_id: int = 0) -> dict:
@@ -82,10 +92,10 @@ async def test_routes_are_cced_and_delivered_once_per_bound_queue(
     await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     for consumer in (routed, both):
         await consumer.wait_for(lambda _, c=consumer: "task-completed" in _kinds(c.about(task_id)))
-    await asyncio.sleep(0.5)  # anything duplicated would have arrived by now
     expected = ["task-defined", "task-pending", "task-running", "task-completed"]
-    assert _kinds(routed.about(task_id)) == expected
-    assert _kinds(both.about(task_id)) == expected
+    await stays(lambda: (_kinds(routed.about(task_id)), _kinds(both.about(task_id))),
+                lambda seen: seen == (expected, expected), for_=0.5,
+                what="each consumer receiving each event once")
     # Delivered under the primary routing key, CC'd to the route.
     assert all(m.routing_key.startswith(f"primary.{task_id}.") and m.cc == ["route.notify.by-email"]
                for m in routed.about(task_id))
@@ -128,13 +138,16 @@ async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
         await _claim(http, server.api, task_id)
         await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
         if i < 2:
-            await asyncio.sleep(0.3)
-            assert consumer.messages == [], f"group resolved after {i + 1} of 3 tasks"
+            await stays(lambda: consumer.messages, lambda m: m == [], for_=0.3,
+                        what=f"the group unresolved after {i + 1} of 3 tasks")
     await consumer.wait_for(lambda m: len(m) >= 1)
-    await asyncio.sleep(0.5)
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=0.5,
+                what="the group announced once")
     [message] = consumer.messages
     assert message.routing_key == f"primary.{group}.-._"
-    assert message.body == {"version": 1, "taskGroupId": group, "schedulerId": "-"}
+    latest = max([await _expires(http, server.api, t) for t in tasks], key=iso_time)
+    assert message.body == {"version": 1, "taskGroupId": group, "schedulerId": "-",
+                            "expires": latest}
     assert_valid(message)
 
     late = await create(http, server.api, definition("prov/group", taskGroupId=group))
@@ -155,13 +168,18 @@ async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
     child = await create(http, server.api, definition("prov/decision", taskGroupId=decision))
     await _claim(http, server.api, child)
     await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
-    await asyncio.sleep(0.5)
-    assert consumer.messages == [], "announced while the decision task runs"
+    await stays(lambda: consumer.messages, lambda m: m == [], for_=0.5,
+                what="nothing announced while the decision task runs")
     await sas.post(http, f"{server.api}/task/{decision}/runs/0/completed")
     await consumer.wait_for(lambda m: len(m) >= 1)
-    await asyncio.sleep(0.5)
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=0.5,
+                what="the group announced once")
     [message] = consumer.messages
-    assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-"}
+    latest = max([await _expires(http, server.api, t) for t in (decision, child)],
+                 key=iso_time)
+    assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-",
+                            "expires": latest}
+    assert_valid(message)
 
 
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
@@ -182,10 +200,10 @@ async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_togeth
         sas.post(http, f"{replicas[i % 2].api}/task/{task_id}/runs/0/completed")
         for tasks in members.values() for i, task_id in enumerate(tasks)))
     await consumer.wait_for(lambda m: {x.body["taskGroupId"] for x in m} >= set(groups))
-    await asyncio.sleep(1.0)  # any second announcement would have arrived by now
-    announced = [m.body["taskGroupId"] for m in consumer.messages
-                 if m.body["taskGroupId"] in groups]
-    assert sorted(announced) == sorted(groups)
+    await stays(lambda: sorted(m.body["taskGroupId"] for m in consumer.messages
+                               if m.body["taskGroupId"] in groups),
+                lambda announced: announced == sorted(groups), for_=1.0,
+                what="each group announced once")
 
 
 async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(

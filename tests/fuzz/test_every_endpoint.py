@@ -1,7 +1,7 @@
 """Every endpoint of the API, fuzzed with Hypothesis against one real server on Azurite.
 
-For each route declared in ``azqueue.api.routes.ROUTES`` (read when the test runs, so
-routes declared later are covered too), requests are generated from our own JSON schemas
+For each route of the table the server serves (``azqueue.api.app.ROUTES``, read when the
+test runs, so routes declared later are covered too), requests are generated from our own JSON schemas
 and from hostile variants of them: path parameters that are not what the route wants,
 bodies that are not JSON, not UTF-8, nested too deep, carrying non-finite numbers or
 values of the wrong shape, query parameters of any kind; signed as the root client,
@@ -29,9 +29,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from azqueue.api import app as _declares_every_route  # noqa: F401
 from azqueue.api import validation
-from azqueue.api.routes import ROUTES, Route
+from azqueue.api.app import ROUTES
+from azqueue.api.routing import Route
 from tests import sas
 from tests.fuzz.schemas import JSON_VALUES, from_schema
 from tests.servers import ROOT, Server, ServerFactory

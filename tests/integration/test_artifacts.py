@@ -1,4 +1,4 @@
-"""Artifacts on Azure Blob storage (source document 003's upload rules)."""
+"""Artifacts on Azure Blob storage (the upload rules of docs/workers/artifacts.md)."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ async def test_creation_rules_completed_exception_expiry_and_idempotency(
         server: Server, http: aiohttp.ClientSession) -> None:
     """'Artifacts can be uploaded until reportCompleted or reportFailed is called. If the
     task is resolved exception with reportException then artifacts can be uploaded for an
-    additional 20 minutes' (003)."""
+    additional 20 minutes' (docs/workers/artifacts.md)."""
     body = {"storageType": "reference", "expires": _expires(), "url": "https://example.com/a"}
     done = await _running_task(http, server)
     assert (await _create(http, server, done, "public/a", body))[0] == 200
@@ -183,7 +183,7 @@ async def test_list_artifacts_paginates(server: Server, http: aiohttp.ClientSess
 async def test_artifact_credentials_from_a_claim(make_server: ServerFactory,
                                                  http: aiohttp.ClientSession) -> None:
     """'The createArtifact calls must be signed with the most recent temporary credentials
-    returned from claimWork or reclaimTask' (003)."""
+    returned from claimWork or reclaimTask' (docs/workers/artifacts.md)."""
     server = await make_server()
     task_id = await create(http, server.api, definition("prov/artcred"))
     root = taskcluster.aio.Queue({"rootUrl": server.root_url, "credentials": CREDENTIALS})

@@ -3,7 +3,6 @@ reasonResolved set to canceled" (Taskcluster Queue reference), never retried."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import aiohttp
@@ -15,6 +14,7 @@ from azqueue.config import Client
 from tests import sas
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import definition, slugid
+from tests.waiting import stays
 
 CANCELER = Client("canceler", "canceler-access-token-0123456789", (
     "queue:create-task:*", "queue:scheduler-id:*", "queue:cancel-task:-/*"))
@@ -74,9 +74,11 @@ async def test_a_canceled_running_task_loses_its_claim_and_its_tip(
 
     # The tip was deleted with the claim's receipt: past takenUntil nothing reappears,
     # and nothing retries the task.
-    await asyncio.sleep(3.0)
-    assert await sas.poll_once(http, urls) == []
-    assert (await queue.status(task_id))["status"] == status
+    async def tips_and_status() -> tuple[list[Any], dict[str, Any]]:
+        return await sas.poll_once(http, urls), (await queue.status(task_id))["status"]
+
+    await stays(tips_and_status, lambda seen: seen == ([], status), for_=3.0, interval=0.5,
+                what="no tip and no retry for the canceled task")
 
 
 async def test_cancel_task_needs_its_scope_and_a_refusal_changes_nothing(

@@ -1,4 +1,4 @@
-"""claimWork long-polling (source document 003), sharing the tips with the SAS flow."""
+"""claimWork long-polling (see docs/workers/sdk.md), sharing the tips with the SAS flow."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from azqueue import errors
 from tests import sas
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, status
-from tests.waiting import eventually
+from tests.waiting import eventually, stays
 
 
 async def recorded_worker(server: Server, task_queue_id: str,
@@ -41,12 +41,12 @@ async def claim_work(http: aiohttp.ClientSession, server: Server, task_queue_id:
 
 async def test_a_waiting_claim_work_gets_a_task_created_while_it_waits(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """'This end-point is long-polling' (003): with polling effectively off (60 s), only the
+    """'This end-point is long-polling' (docs/workers/sdk.md): with polling effectively off (60 s), only the
     in-process wake-up can deliver a task created 0.5 s into a 20 s wait."""
     server = await make_server(claim_work_poll_interval=60.0)
     waiting = asyncio.create_task(claim_work(http, server, "prov/wake"))
-    await asyncio.sleep(0.5)
-    assert not waiting.done()
+    await stays(waiting.done, lambda done: not done, what="claimWork waiting for work",
+                for_=0.5)
     task_id = await create(http, server.api, definition("prov/wake"))
     [claim] = await asyncio.wait_for(waiting, 15)
     assert claim["status"]["taskId"] == task_id and claim["runId"] == 0
@@ -189,3 +189,20 @@ async def test_a_duplicate_tip_never_hands_a_run_out_twice(
     # Repeating the first claim as it was sent (a client retry) answers it again.
     code, again = await sas.claim(http, server.api, first[0], worker_id="w1")
     assert code == 200 and again["runId"] == 0
+
+
+async def test_claim_work_claims_what_comes_after_a_requests_storage_budget_is_spent(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """claimWork's route long-polls, so its storage calls get the long poll's time on top
+    of a request's budget: a task created once that budget is spent is still claimed."""
+    server = await make_server(request_budget=2.0, claim_work_wait=10.0)
+    loop = asyncio.get_running_loop()
+    budget_spent = loop.time() + 3.0
+    waiting = asyncio.create_task(claim_work(http, server, "prov/long-poll"))
+
+    async def now() -> float:
+        return loop.time()
+
+    await eventually(now, lambda t: t > budget_spent, what="the request's budget spent")
+    task_id = await create(http, server.api, definition("prov/long-poll"))
+    assert [c["status"]["taskId"] for c in await waiting] == [task_id]

@@ -226,6 +226,7 @@ async def test_an_unscheduled_task_at_its_deadline_is_resolved_and_passes_that_o
     assert await _state(queue, after) == "pending"
 
 
+@pytest.mark.crash
 async def test_a_resolution_stored_just_before_a_crash_is_passed_on_after_it(
         azurite: Azurite, make_server: ServerFactory, storage_prefix: str) -> None:
     survivor = await make_server(dependencies_recovery_delay=1.0,

@@ -148,7 +148,7 @@ async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactl
                      "receipt": m.pop_receipt, "signature": tip["signature"]})
                 if code == 200:
                     await work(api, tip["taskId"], claim["runId"], f"sas{i}")
-                elif 400 <= code < 500:  # not ours: delete the tip (document 000)
+                elif 400 <= code < 500:  # not ours: delete the tip (docs/workers/sas.md)
                     try:
                         async with http.delete(sas.delete_url(queue["signedDeleteUrl"], m)) as r:
                             await r.read()
@@ -203,7 +203,7 @@ async def _completed(completed: Counter[str], created: list[str]) -> int:
 
 async def test_a_pending_task_whose_tip_was_deleted_gets_another_within_the_repair_delay(
         faulty_servers: Callable[..., Awaitable[Server]], http: aiohttp.ClientSession) -> None:
-    """A worker deletes a tip it was refused (document 000), here as when its claim gave
+    """A worker deletes a tip it was refused (docs/workers/sas.md), here as when its claim gave
     up waiting for a task stored late; the pending task is left with no tip. The deadline
     message, first visible the repair delay after createTask, gives it another."""
     server = await faulty_servers()

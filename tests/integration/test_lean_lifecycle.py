@@ -20,7 +20,7 @@ from tests import sas
 from tests.integration.test_claim_work import claim_work
 from tests.servers import Server, ServerFactory
 from tests.tasks import create, definition, slugid, status
-from tests.waiting import eventually
+from tests.waiting import eventually, stays
 
 
 async def _stage_tip(server: Server, task_queue_id: str) -> tuple[str, model.Task, str]:
@@ -53,8 +53,8 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
     message, _ = await _poll_one(http, server, "early")
     assert message.message_id == message_id
     claiming = asyncio.create_task(sas.claim(http, server.api, message))
-    await asyncio.sleep(0.5)
-    assert not claiming.done()
+    await stays(claiming.done, lambda done: not done, what="the claim waiting for its task",
+                for_=0.5)
     assert await server.services.changes.tasks.insert(task, tips=(message_id,)) is not None
     code, claim = await claiming
     assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0
@@ -162,7 +162,7 @@ async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
 
 async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """'claimWork ... long-polling' (003): eight callers waiting at once on a replica that
+    """'claimWork ... long-polling' (docs/workers/sdk.md): eight callers waiting at once on a replica that
     did not create the tasks (so nothing is handed over) each get their own task."""
     creator, server = await make_server(), await make_server(claim_work_poll_interval=0.5)
     callers = [asyncio.create_task(claim_work(http, server, "prov/shared", worker_id=f"w{i}"))

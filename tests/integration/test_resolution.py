@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -12,7 +11,7 @@ from azqueue.model import timeutil
 from tests import sas
 from tests.servers import ServerFactory
 from tests.tasks import create, definition, status
-from tests.waiting import eventually
+from tests.waiting import eventually, stays
 
 
 async def _claim(http: aiohttp.ClientSession, api: str, task_id: str, run_id: int,
@@ -49,7 +48,7 @@ async def test_claim_of_expired_run_with_no_retries_left_resolves_the_task_and_a
 
 async def test_retries_are_used_up_then_the_task_resolves_exception(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """worker-shutdown and intermittent-task 'will trigger an automatic retry' (004) while
+    """worker-shutdown and intermittent-task 'will trigger an automatic retry' (docs/concepts.md) while
     retries are left; malformed-payload never retries."""
     server = await make_server(run_resolvers=False)
     task_id = await create(http, server.api, definition("prov/retries", retries=1))
@@ -101,7 +100,7 @@ async def test_intermittent_task_retry_is_a_task_retry_and_its_tip_is_visible_at
 async def test_deadline_resolves_pending_and_running_runs_deadline_exceeded(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'pending and running runs are resolved as exception if not resolved by other means
-    before the deadline' (004)."""
+    before the deadline' (docs/concepts.md)."""
     server = await make_server(deadline_resolver_interval=0.5)
     pending = await create(http, server.api, definition("prov/deadline", deadline=timedelta(seconds=3)))
     running = await create(http, server.api, definition("prov/deadline", deadline=timedelta(seconds=3)))
@@ -147,10 +146,13 @@ async def test_background_resolver_expires_unpolled_claims_once_within_its_lag(
         lag = (timeutil.parse(r0["resolved"]) - timeutil.parse(r0["takenUntil"])).total_seconds()
         assert 0 <= lag <= interval * 1.2 + 2.0, lag
         assert s["retriesLeft"] == 4
-    await asyncio.sleep(interval * 4)
-    for task_id in task_ids:
-        s = await status(http, api, task_id)
-        assert len(s["runs"]) == 2 and s["retriesLeft"] == 4  # never twice
+    async def runs_and_retries() -> list[tuple[int, int]]:
+        return [(len(s["runs"]), s["retriesLeft"])
+                for s in [await status(http, api, task_id) for task_id in task_ids]]
+
+    await stays(runs_and_retries, lambda seen: seen == [(2, 4)] * len(task_ids),
+                for_=interval * 4, interval=0.5,
+                what="each expired claim retried once, never twice")
     # Every retry has a visible tip a worker can claim right away.
     seen = {m.tip["taskId"]: m for m in await sas.get_messages(http, poll_url, 32)}
     assert set(seen) == set(task_ids)

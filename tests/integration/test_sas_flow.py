@@ -1,4 +1,4 @@
-"""The SAS polling flow end to end: source document 000 (worker side) and 001 (queue side)."""
+"""The SAS polling flow end to end: the worker's side and the queue's (docs/workers/sas.md)."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ async def test_worker_does_the_seed_000_dance_with_plain_http(
 
 async def test_poll_urls_are_ordered_highest_priority_first(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """'the worker must poll the Azure queues in order they are given' (000): a task at
+    """'the worker must poll the Azure queues in order they are given' (docs/workers/sas.md): a task at
     `highest` comes out of the first poll URL even when a `lowest` one was created first."""
     server = await make_server()
     low = await create(http, server.api, definition("prov/prio", priority="lowest"))
@@ -67,7 +67,7 @@ async def test_poll_urls_are_ordered_highest_priority_first(
 async def test_unreclaimed_claim_reappears_as_next_run_and_expires_the_old_one(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'if a worker failed to reclaim a task on time ... the Azure queue message will become
-    visible ... Remember that we modified the message text to have runId + 1' (001)."""
+    visible ... Remember that we modified the message text to have runId + 1' (docs/workers/sas.md)."""
     server = await make_server(claim_timeout=2.0, run_resolvers=False)
     task_id = await create(http, server.api, definition("prov/expiry"))
     urls = await sas.poll_task_urls(http, server.api, "prov", "expiry")
@@ -119,7 +119,7 @@ async def test_reclaim_keeps_the_tip_invisible_past_the_first_taken_until(
 async def test_bad_signature_or_foreign_message_is_refused_and_worker_deletes_tip(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'the worker must delete messages if the queue.claimTask operations fails with a 4xx
-    error' with 'the URI encoded contents of <PopReceipt>' (000)."""
+    error' with 'the URI encoded contents of <PopReceipt>' (docs/workers/sas.md)."""
     server = await make_server()
     task_a = await create(http, server.api, definition("prov/tamper"))
     task_b = await create(http, server.api, definition("prov/tamper"))
@@ -166,7 +166,7 @@ async def test_bad_signature_or_foreign_message_is_refused_and_worker_deletes_ti
 async def test_a_tip_paired_with_another_held_message_is_refused_and_strands_nothing(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """The signature 'reduces the workers ability to mix-up claimed tasks by accident'
-    (001); the receipt does not help when both messages are held (Azurite hands every
+    (docs/workers/sas.md); the receipt does not help when both messages are held (Azurite hands every
     message of one GET the same receipt). Task A's tip presented with task B's message
     is refused before B's message is touched, and both tasks are then claimed normally."""
     server = await make_server()

@@ -86,7 +86,7 @@ async def test_reruns_racing_on_two_replicas_add_exactly_one_run(
 async def test_a_new_priority_moves_the_tip_and_the_old_tip_is_refused_as_stale(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """changeTaskPriority: the pending run is claimed from the new priority's queue; a
-    worker holding the old tip gets a 4xx and deletes it (document 000's rule)."""
+    worker holding the old tip gets a 4xx and deletes it (the worker rule of docs/workers/sas.md)."""
     server = await make_server()
     task_id = await create(http, server.api, definition("prov/reprio", priority="lowest"))
     urls = await sas.poll_task_urls(http, server.api, "prov", "reprio")

@@ -111,7 +111,7 @@ async def test_a_quarantined_workers_sas_claim_is_403_and_its_tip_goes_to_others
 async def test_pending_counts_across_priorities_count_each_pending_run_once(
         server: Server, http: aiohttp.ClientSession) -> None:
     """'the provisioner would over-provision aggressively as it would be unable to tell the
-    number of pending tasks' (000): the count leaves out the tips held by running claims
+    number of pending tasks' (docs/workers/sas.md): the count leaves out the tips held by running claims
     and the stale tip of a task cancelled while pending, which Azure's approximate message
     count includes."""
     tq = "prov/counts"

@@ -30,6 +30,8 @@ CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HOSTILE = '<img src=x onerror="window.__injected = true">'
 
+pytestmark = pytest.mark.browser
+
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:

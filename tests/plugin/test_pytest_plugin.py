@@ -89,3 +89,38 @@ def test_azqueues_own_suite_keeps_its_fixtures_with_the_plugin_loaded() -> None:
                         "idempotent")
     assert sample.returncode == 0, sample.stdout[-3000:] + sample.stderr
     assert re.search(r"\b[1-9]\d* passed\b", sample.stdout), sample.stdout
+
+
+@pytest.mark.timeout(300)
+def test_each_xdist_worker_gets_an_azqueue_of_its_own(tmp_path: Path) -> None:
+    """With pytest-xdist, tests running at once in two processes each see only their own
+    task queue's tasks and servers, and all of them pass."""
+    project = downstream_project(tmp_path, """
+import os
+import pytest
+import taskcluster
+
+from azqueue.worker import TaskRun
+
+
+@pytest.mark.parametrize("n", range(4))
+def test_runs_its_own_tasks(azqueue_server, azqueue_worker, n):
+    queue = azqueue_server.queue()
+    ran = []
+
+    async def handler(run: TaskRun) -> None:
+        ran.append(run.task_id)
+
+    ids = [taskcluster.slugId() for _ in range(3)]
+    for task_id in ids:
+        queue.createTask(task_id, {
+            "taskQueueId": "xdist/tasks", "created": taskcluster.fromNowJSON("0 seconds"),
+            "deadline": taskcluster.fromNowJSON("1 hour"), "payload": {},
+            "metadata": {"name": "x", "description": "x", "owner": "dev@example.com",
+                         "source": "https://example.com"}})
+    azqueue_worker("xdist/tasks", handler).drain(timeout=60)
+    assert sorted(ran) == sorted(ids), os.environ.get("PYTEST_XDIST_WORKER")
+""")
+    done = run_pytest(project, "-q", "-n", "2")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\b4 passed\b", done.stdout), done.stdout

@@ -14,7 +14,7 @@ import aiohttp
 from tests.servers import Server, ServerFactory
 from tests.tasks import definition, slugid
 
-# The most storage requests one anonymous request may cost (README, "Limits").
+# The most storage requests one anonymous request may cost (docs/api/limits.md).
 ANONYMOUS_BOUND = 100
 
 
@@ -69,14 +69,15 @@ async def test_an_anonymous_taskQueueCountsBatch_at_the_maximum_stays_within_the
 
 async def test_task_queue_counts_read_the_claim_index_once_for_every_task_queue_of_a_batch(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    # 7 peeks a task queue, and one scan of the claim index for all of them.
+    # 7 peeks a task queue, and one scan of the claim index and one read of the replicas'
+    # claim notes for all of them.
     server = await _quiet_server(make_server)
     ids = [f"prov/wt-{i}" for i in range(40)]
     spent, (status, answer) = await _cost(server, lambda: _post(
         http, f"{server.api}/task-queues/counts", {"taskQueueIds": ids}))
     assert status == 200, answer
     assert [c["taskQueueId"] for c in answer["taskQueueCounts"]] == ids
-    assert spent <= 7 * len(ids) + 1, spent
+    assert spent <= 7 * len(ids) + 2, spent
 
 
 async def test_an_anonymous_listTaskGroup_reads_a_bounded_page_whatever_limit_asks(

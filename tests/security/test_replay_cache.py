@@ -12,7 +12,7 @@ import mohawk
 import pytest
 
 from azqueue.api import hawk
-from azqueue.api.routes import AUTH_KEY
+from azqueue.api.routing import AUTH_KEY
 from azqueue.config import Client
 from tests.servers import Server, ServerFactory
 

@@ -81,7 +81,7 @@ async def test_an_unreachable_broker_is_a_broker_error() -> None:
     publisher = Publisher(f"amqp://guest:guest@127.0.0.1:{free_port()}/", "test/")
     try:
         with pytest.raises(errors.BrokerError) as info:
-            await publisher.publish(events.task_group_resolved("g", "s"))
+            await publisher.publish(events.task_group_resolved("g", "s", "2030-01-01T00:00:00.000Z"))
         assert isinstance(info.value, errors.TRANSIENT)
         assert "task-group-resolved primary.g.s._ not confirmed" in info.value.message
     finally:

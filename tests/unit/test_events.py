@@ -1,4 +1,4 @@
-"""Which messages a transition publishes, and their routing keys (source document 004)."""
+"""Which messages a transition publishes, and their routing keys (see docs/concepts.md)."""
 
 from __future__ import annotations
 
@@ -52,9 +52,10 @@ def test_final_resolutions_carry_the_group_check_and_no_change_publishes_nothing
 
 
 def test_task_group_resolved_routing_key() -> None:
-    event = events.task_group_resolved("G" * 22, "sched")
+    event = events.task_group_resolved("G" * 22, "sched", "2030-01-01T00:00:00.000Z")
     assert event.routing_key == f"primary.{'G' * 22}.sched._"
-    assert event.payload == {"version": 1, "taskGroupId": "G" * 22, "schedulerId": "sched"}
+    assert event.payload == {"version": 1, "taskGroupId": "G" * 22, "schedulerId": "sched",
+                             "expires": "2030-01-01T00:00:00.000Z"}
 
 
 def test_a_canceled_run_publishes_task_exception_with_the_group_check() -> None:

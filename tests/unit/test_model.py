@@ -26,7 +26,7 @@ def _task(retries: int = 1) -> model.Task:
 
 
 def test_claim_then_expiry_by_the_rewritten_tip_schedules_and_claims_the_retry() -> None:
-    """'we will have to resolve lower runIds as exception ... whenever, a task is claimed' (001)."""
+    """'we will have to resolve lower runIds as exception ... whenever, a task is claimed' (docs/workers/sas.md)."""
     task = model.claim(_task(), 0, "g", "a", NOW, TIMEOUT)
     with pytest.raises(Conflict, match="claimed until"):
         model.claim(task, 1, "g", "b", NOW + TIMEOUT - timedelta(seconds=1), TIMEOUT)
@@ -72,7 +72,7 @@ def test_reports_resolve_once_and_repeat_harmlessly() -> None:
 ])
 def test_which_exceptions_retry(reason: ReasonResolved, retried: model.ReasonCreated | None) -> None:
     """'Some of these reasons, notably intermittent-task, worker-shutdown, and claim-expired,
-    will trigger an automatic retry of the task' (004)."""
+    will trigger an automatic retry of the task' (docs/concepts.md)."""
     task = model.claim(_task(retries=3), 0, "g", "a", NOW, TIMEOUT)
     after = model.resolve(task, 0, RunState.EXCEPTION, reason, NOW)
     if retried is None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from azqueue.api.routes import ROUTES, route
+from azqueue.api.app import ROUTES
+from azqueue.api.routing import Router, Routes
 
 
 def test_every_endpoint_but_health_and_schemas_declares_its_scopes() -> None:
@@ -16,6 +17,44 @@ def test_every_endpoint_but_health_and_schemas_declares_its_scopes() -> None:
 
 def test_a_path_parameter_needs_a_convertor() -> None:
     with pytest.raises(ValueError) as info:
-        route("GET", "/task/<taskId>/things/<thing>", "listThings")
+        Routes().declare("GET", "/task/<taskId>/things/<thing>", "listThings")
     assert "<thing>" in str(info.value)
 
+
+def test_no_route_is_declared_twice() -> None:
+    """Each endpoint once by name, and each method and path once: a second declaration
+    would never be reached, or would shadow the first."""
+    names = [r.name for r in ROUTES]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
+    targets = [(r.method, r.path) for r in ROUTES]
+    assert sorted({t for t in targets if targets.count(t) > 1}) == []
+
+
+def test_a_table_that_declares_a_route_twice_is_refused() -> None:
+    routes = Routes()
+
+    async def handler() -> None:
+        pass
+
+    routes.declare("GET", "/ping", "ping")(handler)
+    routes.declare("GET", "/ping", "ping")(handler)
+    with pytest.raises(ValueError) as info:
+        Router(routes.table)
+    assert "ping" in str(info.value)
+
+
+def test_only_claim_work_long_polls() -> None:
+    """Its storage calls get the long poll's time on top of a request's budget."""
+    assert [r.name for r in ROUTES if r.long_poll] == ["claimWork"]
+
+
+def test_listings_declare_the_query_parameters_they_read() -> None:
+    paged = {r.name for r in ROUTES if {"continuationToken", "limit"} <= r.query}
+    assert paged == {"listTaskGroup", "listDependentTasks", "tasks", "statuses",
+                     "listProvisioners", "listWorkerTypes", "listTaskQueues", "listWorkers",
+                     "listPendingTasks", "listClaimedTasks", "listArtifacts",
+                     "listLatestArtifacts"}
+    by_name = {r.name: r for r in ROUTES}
+    assert "pending" in by_name["pollTaskUrls"].query
+    assert "quarantined" in by_name["listWorkers"].query
+    assert by_name["claimWork"].query == frozenset()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from azqueue.worker import Credentials, Worker, WorkerConfig
 from azqueue.worker import shell
 from tests.servers import ROOT, Server
 from tests.tasks import status
+from tests.waiting import eventually
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")
 CREDENTIALS = Credentials(ROOT.client_id, ROOT.access_token)
@@ -74,24 +74,6 @@ def finish(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> str:
         process.send_signal(sig)
     _, err = process.communicate(timeout=30)
     return err.decode(errors="replace")
-
-
-async def eventually(probe: Callable[[], Any], *, what: str, timeout: float = 60.0,
-                     interval: float = 0.1) -> Any:
-    """Call ``probe`` (a function, or an async one) until it returns something truthy, and
-    return that; fail saying ``what`` was awaited and the last value seen after
-    ``timeout`` seconds (a bound for a stuck test, not a measure of speed)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while True:
-        value = probe()
-        if inspect.isawaitable(value):
-            value = await value
-        if value:
-            return value
-        if loop.time() > end:
-            raise AssertionError(f"waited {timeout:.0f} s for {what}; last seen: {value!r}")
-        await asyncio.sleep(interval)
 
 
 async def wait_status(http: aiohttp.ClientSession, server: Server, task_id: str,

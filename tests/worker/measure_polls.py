@@ -4,7 +4,7 @@
    queues), run by one worker of capacity 1 and by one of capacity 4 with a handler that
    returns at once: Azure polls (and the empty ones among them) per claimed task, for
    the worker's defaults, for the defaults without the queue's samples (``hints``
-   False), and for document 000's plain loop (every pass from the top, no samples).
+   False), and for the plain loop of docs/workers/sas.md (every pass from the top, no samples).
 2. The same with LONG tasks that each take twice ``priority_recheck`` (0.2 s and 0.1 s
    here, standing for tasks that outlast the 5 s default), capacity 1.
 3. An idle worker for IDLE seconds, after 15 idle seconds: Azure requests per second,

@@ -25,7 +25,8 @@ from azqueue.worker.livelog import CHUNK
 from azqueue.worker.shell import LOG_ARTIFACT
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition
-from tests.worker.helpers import eventually, running, shell_worker, wait_status
+from tests.waiting import eventually
+from tests.worker.helpers import running, shell_worker, wait_status
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 # Short, so that the tests wait little for each append (the default is 2 s).

@@ -1,9 +1,9 @@
 """How a worker gets work: the order of its polls, their cost, and its sleeps when idle.
 
-Document 000: "the worker must poll the Azure queues in order they are given", "the
+docs/workers/sas.md: "the worker must poll the Azure queues in order they are given", "the
 parameter &numofmessages=N may be appended ... N can be up to 32", "If at end of the
 array, the worker should sleep a second or so, and start polling from the start of the
-list"; document 001: "if the worker received multiple <QueueMessage> entries ... it must
+list"; docs/workers/sas.md: "if the worker received multiple <QueueMessage> entries ... it must
 also claim these tasks".
 """
 
@@ -22,7 +22,8 @@ from azqueue.worker import TaskRun, Worker
 from azqueue.worker.sas import EMPTY_POLL, POLL, SasSource, idle_delay
 from tests.servers import ServerFactory
 from tests.tasks import create, definition, slugid, status
-from tests.worker.helpers import CREDENTIALS, config, eventually, running
+from tests.waiting import eventually
+from tests.worker.helpers import CREDENTIALS, config, running
 
 BACKLOG = 5
 PAUSE = 0.4  # seconds a handler takes in test_a_higher_priority_task_...
@@ -55,7 +56,7 @@ async def test_a_sas_worker_polls_once_per_task_at_a_backlog_below_the_top_queue
 
 async def test_without_a_sample_a_pass_polls_the_seven_queues_in_order(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """'the worker must poll the Azure queues in order they are given' (000): without the
+    """'the worker must poll the Azure queues in order they are given' (docs/workers/sas.md): without the
     queue's sample a pass from the top polls every queue until one has work, then the
     worker keeps to that one."""
     server = await make_server()
@@ -77,7 +78,7 @@ async def test_without_a_sample_a_pass_polls_the_seven_queues_in_order(
 async def test_a_higher_priority_task_created_during_a_backlog_is_claimed_at_the_next_recheck(
         make_server: ServerFactory, http: aiohttp.ClientSession, recheck: float,
         high_at: int) -> None:
-    """'the worker must poll the Azure queues in order they are given' (000), within
+    """'the worker must poll the Azure queues in order they are given' (docs/workers/sas.md), within
     ``priority_recheck``: a worker sticky on ``lowest`` goes back to the top once its last
     pass from the top is ``priority_recheck`` seconds old, so a ``highest`` task created
     while the backlog runs is claimed before the backlog is drained. Until then (or with
@@ -106,8 +107,8 @@ async def test_a_higher_priority_task_created_during_a_backlog_is_claimed_at_the
 @pytest.mark.parametrize("mode", ["sas", "claim-work"])
 async def test_a_worker_asks_for_exactly_its_free_capacity(
         make_server: ServerFactory, http: aiohttp.ClientSession, mode: str) -> None:
-    """'tasks is the number of tasks it is willing to process' (003); 'numofmessages=N ...
-    the maximum number of messages desired' (000): a worker of capacity 3 facing five
+    """'tasks is the number of tasks it is willing to process' (docs/workers/sdk.md); 'numofmessages=N ...
+    the maximum number of messages desired' (docs/workers/sas.md): a worker of capacity 3 facing five
     pending tasks claims three in one request and leaves two for others."""
     server = await make_server(claim_work_wait=1.0)
     tasks = [await create(http, server.api, definition("prov/capacity")) for _ in range(5)]
@@ -143,8 +144,8 @@ async def test_a_worker_asks_for_exactly_its_free_capacity(
 async def test_the_messages_of_one_poll_are_claimed_at_once_each_deleted_after_its_4xx(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'if the worker received multiple <QueueMessage> entries ... it must also claim these
-    tasks' (001) and 'the worker must delete messages if the queue.claimTask operations
-    fails with a 4xx error' (000): the claims of one poll are in flight together, and the
+    tasks' (docs/workers/sas.md) and 'the worker must delete messages if the queue.claimTask operations
+    fails with a 4xx error' (docs/workers/sas.md): the claims of one poll are in flight together, and the
     tip that is refused is deleted while the others are claimed."""
     server = await make_server()
     tasks = [await create(http, server.api, definition("prov/batch")) for _ in range(4)]
@@ -175,7 +176,7 @@ async def test_the_messages_of_one_poll_are_claimed_at_once_each_deleted_after_i
 
 
 def test_the_sleep_after_empty_passes_grows_from_idle_sleep_to_max_idle_sleep() -> None:
-    """'sleep a second or so' after an empty pass (000), doubling while nothing comes, up
+    """'sleep a second or so' after an empty pass (docs/workers/sas.md), doubling while nothing comes, up
     to ``max_idle_sleep``; the jitter factor spreads workers out."""
     assert [idle_delay(k, 1.0, 5.0, 1.0) for k in range(1, 7)] == [1, 2, 4, 5, 5, 5]
     assert idle_delay(1, 1.0, 5.0, 0.75) == 0.75

@@ -23,13 +23,13 @@ from azqueue.worker.sas import POLL_TASK_URLS, SasSource
 from tests import sas
 from tests.servers import ROOT, Server, ServerFactory
 from tests.tasks import create, definition, status
+from tests.waiting import eventually
 from tests.worker.helpers import (
     AZQUEUE,
     CREDENTIALS,
     alive,
     cli_env,
     config,
-    eventually,
     finish,
     log_of,
     running,
@@ -46,7 +46,7 @@ def command(*argv: str, **payload: object) -> dict:
 async def test_fifty_tasks_three_sas_and_two_claim_work_workers_each_completed_once(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'if the worker received multiple <QueueMessage> entries ... it must also claim these
-    tasks. This is worker that has capacity to run multiple tasks in parallel' (001)."""
+    tasks. This is worker that has capacity to run multiple tasks in parallel' (docs/workers/sas.md)."""
     server = await make_server(claim_work_wait=1.0, claim_work_poll_interval=0.3)
     tasks = [await create(http, server.api, definition(
         "prov/fifty", payload=command("sh", "-c", "echo done $TASK_ID")))
@@ -67,10 +67,11 @@ async def test_fifty_tasks_three_sas_and_two_claim_work_workers_each_completed_o
         assert f"done {task_id}" in await log_of(http, server, task_id, 0)
 
 
+@pytest.mark.crash
 async def test_a_worker_killed_mid_task_is_replaced_after_its_claim_expires(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'If a worker fails to reclaimTask the run will be resolved exception, and a new
-    pending run will be created if retries haven't be exhausted' (003)."""
+    pending run will be created if retries haven't be exhausted' (docs/workers/sdk.md)."""
     server = await make_server(claim_timeout=3.0, claim_resolver_interval=0.5)
     task_id = await create(http, server.api, definition(
         "prov/killed", payload=command("sh", "-c", '[ "$RUN_ID" != 0 ] || sleep 60')))
@@ -90,7 +91,7 @@ async def test_a_worker_killed_mid_task_is_replaced_after_its_claim_expires(
 async def test_sigterm_reports_worker_shutdown_and_the_retry_completes_elsewhere(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'If the worker finds itself having to terminate early ... the worker should report an
-    exception with the reason worker-shutdown' (000)."""
+    exception with the reason worker-shutdown' (docs/workers/sas.md)."""
     server = await make_server()
     task_id = await create(http, server.api, definition(
         "prov/sigterm", payload=command("sh", "-c", '[ "$RUN_ID" != 0 ] || sleep 60')))
@@ -110,7 +111,7 @@ async def test_sigterm_reports_worker_shutdown_and_the_retry_completes_elsewhere
 async def test_a_reclaim_answered_409_stops_the_subprocess_and_forgets_the_task(
         make_server: ServerFactory, http: aiohttp.ClientSession, tmp_path) -> None:
     """'If an attempt to call reclaimTask returns 409 ... the worker should halt execution,
-    cleanup, and forget all about the task' (003)."""
+    cleanup, and forget all about the task' (docs/workers/sdk.md)."""
     server = await make_server(claim_timeout=3.0, run_resolvers=False)
     pid_file = tmp_path / "pid"
     task_id = await create(http, server.api, definition(
@@ -136,7 +137,7 @@ async def test_a_reclaim_answered_409_stops_the_subprocess_and_forgets_the_task(
 async def test_task_cancel_stops_the_running_subprocess_at_its_next_reclaim(
         make_server: ServerFactory, http: aiohttp.ClientSession, tmp_path: Path) -> None:
     """`azqueue task cancel`: the run resolves exception canceled, and the worker, told by
-    its next reclaim (409), 'should halt execution ... and forget all about the task' (003)."""
+    its next reclaim (409), 'should halt execution ... and forget all about the task' (docs/workers/sdk.md)."""
     # Reclaims every 4 s, each due 4 s before the claim expires: a slow machine delays a
     # reclaim, but not by that much, so the run is not resolved claim-expired first.
     server = await make_server(claim_timeout=8.0)
@@ -204,7 +205,7 @@ async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_log
         caplog: pytest.LogCaptureFixture) -> None:
     """'workers reads the value of the <DequeueCount> and logs messages that alerts the
     operator if a message has been dequeued a significant number of times. For example
-    more than 10' and 'workers logs failures to delete messages from Azure queues' (000)."""
+    more than 10' and 'workers logs failures to delete messages from Azure queues' (docs/workers/sas.md)."""
     server = await make_server()
     task_id = await create(http, server.api, definition("prov/dequeue"))
     urls = await sas.poll_task_urls(http, server.api, "prov", "dequeue")
@@ -243,7 +244,7 @@ async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_log
 @pytest.mark.parametrize("mode", ["sas", "claim-work"])
 async def test_stop_returns_promptly_while_the_queue_is_empty(
         make_server: ServerFactory, mode: str) -> None:
-    """Document 002's worker: 'an event loop whose blocking lease has a timeout so stop is
+    """The SDK's worker (docs/workers/sdk.md): 'an event loop whose blocking lease has a timeout so stop is
     prompt'; here every wait is bounded, even claimWork's 20-second long poll."""
     server = await make_server()
     worker = Worker(config(server, "prov/idle", "idle", mode=mode), lambda run: asyncio.sleep(0))
@@ -292,7 +293,7 @@ async def test_claims_that_arrive_during_a_forced_stop_are_handed_back(
 
 async def test_a_sas_worker_refused_for_its_own_credentials_keeps_the_tip(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """Document 000 deletes a tip after a 4xx because the task 'wasn't created, not
+    """docs/workers/sas.md deletes a tip after a 4xx because the task 'wasn't created, not
     scheduled or already claimed'; a 403 says the worker's credentials are wrong, not the
     task, so the tip must stay for a worker that may claim it."""
     server = await make_server()

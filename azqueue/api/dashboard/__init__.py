@@ -40,7 +40,7 @@ def _read(name: str) -> bytes:
 async def recent(request: web.Request) -> web.Response:
     """What this process changed lately: each task only if the caller may read its status
     (``queue:status:<taskId>``), its name only if it may read its definition."""
-    from azqueue.api.routes import AUTH_KEY  # the routes import this package
+    from azqueue.api.routing import AUTH_KEY  # the routes import this package
 
     request[ENDPOINT_KEY] = "dashboardRecent"
     caller = request.app[AUTH_KEY].authenticate(

@@ -6,9 +6,9 @@ has the shape of the reference's schemas (post-artifact-response, artifact-respo
 list-artifacts-response, get-artifact-response, artifact-content-response).
 
 ``receive_upload`` is not a Queue API method: it answers the plain ``PUT`` to an ``s3``
-artifact's ``putUrl`` (document 003), authorized by the URL's signature rather than
+artifact's ``putUrl`` (docs/workers/artifacts.md), authorized by the URL's signature rather than
 Hawk, and it streams the body (``azqueue.service.uploads``) instead of reading it
-whole, so it is registered with the router itself (``UPLOAD_ROUTE``), ahead of the API.
+whole, so it is registered with aiohttp's router (``UPLOAD_ROUTE``), ahead of the API.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from azqueue import errors
 from azqueue.api.auth import require
 from azqueue.api.middleware import PARAMS_KEY, error_response
-from azqueue.api.routes import PARAMETERS, SERVICES_KEY, Call, route
+from azqueue.api.routing import PAGED, PARAMETERS, SERVICES_KEY, Call, Route, Routes
 from azqueue.model import upload
 
 _CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
@@ -31,15 +31,17 @@ _CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
 _READ_ARTIFACT = {"if": "private", "then": "queue:get-artifact:<name>"}
 STORAGE_TYPE_HEADER = "x-taskcluster-artifact-storage-type"
 
+routes = Routes()
 
-@route("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
-       body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
+
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
+                body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
     return await call.services.artifacts.create(task_id, run_id, name, call.body)
 
 
-@route("PUT", "/task/<taskId>/runs/<runId>/artifacts/<name>", "finishArtifact",
-       body="finish-artifact-request.json", scopes=_CREATE_ARTIFACT)
+@routes.declare("PUT", "/task/<taskId>/runs/<runId>/artifacts/<name>", "finishArtifact",
+                body="finish-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def finish_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
     await call.services.artifacts.finish(task_id, run_id, name)
     return {}
@@ -60,9 +62,10 @@ def _may_follow(call: Call, names: tuple[str, ...]) -> None:
             require(call.caller, f"queue:get-artifact:{name}")
 
 
-@route("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
-       scopes=_READ_ARTIFACT)
-@route("GET", "/task/<taskId>/artifacts/<name>", "getLatestArtifact", scopes=_READ_ARTIFACT)
+@routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
+                scopes=_READ_ARTIFACT)
+@routes.declare("GET", "/task/<taskId>/artifacts/<name>", "getLatestArtifact",
+                scopes=_READ_ARTIFACT)
 async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None = None
                        ) -> web.StreamResponse:
     run_id = await _readable(call, task_id, run_id, name)
@@ -80,17 +83,19 @@ async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None =
                              headers={"Location": target.url, STORAGE_TYPE_HEADER: a.public_type})
 
 
-@route("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
-       scopes=_READ_ARTIFACT)
-@route("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo", scopes=_READ_ARTIFACT)
+@routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
+                scopes=_READ_ARTIFACT)
+@routes.declare("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo",
+                scopes=_READ_ARTIFACT)
 async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
     run_id = await _readable(call, task_id, run_id, name)
     return (await call.services.artifacts.find(task_id, run_id, name)).info()
 
 
-@route("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
-       scopes=_READ_ARTIFACT)
-@route("GET", "/task/<taskId>/artifact-content/<name>", "latestArtifact", scopes=_READ_ARTIFACT)
+@routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
+                scopes=_READ_ARTIFACT)
+@routes.declare("GET", "/task/<taskId>/artifact-content/<name>", "latestArtifact",
+                scopes=_READ_ARTIFACT)
 async def artifact_content(call: Call, task_id: str, name: str, run_id: int | None = None
                            ) -> Any:
     """The artifact-content shapes the official client's download helpers understand:
@@ -107,13 +112,18 @@ async def artifact_content(call: Call, task_id: str, name: str, run_id: int | No
 _LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
 
 
-@route("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts", scopes=_LIST_ARTIFACTS)
-@route("GET", "/task/<taskId>/artifacts", "listLatestArtifacts", scopes=_LIST_ARTIFACTS)
+@routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts",
+                query=PAGED, scopes=_LIST_ARTIFACTS)
+@routes.declare("GET", "/task/<taskId>/artifacts", "listLatestArtifacts", query=PAGED,
+                scopes=_LIST_ARTIFACTS)
 async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:
     if run_id is None:
         run_id = await call.services.artifacts.latest_run(task_id)
         call.authorize(runId=run_id)
     return await call.services.artifacts.list(task_id, run_id, call.continuation, call.limit())
+
+
+ROUTES: list[Route] = routes.table
 
 
 # -- the PUT to an s3 artifact's putUrl ---------------------------------------------------

@@ -1,0 +1,127 @@
+"""What autoscalers read: a waiting backlog counted once, however long it waits; claimed
+runs counted within seconds of their claim and no longer once resolved."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import aiohttp
+import taskcluster.aio
+from azure.storage.queue.aio import QueueClient
+
+from azqueue.devstorage import Azurite
+from azqueue.model import timeutil
+from azqueue.model.priority import Priority
+from tests import sas
+from tests.servers import ROOT, Server, ServerFactory
+from tests.tasks import definition, slugid
+from tests.waiting import eventually
+
+BACKLOG = 200
+LOOKS = 10
+
+
+def _queue(server: Server) -> taskcluster.aio.Queue:
+    return taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+
+
+async def _backlog(queue: taskcluster.aio.Queue, task_queue_id: str, n: int) -> list[str]:
+    ids = [slugid() for _ in range(n)]
+    limit = asyncio.Semaphore(16)
+
+    async def create(task_id: str) -> None:
+        async with limit:
+            await queue.createTask(task_id, definition(task_queue_id))
+
+    await asyncio.gather(*(create(t) for t in ids))
+    return ids
+
+
+async def _queue_length(azurite: Azurite, server: Server, task_queue_id: str) -> int:
+    """The pending queue's own length, as a KEDA azure-queue scaler reads it."""
+    name = server.services.tips.pending.name(task_queue_id, Priority.LOWEST)
+    async with QueueClient.from_connection_string(azurite.connection_string, name) as client:
+        return int((await client.get_queue_properties()).approximate_message_count)
+
+
+async def _pending(queue: taskcluster.aio.Queue, task_queue_id: str) -> tuple[int, int]:
+    counts: dict[str, Any] = await queue.taskQueueCounts(task_queue_id)
+    pending: dict[str, Any] = await queue.pendingTasks(task_queue_id)
+    return counts["pendingTasks"], pending["pendingTasks"]
+
+
+async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_it(
+        make_server: ServerFactory, azurite: Azurite) -> None:
+    """The tip repair looks at a waiting task at growing intervals (3, 6, 12 … minutes by
+    default): each look must leave its tip alone, so neither the counts nor the pending
+    queue's length grow with the backlog's age."""
+    server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
+    queue = _queue(server)
+    task_queue_id = f"prov/backlog{slugid()[:6].replace('-', 'x').replace('_', 'y').lower()}"
+    ids = await _backlog(queue, task_queue_id, BACKLOG)
+    repair = server.services.resolution.repair
+    tasks = server.services.changes.tasks
+    for look in range(1, LOOKS + 1):
+        # As the deadline resolver would, each look later than the one before.
+        now = timeutil.utcnow() + timedelta(seconds=look * repair.delay.total_seconds() * 2)
+        limit = asyncio.Semaphore(16)
+
+        async def one(task_id: str) -> None:
+            async with limit:
+                await repair.look(await tasks.load(task_id), now)
+
+        await asyncio.gather(*(one(t) for t in ids))
+    assert await _queue_length(azurite, server, task_queue_id) == BACKLOG
+    assert await _pending(queue, task_queue_id) == (BACKLOG, BACKLOG)
+    sampled = await server.services.counts.pending_tips(task_queue_id)
+    assert sampled["lowest"] == BACKLOG  # the metric's gauge
+
+
+async def test_a_tip_a_worker_took_and_lost_is_replaced_at_the_next_look(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
+    task_id = slugid()
+    await _queue(server).createTask(task_id, definition("prov/losttip"))
+    queue = (await sas.poll_task_urls(http, server.api, "prov", "losttip"))["queues"][6]
+    [message] = await sas.get_messages(http, queue["signedPollUrl"])
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], message) == 204  # lost
+    repair = server.services.resolution.repair
+    now = timeutil.utcnow() + timedelta(seconds=2)
+    await repair.look(await server.services.changes.tasks.load(task_id), now)
+    [again] = await sas.get_messages(http, queue["signedPollUrl"])
+    assert again.tip["taskId"] == task_id and again.tip["runId"] == 0
+    code, claim = await sas.claim(http, server.api, again)
+    assert code == 200, claim
+
+
+async def test_claims_are_counted_and_listed_at_once_and_leave_when_resolved(
+        make_server: ServerFactory) -> None:
+    """Counted by the replica that did not make the claims too (from the notes every
+    replica writes), within seconds rather than once the claim index has them (30 s)."""
+    first, second = await make_server(), await make_server()
+    task_queue_id = f"prov/claimed{slugid()[:6].replace('-', 'x').replace('_', 'y').lower()}"
+    on_first, on_second = _queue(first), _queue(second)
+    ids = await _backlog(on_first, task_queue_id, 40)
+    assert (await on_first.pendingTasks(task_queue_id))["pendingTasks"] == 40
+    got = await on_first.claimWork(task_queue_id, {"tasks": 5, "workerGroup": "g",
+                                                   "workerId": "w"})
+    claimed = sorted(c["status"]["taskId"] for c in got["tasks"])
+    assert len(claimed) == 5 and set(claimed) <= set(ids)
+
+    async def counts(queue: taskcluster.aio.Queue) -> tuple[int, int, list[str]]:
+        c = await queue.taskQueueCounts(task_queue_id)
+        listed = await queue.listClaimedTasks(task_queue_id)
+        return c["pendingTasks"], c["claimedTasks"], sorted(t["taskId"] for t in listed["tasks"])
+
+    # The replica that claimed answers at once; the other within seconds.
+    assert await counts(on_first) == (35, 5, claimed)
+    await eventually(lambda: counts(on_second), lambda c: c == (35, 5, claimed),
+                     what="the other replica counting the claims", timeout=15)
+    for task_id in claimed:
+        await on_first.reportCompleted(task_id, "0")
+    assert await counts(on_first) == (35, 0, [])
+    await eventually(lambda: counts(on_second), lambda c: c == (35, 0, []),
+                     what="the other replica no longer counting them", timeout=15)
