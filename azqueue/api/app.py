@@ -106,5 +106,6 @@ def create_app(settings: Settings) -> web.Application:
     dashboard.add_routes(app.router)
     app.router.add_route("*", artifacts.UPLOAD_ROUTE, artifacts.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.
-    app.router.add_route("*", r"/{tail:[\s\S]*}", router)
+    # aiohttp takes a coroutine function as a handler, not a callable object.
+    app.router.add_route("*", r"/{tail:[\s\S]*}", router.__call__)
     return app
