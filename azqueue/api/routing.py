@@ -84,7 +84,7 @@ class Parameter:
 
 def _matching(pattern: re.Pattern[str], rule: str) -> Callable[[str, str], str]:
     def convert(name: str, value: str) -> str:
-        if not pattern.match(value):
+        if not pattern.fullmatch(value):  # `$` alone lets a trailing newline through
             raise errors.InputError(f"path parameter `{name}` is {value!r}; it must be {rule}")
         return value
     return convert

@@ -375,3 +375,14 @@ async def test_a_lone_surrogate_in_a_definition_is_refused(
     assert "surrogate" in answer["message"]
     async with http.get(f"{server.api}/task/{task_id}") as r:
         assert r.status == 404
+
+
+@pytest.mark.parametrize("path", ["/provisioners/prov%0A", "/task-queues/prov%2Fwt%0A/counts",
+                                  "/pending/prov%2Fwt%0A"])
+async def test_a_name_ending_in_a_newline_is_not_a_name(server: Server, path: str) -> None:
+    """`^…$` alone lets a trailing newline through: a path parameter must be the name and
+    nothing more."""
+    async with aiohttp.ClientSession() as anonymous:
+        async with anonymous.get(f"{server.api}{path}") as r:
+            answer = await r.json()
+            assert r.status == 400 and "path parameter" in answer["message"], answer
