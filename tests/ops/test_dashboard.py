@@ -24,6 +24,7 @@ from azqueue.devstorage import Azurite
 from tests import sas
 from tests.servers import IN_CI, Server
 from tests.tasks import create, definition, slugid, status
+from tests.waiting import eventually
 from tests.worker.helpers import running, shell_worker
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -136,6 +137,11 @@ async def test_a_running_tasks_log_grows_on_its_page_without_a_reload(
     log = text_of("pre.log")
     async with running(shell_worker(server, "prov/dash-log", "dash", log_interval=0.2)):
         try:
+            # The page is opened once the log is there: a page that reads it in the moment
+            # between the worker's createArtifact and its first append sees a 404, which
+            # the page shrugs off but the browser logs as a console error.
+            await eventually(lambda: log_text(http, server.api, task_id),
+                             lambda text: "first line" in text, what="the log's first line")
             await asyncio.to_thread(browser.get, f"{server.root_url}/#/task/{task_id}")
             await until(browser, lambda d: "first line" in log(d), "the log's first line")
             await asyncio.to_thread(browser.execute_script, "window.__same_page = true")
@@ -159,6 +165,12 @@ async def test_a_running_tasks_log_grows_on_its_page_without_a_reload(
                                    "return document.querySelectorAll('main img').length") == 0
     assert await asyncio.to_thread(browser.execute_script, "return window.__injected") is None
     assert await console_errors(browser) == []
+
+
+async def log_text(http: aiohttp.ClientSession, api: str, task_id: str) -> str:
+    """The live log of run 0 as read through the API, or "" while it is not there yet."""
+    async with http.get(f"{api}/task/{task_id}/runs/0/artifacts/public/logs/live.log") as got:
+        return await got.text() if got.status == 200 else ""
 
 
 async def test_a_group_page_lists_its_members_and_their_states(
