@@ -17,10 +17,11 @@ hands out point at the proxy too). Then, in phases (all by default):
   latency   claimWork wake-up: createTask answered -> claimWork answered, 1 and 8 waiting
   replicas  claimWork drain with two `azqueue serve` on the same storage, half the workers each
   idle      16 idle workers per mode, 10 s, no tasks: storage requests/s per idle worker
-  events    claimwork again with events on: a second `azqueue serve` with AZQUEUE_AMQP_URL
-            (--amqp, default the local RabbitMQ), a consumer bound to task-completed before
-            the first task; the lifecycle's figures next to claimwork's (on / off), then
-            reportCompleted sent -> task-completed received, one task at a time
+  events    the claimwork lifecycle with events off and on in alternating rounds (--rounds):
+            events on is a second `azqueue serve` with AZQUEUE_AMQP_URL (--amqp, default
+            the local RabbitMQ), a consumer bound to task-completed before the first task;
+            medians of each mode and of the rounds' on / off ratios, then reportCompleted
+            sent -> task-completed received, one task at a time
 
 and prints a summary with the performance goals next to the measured values. Workers run in
 a child process (scripts/bench_workers.py); CPU times come from /proc.
@@ -507,14 +508,25 @@ async def phase_claimwork(b: Bench) -> None:
 
 # -- phase: events on ----------------------------------------------------------------------
 
+EVENT_FIGURES = (("server storage requests / lifecycle", "lifecycle requests"),
+                 ("createTask/s", "create rate"),
+                 ("claimWork backlog drain, tasks/s", "rate"),
+                 ("server CPU / lifecycle, ms", "lifecycle cpu"))
+
+
 async def phase_events(b: Bench) -> None:
-    """The claimwork phase again, on a server with events on (same Azurite, same run), and
-    the change -> delivered latency as a listener sees it."""
+    """The claimwork lifecycle with events off and on, side by side: ``--rounds`` rounds,
+    each a backlog created and drained on a server without events, then on one with
+    events (same Azurite, same RabbitMQ), so that both modes meet the same load of a
+    shared machine. The figures are each mode's medians, the ratios the medians of the
+    rounds' ratios. Then the change -> delivered latency as a listener sees it."""
     import aio_pika  # (the benchmark's other phases do without RabbitMQ)
 
     amqp = b.args.amqp or DEFAULT_AMQP
     prefix = f"bench-{secrets.token_hex(4)}/"  # exchanges of this run only
-    print(f"\n== events: claimwork with events on ({amqp}, exchanges {prefix}*) ==")
+    rounds = b.args.rounds
+    print(f"\n== events: claimwork with events off and on, {rounds} rounds alternating "
+          f"({amqp}, exchanges {prefix}*) ==")
     server = await b.start_server("server-events", AZQUEUE_AMQP_URL=amqp,
                                   AZQUEUE_EXCHANGE_PREFIX=prefix)
     connection = await aio_pika.connect(amqp)
@@ -533,27 +545,46 @@ async def phase_events(b: Bench) -> None:
                 arrived.set()
 
         await queue.consume(on_message, no_ack=False)
-        q = "bench/events"
-        await create_backlog(b, q, "backlog, events on", "events", server)
-        d = await drain(b, "claim-work", q, [server.root_url])
-        # The background work the lifecycles caused: counted until every task-completed
-        # has arrived.
-        before_settle = b.mark()
-        deadline = time.monotonic() + b.args.timeout
-        while len(completed) < d.completed and time.monotonic() < deadline:
-            arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(arrived.wait(), 1.0)
-        settle = b.span(before_settle, b.mark())
-        if len(completed) < d.completed:
-            b.anomalies.append(f"events: {len(completed)} task-completed received for "
-                               f"{d.completed} tasks completed")
-        record_drain(b, "events", Drain(d.rate, Span(d.span.seconds + settle.seconds,
-                                                     d.span.counts + settle.counts,
-                                                     {k: v + settle.cpu.get(k, 0.0)
-                                                      for k, v in d.span.cpu.items()}),
-                                        d.completed))
+        seen: dict[str, list[dict[str, float]]] = {"events-off": [], "events": []}
+        for r in range(rounds):
+            print(f"  -- round {r + 1} of {rounds}, events off --")
+            q = f"bench/events-off{r}"
+            await create_backlog(b, q, "backlog, events off", "events-off")
+            record_drain(b, "events-off", await drain(b, "claim-work", q, [b.main.root_url]))
+            print(f"  -- round {r + 1} of {rounds}, events on --")
+            q = f"bench/events{r}"
+            await create_backlog(b, q, "backlog, events on", "events", server)
+            expected = len(completed)
+            d = await drain(b, "claim-work", q, [server.root_url])
+            # The background work the lifecycles caused: counted until every
+            # task-completed has arrived.
+            before_settle = b.mark()
+            deadline = time.monotonic() + b.args.timeout
+            while len(completed) < expected + d.completed and time.monotonic() < deadline:
+                arrived.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(arrived.wait(), 1.0)
+            settle = b.span(before_settle, b.mark())
+            if len(completed) < expected + d.completed:
+                b.anomalies.append(f"events: {len(completed) - expected} task-completed "
+                                   f"received for {d.completed} tasks completed")
+            record_drain(b, "events", Drain(d.rate, Span(
+                d.span.seconds + settle.seconds, d.span.counts + settle.counts,
+                {k: v + settle.cpu.get(k, 0.0) for k, v in d.span.cpu.items()}), d.completed))
+            for key in seen:
+                seen[key].append({k: b.summary[f"{key} {k}"] for _, k in EVENT_FIGURES})
+        s = b.summary
+        print(f"\n| figure (claimWork, median of {rounds} rounds) | events off | events on "
+              "| on / off |\n| --- | ---: | ---: | ---: |")
+        for what, key in EVENT_FIGURES:
+            off = statistics.median(f[key] for f in seen["events-off"])
+            on = statistics.median(f[key] for f in seen["events"])
+            ratio = statistics.median(n[key] / f[key]
+                                      for f, n in zip(seen["events-off"], seen["events"]))
+            s[f"events-off {key}"], s[f"events {key}"], s[f"events/off {key}"] = off, on, ratio
+            print(f"| {what} | {off:.2f} | {on:.2f} | {ratio:.2f}x |")
         lat: list[float] = []
+        q = "bench/events-latency"
         async with signed_session() as http:
             for i in range(b.args.latency_tasks + 1):
                 task_id = await create_task(http, server.api, q)
@@ -570,26 +601,9 @@ async def phase_events(b: Bench) -> None:
                 if i:  # the first warms the connections up
                     lat.append((completed[task_id] - sent) * 1000)
         p50, p99 = percentile(lat, 50), percentile(lat, 99)
-        print(f"  reportCompleted sent -> task-completed received, {len(lat)} tasks one at a "
-              f"time: p50 {p50:.1f} ms, p99 {p99:.1f} ms")
-        s = b.summary
+        print(f"| reportCompleted sent -> task-completed received, {len(lat)} tasks one at a "
+              f"time, p50 / p99 | | {p50:.1f} / {p99:.1f} ms | |")
         s["events delivered p50"], s["events delivered p99"] = p50, p99
-        rows = [("server storage requests / lifecycle", "lifecycle requests", False),
-                ("createTask/s", "create rate", True),
-                ("claimWork backlog drain, tasks/s", "rate", True),
-                ("server CPU / lifecycle, ms", "lifecycle cpu", False)]
-        print("\n| figure (claimWork) | events off | events on | on / off |\n"
-              "| --- | ---: | ---: | ---: |")
-        for what, key, _ in rows:
-            off, on = s.get(f"claimwork {key}"), s.get(f"events {key}")
-            if on is None:
-                continue
-            ratio = f"{on / off:.2f}x" if off else ""
-            if off:
-                s[f"events/off {key}"] = on / off
-            print(f"| {what} | {'' if off is None else f'{off:.2f}'} | {on:.2f} | {ratio} |")
-        print(f"| reportCompleted sent -> task-completed received, p50 / p99 | | "
-              f"{p50:.0f} / {p99:.0f} ms | |")
     finally:
         await connection.close()
         await b.stop_server("server-events", server)
@@ -867,6 +881,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-tasks", type=int, default=50,
                         help="tasks per claimWork latency scenario (50)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of the events phase, each a drain with events off then "
+                             "one with events on (3)")
     parser.add_argument("--amqp", default="", metavar="URL",
                         help="RabbitMQ URL: the steps phase publishes events (default: off)")
     parser.add_argument("--timeout", type=float, default=180.0,

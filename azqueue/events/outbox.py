@@ -23,6 +23,8 @@ log = logging.getLogger(__name__)
 FAST_PATH_TIMEOUT = 3.0
 # Why a request's events may not go out at once, besides a bug: handed over quietly.
 _NOT_NOW: tuple[type[Exception], ...] = (*errors.TRANSIENT, TimeoutError)
+# How long closing waits for the task group checks still going.
+CLOSE_WAIT = 5.0
 # Clocks of one process may step back a little: a lease covers this much before it says.
 CLOCK_MARGIN_NS = 5_000_000_000
 
@@ -49,6 +51,7 @@ class Outbox:
         self._in_flight: dict[int, int] = {}  # token -> when the change began (ns)
         self._lease: Message | None = None
         self._renewing: asyncio.Task[None] | None = None
+        self._checking: dict[int, asyncio.Task[None]] = {}  # token -> its groups' check
 
     async def setup(self) -> None:
         await self.groups.ensure()
@@ -67,6 +70,11 @@ class Outbox:
         if self._renewing is not None:
             self._renewing.cancel()
             self._renewing = None
+        if self._checking:
+            # Checks of task groups still going: a moment to end, else recovery redoes them.
+            await asyncio.wait(list(self._checking.values()), timeout=CLOSE_WAIT)
+            for check in list(self._checking.values()):
+                check.cancel()
         lease, self._lease = self._lease, None
         if lease is not None and not self._in_flight:
             try:
@@ -123,18 +131,23 @@ class Outbox:
     async def finish(self, token: int, task_id: str, written: list[Event]) -> None:
         """Publish the events the change wrote (in its partition ``task_id``); if that
         fails, hand them over to the resolver."""
-        if not written or await self._publish_or_hand_over(token, task_id, written):
+        if not written:
+            self._in_flight.pop(token, None)
+        elif await self._publish_or_hand_over(token, task_id, written):
             self._in_flight.pop(token, None)
 
     async def _publish_or_hand_over(self, token: int, task_id: str,
                                     written: list[Event]) -> bool:
+        """False while the change stays in flight: published, with its groups still to
+        check, or not handed over."""
         retry = self.recovery_delay.total_seconds()
         if not self.publisher.reachable:
             log.debug("broker away: events of task %s handed over", task_id)
         else:
             try:
-                await asyncio.wait_for(self._publish(task_id, written), FAST_PATH_TIMEOUT)
-                return True
+                await asyncio.wait_for(self._publish(token, task_id, written),
+                                       FAST_PATH_TIMEOUT)
+                return False
             except _NOT_NOW as e:
                 log.warning("events of task %s not published yet (%s: %s); they will be "
                             "retried within %ss", task_id, type(e).__name__, e, retry)
@@ -158,11 +171,38 @@ class Outbox:
             return False
         return True
 
-    async def _publish(self, task_id: str, written: list[Event]) -> None:
+    async def _publish(self, token: int, task_id: str, written: list[Event]) -> None:
+        """Publish the task's events, in order; the checks of their groups go on after
+        the answer (``_check_groups``), still under this process's lease."""
         for event in written:
             await self.publisher.publish(event)
-            if event.group is not None:
+        grouped = [event for event in written if event.group is not None]
+        if grouped:
+            check = asyncio.create_task(self._check_groups(token, task_id, grouped))
+            self._checking[token] = check
+            check.add_done_callback(lambda _: self._checking.pop(token, None))
+        else:
+            self._in_flight.pop(token, None)
+
+    async def _check_groups(self, token: int, task_id: str, grouped: list[Event]) -> None:
+        """Whether the resolutions ``grouped`` resolved their groups, as Taskcluster
+        tells after the resolution's answer, not in it. A failure hands the change over
+        to recovery, which publishes its events again (at least once) and checks anew."""
+        try:
+            for event in grouped:
+                assert event.group is not None
                 await self._check_group(task_id, event, *event.group)
+        except Exception as e:  # noqa: BLE001 - recovery retries the whole change
+            log.warning("task group of task %s not checked (%s: %s); retried within %ss",
+                        task_id, type(e).__name__, e, self.recovery_delay.total_seconds())
+            if not await self._hand_over(token, task_id):
+                return  # stays in flight: this process's lease covers it
+        self._in_flight.pop(token, None)
+
+    async def _alone(self, task_id: str, task_group_id: str) -> bool:
+        """Whether ``task_id`` is its group's own task and the group has no other member:
+        a group of one."""
+        return task_group_id == task_id and await self.groups.is_empty(task_group_id)
 
     async def deliver(self, task_id: str, after: str = OUTBOX) -> int:
         """Publish the task's outbox rows from ``after`` on, in order, and delete them;
@@ -181,9 +221,13 @@ class Outbox:
         return len(done)
 
     async def _check_group(self, task_id: str, event: Event, task_group_id: str,
-                           scheduler_id: str) -> None:
+                           scheduler_id: str, alone: bool | None = None) -> None:
+        """Publish task-group-resolved if ``event`` (of ``task_id``) resolved the last
+        unresolved task of its group; ``alone`` if already known, ``_alone``."""
         expires = str(event.payload.get("status", {}).get("expires", ""))
-        if task_group_id == task_id and await self.groups.is_empty(task_group_id):
+        if alone is None:
+            alone = await self._alone(task_id, task_group_id)
+        if alone:
             # A group of one (Taskcluster's default): its own task's resolution resolves
             # it. (A task joining later makes it unresolved again, and its resolution
             # announces the group anew.)

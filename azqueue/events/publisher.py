@@ -127,7 +127,10 @@ class Publisher:
                                    headers=headers)
         try:
             await self._ready()
+            # Not mandatory: a message that no queue is bound for is dropped by the broker,
+            # as in Taskcluster, rather than sent back to us in full.
             await self._exchanges[event.exchange].publish(message, routing_key=event.routing_key,
+                                                          mandatory=False,
                                                           timeout=PUBLISH_TIMEOUT)
         except BROKER_ERRORS as e:
             raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: "

@@ -41,6 +41,7 @@ from azqueue.model import timeutil
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.tables import TableStore
 from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
+from azqueue.storage.rest import odata_string
 from azqueue.storage.rows import key_page
 
 ORPHAN_AGE = timedelta(minutes=5)
@@ -276,17 +277,13 @@ class GroupStore(TableStore):
 
     async def is_empty(self, task_group_id: str) -> bool:
         """Whether the group has no member rows (its own task has none while it is
-        unresolved, or, with a group of one, ever): one request."""
+        unresolved, or, with a group of one, ever): one request, asked at every
+        resolution of a group's own task."""
         with translate(f"reading group {task_group_id}"):
-            pages = self._table.query_entities(
-                "PartitionKey eq @pk and RowKey lt @below",
-                parameters={"pk": task_group_id, "below": RECORD}, select=["RowKey"],
-                results_per_page=1).by_page()
-            async for page in pages:
-                async for _ in page:
-                    return False
-                break
-        return True
+            first = await self._rest.query_first(
+                self.name, f"PartitionKey eq {odata_string(task_group_id)} and "
+                           f"RowKey lt {odata_string(RECORD)}", ["RowKey"], 1)
+        return not first
 
     async def claim_announcement(self, task_group_id: str,
                                  by_task_id: str) -> tuple[bool, str | None]:

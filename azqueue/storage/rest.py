@@ -240,12 +240,12 @@ class RestClient:
         return f"{self._table_path}/{table}(PartitionKey='{key(partition)}',RowKey='{key(row)}')"
 
     async def _table(self, method: str, path: str, headers: dict[str, str],
-                     body: bytes | None, ok: tuple[int, ...], what: str
-                     ) -> tuple[Mapping[str, str], bytes]:
+                     body: bytes | None, ok: tuple[int, ...], what: str,
+                     query: dict[str, str] | None = None) -> tuple[Mapping[str, str], bytes]:
         if body is not None:
             headers = {**headers, "DataServiceVersion": "3.0"}
         status, answer, content, lost = await self._send(
-            "table", method, self._table_origin, path, {}, headers, body, what)
+            "table", method, self._table_origin, path, query or {}, headers, body, what)
         self._check(status, answer, content, ok, what, lost)
         return answer, content
 
@@ -254,6 +254,24 @@ class RestClient:
         headers, content = await self._table("GET", path, {"Accept": JSON_ACCEPT}, None, (200,),
                                              f"reading {table}")
         return _entity_from_json(json.loads(content), headers.get("ETag", ""))
+
+    async def query_first(self, table: str, odata_filter: str, select: list[str],
+                          top: int) -> list[Entity]:
+        """The first entities, at most ``top``, that ``odata_filter`` matches (its string
+        literals quoted by the caller, as ``odata_string`` does): one request, unless
+        the service answers a page with none but a continuation (it may, at a partition
+        boundary or after its time limit), which is followed."""
+        query = {"$filter": odata_filter, "$select": ",".join(select), "$top": str(top)}
+        while True:
+            headers, content = await self._table(
+                "GET", f"{self._table_path}/{table}()", {"Accept": JSON_ACCEPT}, None,
+                (200,), f"reading {table}", query)
+            rows = [_entity_from_json(row, "") for row in json.loads(content).get("value", [])]
+            following = {name: headers[header] for name, header in _CONTINUATION
+                         if header in headers}
+            if rows or not following:
+                return rows
+            query = {**query, **following}
 
     async def create_entity(self, table: str, entity: Mapping[str, Any]) -> dict[str, Any]:
         path = f"{self._table_path}/{table}"
@@ -411,6 +429,16 @@ def _entity_to_json(entity: Mapping[str, Any]) -> bytes:
 
 def _fmt_time(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+# A query's continuation: the answer's headers, and the query parameters that follow it.
+_CONTINUATION = (("NextPartitionKey", "x-ms-continuation-NextPartitionKey"),
+                 ("NextRowKey", "x-ms-continuation-NextRowKey"))
+
+
+def odata_string(value: str) -> str:
+    """``value`` as a string literal of an OData filter."""
+    return "'" + value.replace("'", "''") + "'"
 
 
 def _parse_time(text: str) -> datetime:
