@@ -62,8 +62,8 @@ def test_every_method_of_the_official_client_is_driven_by_a_compatibility_test()
 
 
 class QueueWithPollTaskUrls(taskcluster.Queue):  # type: ignore[misc]
-    """README's example: the official client, taught pollTaskUrls the way it declares
-    every method (a ``funcinfo`` entry, signed by the client like any call)."""
+    """The example of docs/workers/sas.md: the official client, taught pollTaskUrls the
+    way it declares every method (a ``funcinfo`` entry, signed by the client like any call)."""
 
     funcinfo = {**taskcluster.Queue.funcinfo, "pollTaskUrls": {
         "args": ["provisionerId", "workerType"], "method": "get", "name": "pollTaskUrls",
@@ -74,8 +74,8 @@ class QueueWithPollTaskUrls(taskcluster.Queue):  # type: ignore[misc]
 
 
 async def test_the_official_client_calls_poll_task_urls_as_readme_shows(server: Server) -> None:
-    """pollTaskUrls is not among the modern client's methods; README shows how to call it
-    with the client's own signing."""
+    """pollTaskUrls is not among the modern client's methods; docs/workers/sas.md shows how
+    to call it with the client's own signing."""
     assert "pollTaskUrls" not in taskcluster.Queue.funcinfo
     q = QueueWithPollTaskUrls({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
         "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})

@@ -80,9 +80,9 @@ async def test_a_quarantined_worker_gets_no_work_from_claim_work_until_quarantin
 
 async def test_a_quarantined_workers_sas_claim_is_403_and_its_tip_goes_to_others_at_once(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    """A quarantined worker's claimTask is refused 403 WorkerQuarantined ('after a 401 or
-    403 ... leave the message', README), and the tip it presented is visible again at once:
-    another worker polls it and claims the task. Lifting the quarantine (a quarantineUntil
+    """A quarantined worker's claimTask is refused 403 WorkerQuarantined ('401 or 403 ...
+    leave the message', docs/workers/sas.md), and the tip it presented is visible again at
+    once: another worker polls it and claims the task. Lifting the quarantine (a quarantineUntil
     in the past) takes effect at once on this replica."""
     server = await make_server()
     tq = "prov/quarantine-sas"

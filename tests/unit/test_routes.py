@@ -9,7 +9,7 @@ from azqueue.api.routing import Router, Routes
 
 
 def test_every_endpoint_but_health_and_schemas_declares_its_scopes() -> None:
-    """'Scopes per endpoint, as in Taskcluster's Queue reference' (README): a route
+    """'Scopes per endpoint, as in Taskcluster's Queue reference' (docs/api/auth.md): a route
     registered without them would be open to anyone."""
     assert {r.name for r in ROUTES if r.scopes is None} == {
         "ping", "lbheartbeat", "heartbeat", "version", "metrics", "schema"}
