@@ -8,7 +8,8 @@ its own -- by service and by kind), and
 `azqueue serve` in a subprocess whose storage endpoints are the proxy's (so the SAS URLs it
 hands out point at the proxy too). Then, in phases (all by default):
 
-  steps     storage requests per step of one lifecycle, one task at a time, resolvers quiet
+  steps     storage requests per step of one lifecycle, one task at a time, resolvers quiet,
+            events off and on
   celery    the Celery peer: enqueue N no-op tasks from 16 threads, then time the drain by
             Celery's worker (--pool threads --concurrency 16)
   create    azqueue createTask: N tasks by 16 concurrent clients, default priority (lowest)
@@ -159,12 +160,46 @@ def where(counts: Counter[Hit], n: int, client: str) -> str:
 
 async def phase_steps(b: Bench) -> None:
     n = b.args.step_tasks
-    events = {"AZQUEUE_AMQP_URL": b.args.amqp} if b.args.amqp else {}
-    print(f"\n== steps: storage requests per step, {n} lifecycles one at a time, events "
-          f"{'on' if events else 'off'}, resolvers quiet ==")
-    server = await b.start_server("server-quiet", **QUIET_RESOLVERS, **events)
+    amqp = b.args.amqp or DEFAULT_AMQP
+    print(f"\n== steps: storage requests per step, {n} lifecycles one at a time, events off "
+          f"and on ({amqp}), resolvers quiet ==")
+    off = await measure_steps(b, n, {})
+    on = await measure_steps(b, n, {"AZQUEUE_AMQP_URL": amqp,
+                                    "AZQUEUE_EXCHANGE_PREFIX": f"bench-{secrets.token_hex(4)}/"})
+
+    def server(c: Counter[Hit]) -> float:
+        return float(sum(v for h, v in c.items() if h.client == "server")) / n
+
+    def workers(c: Counter[Hit]) -> float:
+        return float(sum(v for h, v in c.items() if h.client == "workers")) / n
+
+    print("\n| step | server | server, events on | workers | where the requests go (per "
+          "lifecycle, events off; on) |\n| --- | ---: | ---: | ---: | --- |")
+    totals = {flow: (Counter[Hit](), Counter[Hit]()) for flow in ("SAS", "claimWork")}
+    for step in STEP_ORDER:
+        c, e = off[step], on[step]
+        for total, part in zip(totals["SAS" if step in STEP_ORDER[:4] else "claimWork"], (c, e)):
+            total += part
+        detail = "; ".join(x for x in (where(c, n, "server"), where(c, n, "workers")) if x)
+        print(f"| {step} | {server(c):.2f} | {server(e):.2f} | {workers(c):.2f} | {detail}"
+              f"{'; events on: ' + where(e, n, 'server') if e != c else ''} |")
+    for flow, (c, e) in totals.items():
+        print(f"| **{flow} lifecycle** | **{server(c):.2f}** | **{server(e):.2f}** | "
+              f"**{workers(c):.2f}** | total {server(c) + workers(c):.2f}, events on "
+              f"{server(e) + workers(e):.2f} |")
+        b.summary[f"steps {flow} server"] = server(c)
+        b.summary[f"steps {flow} total"] = server(c) + workers(c)
+        b.summary[f"steps {flow} server events"] = server(e)
+
+
+async def measure_steps(b: Bench, n: int, settings: dict[str, str]) -> dict[str, Counter[Hit]]:
+    """The storage requests of each step, summed over ``n`` lifecycles, on a server with
+    ``settings``. With events on, a lifecycle ends when its task group's resolution has
+    arrived: the work a report causes after its answer is counted with it."""
+    server = await b.start_server("server-quiet", **QUIET_RESOLVERS, **settings)
     steps: dict[str, Counter[Hit]] = {s: Counter() for s in STEP_ORDER}
     queue = "bench/steps"
+    listener = await GroupListener.start(settings)
     try:
         async with signed_session() as http:
             api = server.api
@@ -187,6 +222,7 @@ async def phase_steps(b: Bench) -> None:
                 assert claim["status"]["taskId"] == task_id
                 marks.append(b.proxy.snapshot())
                 await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
+                await listener.resolved(task_id)
                 marks.append(b.proxy.snapshot())
                 if record:
                     for step, (x, y) in zip(STEP_ORDER[:4], zip(marks, marks[1:])):
@@ -204,6 +240,7 @@ async def phase_steps(b: Bench) -> None:
                 assert claim["status"]["taskId"] == task_id
                 marks.append(b.proxy.snapshot())
                 await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
+                await listener.resolved(task_id)
                 marks.append(b.proxy.snapshot())
                 if record:
                     for step, (x, y) in zip(STEP_ORDER[4:], zip(marks, marks[1:])):
@@ -216,25 +253,49 @@ async def phase_steps(b: Bench) -> None:
             for _ in range(n):
                 await claim_work_lifecycle(True)
     finally:
+        await listener.close()
         await b.stop_server("server-quiet", server)
+    return steps
 
-    print("\n| step | server | workers | where the requests go (per lifecycle) |")
-    print("| --- | ---: | ---: | --- |")
-    totals = {"SAS": Counter[Hit](), "claimWork": Counter[Hit]()}
-    for step in STEP_ORDER:
-        c = steps[step]
-        totals["SAS" if step in STEP_ORDER[:4] else "claimWork"] += c
-        server_n = sum(v for h, v in c.items() if h.client == "server") / n
-        worker_n = sum(v for h, v in c.items() if h.client == "workers") / n
-        detail = "; ".join(x for x in (where(c, n, "server"), where(c, n, "workers")) if x)
-        print(f"| {step} | {server_n:.2f} | {worker_n:.2f} | {detail} |")
-    for flow, c in totals.items():
-        server_n = sum(v for h, v in c.items() if h.client == "server") / n
-        worker_n = sum(v for h, v in c.items() if h.client == "workers") / n
-        print(f"| **{flow} lifecycle** | **{server_n:.2f}** | **{worker_n:.2f}** | "
-              f"total {server_n + worker_n:.2f} |")
-        b.summary[f"steps {flow} server"] = server_n
-        b.summary[f"steps {flow} total"] = server_n + worker_n
+
+class GroupListener:
+    """With events on, the task-group-resolved messages of a server, to wait for."""
+
+    def __init__(self, connection: Any, arrived: set[str], event: asyncio.Event) -> None:
+        self._connection, self._arrived, self._event = connection, arrived, event
+
+    @classmethod
+    async def start(cls, settings: dict[str, str]) -> GroupListener:
+        if "AZQUEUE_AMQP_URL" not in settings:
+            return cls(None, set(), asyncio.Event())
+        import aio_pika  # (the benchmark's other phases do without RabbitMQ)
+
+        connection = await aio_pika.connect(settings["AZQUEUE_AMQP_URL"])
+        arrived: set[str] = set()
+        event = asyncio.Event()
+        channel = await connection.channel()
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(f"{settings['AZQUEUE_EXCHANGE_PREFIX']}task-group-resolved",
+                         routing_key="#")
+
+        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            async with message.process():
+                arrived.add(json.loads(message.body)["taskGroupId"])
+                event.set()
+
+        await queue.consume(on_message)
+        return cls(connection, arrived, event)
+
+    async def resolved(self, task_group_id: str) -> None:
+        """Back once the group's resolution has arrived (at once with events off)."""
+        while self._connection is not None and task_group_id not in self._arrived:
+            self._event.clear()
+            await asyncio.wait_for(self._event.wait(), 30)
+
+    async def close(self) -> None:
+        if self._connection is not None:
+            await self._connection.close()
+
 
 
 # -- phase: the Celery peer ----------------------------------------------------------------
@@ -885,7 +946,8 @@ def parse_args() -> argparse.Namespace:
                         help="rounds of the events phase, each a drain with events off then "
                              "one with events on (3)")
     parser.add_argument("--amqp", default="", metavar="URL",
-                        help="RabbitMQ URL: the steps phase publishes events (default: off)")
+                        help="RabbitMQ URL for the phases with events on (steps, events; default "
+                             "the local RabbitMQ as guest)")
     parser.add_argument("--timeout", type=float, default=180.0,
                         help="seconds a drain may take before the run is abandoned")
     parser.add_argument("--stall", type=float, default=30.0,
