@@ -82,8 +82,7 @@ class Changes:
                     self._fault_point()
                 # The events are a function of the change: published as written, from
                 # memory.
-                await self.outbox.finish(token, task_id, events.for_change(
-                    change.before, change.after) if change.changed else [])
+                await self.outbox.finish(token, task_id, list(change.events))
         except BaseException:
             self.cache.drop(task_id)
             raise

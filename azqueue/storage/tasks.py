@@ -149,6 +149,7 @@ class Change:
     after: Task
     held_before: HeldMessage | None
     stored: Stored
+    events: tuple[Event, ...] = ()  # what it wrote to the outbox
 
     @property
     def changed(self) -> bool:
@@ -431,7 +432,7 @@ class TaskStore(TableStore):
         """
         # An attempt refused with 412 may have been our own write, stored by an earlier
         # attempt of the same request whose answer was lost: each write names itself.
-        lost: tuple[Task, HeldMessage | None, str] | None = None
+        lost: tuple[Task, HeldMessage | None, str, tuple[Event, ...]] | None = None
         for _ in range(MAX_MODIFY_ATTEMPTS):
             stored = loaded or await self.load(task_id)
             guess, loaded = speculative and loaded is not None, None
@@ -439,7 +440,7 @@ class TaskStore(TableStore):
             if lost is not None and stored.write_id == lost[2]:
                 # It was: report it as the change it was (before ``fn`` decides again: a
                 # transition may refuse to be applied twice).
-                return Change(lost[0], before, lost[1], stored)
+                return Change(lost[0], before, lost[1], stored, lost[3])
             try:
                 after = fn(before)
             except Exception:
@@ -454,7 +455,8 @@ class TaskStore(TableStore):
             if held is not None and (held.run_id >= len(after.runs) or
                                      after.runs[held.run_id].state is not RunState.RUNNING):
                 held = None  # a message is held only by a running run
-            outbox = [outbox_row(task_id, e) for e in events(before, after)] if events else []
+            written = tuple(events(before, after)) if events else ()
+            outbox = [outbox_row(task_id, e) for e in written]
             write_id = secrets.token_hex(8)
             # Every recorded tip was put in the queue of the priority the task had: with
             # a new priority they are all stale, and forgetting them makes a claim of one
@@ -479,9 +481,10 @@ class TaskStore(TableStore):
                         etag = (await self._rest.update_entity(
                             self.name, entity, stored.etag))["etag"]
             except (ETagMismatch, TransactionConflict):
-                lost = (before, stored.held, write_id)
+                lost = (before, stored.held, write_id, written)
                 continue
             return Change(before, after, stored.held,
-                          Stored(after, str(etag), held, tips, write_id, live_tip=live))
+                          Stored(after, str(etag), held, tips, write_id, live_tip=live),
+                          written)
         raise StorageError(f"task {task_id} changed {MAX_MODIFY_ATTEMPTS} times while being "
                            "updated; try again")
