@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterator
 from functools import cache
 from importlib import resources
 from typing import Any
 
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator, validators
 from jsonschema.exceptions import ValidationError
 
 from azqueue.errors import InputError
@@ -24,8 +26,26 @@ def schema(name: str) -> dict[str, Any]:
 
 
 @cache
-def _validator(name: str) -> Draft202012Validator:
-    return Draft202012Validator(schema(name), format_checker=Draft202012Validator.FORMAT_CHECKER)
+def _regex(pattern: str) -> re.Pattern[str]:
+    """``pattern`` as JSON Schema means it (ECMA-262): a final ``$`` is the end of the
+    string, where Python's also matches before a final newline."""
+    if pattern.endswith("$") and not pattern.endswith("\\$"):
+        pattern = pattern[:-1] + r"\Z"
+    return re.compile(pattern)
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, _: Any) -> Iterator[ValidationError]:
+    if validator.is_type(instance, "string") and not _regex(pattern).search(instance):
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+_Validator = validators.extend(  # type: ignore[no-untyped-call]
+    Draft202012Validator, {"pattern": _pattern})
+
+
+@cache
+def _validator(name: str) -> Any:
+    return _Validator(schema(name), format_checker=Draft202012Validator.FORMAT_CHECKER)
 
 
 def _describe(error: ValidationError) -> str:

@@ -386,3 +386,29 @@ async def test_a_name_ending_in_a_newline_is_not_a_name(server: Server, path: st
         async with anonymous.get(f"{server.api}{path}") as r:
             answer = await r.json()
             assert r.status == 400 and "path parameter" in answer["message"], answer
+
+
+@pytest.mark.parametrize("field,value", [("taskQueueId", "prov/wt\n"),
+                                         ("schedulerId", "sched\n"),
+                                         ("taskGroupId", "+QbYWYJzTMa0S1_HtRfjxQ\n")])
+async def test_a_body_identifier_ending_in_a_newline_is_refused(
+        server: Server, http: aiohttp.ClientSession, field: str, value: str) -> None:
+    """In a body as in a path: a schema's `^…$` is the whole string, as JSON Schema
+    means it, not Python's `$` that also matches before a final newline."""
+    task_id = slugid()
+    body = definition("prov/wt")
+    body[field] = value
+    async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert field in answer["message"] and "does not match" in answer["message"], answer
+    async with http.get(f"{server.api}/task/{task_id}") as r:
+        assert r.status == 404
+
+
+async def test_a_worker_group_ending_in_a_newline_cannot_claim_work(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    async with http.post(f"{server.api}/claim-work/prov%2Fwt",
+                         json={"workerGroup": "wg\n", "workerId": "w", "tasks": 1}) as r:
+        answer = await r.json()
+        assert r.status == 400 and "workerGroup" in answer["message"], answer
