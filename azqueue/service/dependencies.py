@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
@@ -65,14 +66,29 @@ Schedule = Callable[[str, Stored, bool], Awaitable[Any]]
 
 
 async def gather_limited(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Await ``calls`` with at most MAX_PARALLEL at a time; results in order."""
-    limit = asyncio.Semaphore(MAX_PARALLEL)
+    """Await ``calls`` with at most MAX_PARALLEL at a time; results in order. The first
+    failure stops the rest: those under way are cancelled and, given as a generator,
+    those not yet begun are never made, so a failed request costs no more storage
+    requests afterwards."""
+    items = enumerate(calls)
+    results: dict[int, T] = {}
 
-    async def one(call: Awaitable[T]) -> T:
-        async with limit:
-            return await call
+    async def worker() -> None:
+        for i, call in items:  # shared: each call is taken (and made) by one worker
+            results[i] = await call
 
-    return list(await asyncio.gather(*(one(c) for c in calls)))
+    workers = [asyncio.create_task(worker()) for _ in range(MAX_PARALLEL)]
+    try:
+        await asyncio.gather(*workers)
+    except BaseException:
+        for w in workers:
+            w.cancel()
+        await asyncio.gather(*workers, return_exceptions=True)
+        for _, call in items:
+            if inspect.iscoroutine(call):
+                call.close()  # made by the caller, never begun
+        raise
+    return [results[i] for i in range(len(results))]
 
 
 def _resolves(before: Task, after: Task) -> bool:
