@@ -4,6 +4,10 @@
 // request (Hawk, computed here with WebCrypto); the server checks the scopes as for any
 // client. Every value shown is set as text, never as markup, and every link is built
 // from URI-encoded identifiers.
+//
+// One file of some 750 lines on purpose: the page has no build step and no module loader,
+// and its parts (Hawk, elements, charts, actions, views) share one refresh loop and its
+// state; the `-- part --` lines below divide it instead.
 "use strict";
 
 const API = "/api/queue/v1";
