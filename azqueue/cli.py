@@ -1,8 +1,9 @@
 """The command line: arguments -> Settings -> run.
 
 This module only parses arguments: it imports nothing but the standard library,
-``azqueue.config`` and the exit codes (``azqueue.worker.exitcodes``), so ``--help``, ``--version`` and a mistake in the arguments answer at
-once. What a command runs is imported when it runs: the server stack
+``azqueue.config``, the pure model's names and priorities (``azqueue.model``) and the exit
+codes (``azqueue.worker.exitcodes``), so ``--help``, ``--version`` and a mistake in the
+arguments answer at once. What a command runs is imported when it runs: the server stack
 (``azqueue.server_commands``) for ``serve``, ``dev`` and ``resolve``; the official client
 and the worker SDK (``azqueue.worker.commands``) for ``worker``, ``task``, ``queue``.
 
@@ -26,18 +27,17 @@ from typing import NoReturn
 
 from azqueue import __version__, logs
 from azqueue.config import ConfigError, variables_help
+from azqueue.model.identifiers import SLUGID, TASK_QUEUE_ID
+from azqueue.model.priority import IN_DEFINITION, Priority
 from azqueue.worker.exitcodes import INTERRUPTED, USAGE, WAIT_EXIT_CODES
 
 __all__ = ["INTERRUPTED", "WAIT_EXIT_CODES", "main", "parser"]
 
 # The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
 RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events", "groups")
-PRIORITIES = ["highest", "very-high", "high", "medium", "low", "very-low", "lowest", "normal"]
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_MAX_RUN_TIME = 3600
 DEFAULT_DEADLINE = "1h"
-# A taskId: a v4 slugid, as Taskcluster's schemas write it.
-TASK_ID = re.compile(r"[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 CLIENT_VARIABLES = """\
@@ -88,7 +88,7 @@ def _seconds(zero: bool = False) -> Callable[[str], float]:
 
 
 def _task_queue(value: str) -> str:
-    if not re.fullmatch(r"[a-zA-Z0-9_-]{1,38}/[a-zA-Z0-9_-]{1,38}", value):
+    if not TASK_QUEUE_ID.fullmatch(value):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a task queue: write provisionerId/workerType, each 1-38 "
             "letters, digits, - or _")
@@ -96,7 +96,7 @@ def _task_queue(value: str) -> str:
 
 
 def _task_id(value: str) -> str:
-    if not TASK_ID.fullmatch(value):
+    if not SLUGID.fullmatch(value):
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a taskId: a taskId is 22 characters of A-Z a-z 0-9 _ - (a v4 "
             "slugid), as `azqueue task create` and `azqueue task list` print them")
@@ -265,7 +265,7 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     create.add_argument("--dependency", action="append", default=[], metavar="TASK_ID",
                         type=_task_id, help="a task that must complete before it runs "
                                             "(repeatable; default: none)")
-    create.add_argument("--priority", choices=PRIORITIES, default="lowest",
+    create.add_argument("--priority", choices=IN_DEFINITION, default=Priority.LOWEST.value,
                         help="(default: lowest)")
     create.add_argument("--max-run-time", type=_number(int, 1, 86400, "whole number"),
                         default=DEFAULT_MAX_RUN_TIME, metavar="SECONDS",

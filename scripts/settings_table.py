@@ -14,17 +14,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from azqueue.config import SETTINGS  # noqa: E402
+from azqueue.config import SETTINGS, shown_default  # noqa: E402
 
 PAGE = ROOT / "docs" / "operating" / "settings.md"
-BEGIN = "<!-- settings table: written by scripts/settings_table.py from azqueue/config.py -->"
+BEGIN = "<!-- settings table: written by scripts/settings_table.py from azqueue/config/variables.py -->"
 END = "<!-- end of settings table -->"
 
 
 def table() -> str:
     """The markdown table of every setting a deployment may set (not the tests' own)."""
     rows = ["| variable | default | meaning |", "| --- | --- | --- |"]
-    rows += [f"| `{s.variable}` | {s.shown_default()} | {s.meaning} |"
+    rows += [f"| `{s.variable}` | {shown_default(s)} | {s.meaning} |"
              for s in SETTINGS if not s.test_only]
     return "\n".join(rows)
 

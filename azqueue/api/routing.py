@@ -36,13 +36,12 @@ from azqueue.api.auth import Authenticator, Caller, require
 from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.model import jsontext, timeutil
-from azqueue.model.identifiers import IDENTIFIER, TASK_QUEUE_ID
+from azqueue.model.identifiers import IDENTIFIER, SLUGID, TASK_QUEUE_ID
 from azqueue.model.scopes import Template, Unresolved, render
 from azqueue.service.artifacts import name_fits as artifact_name_fits
 from azqueue.service.wiring import Services
 
 API = "/api/queue/v1"
-SLUGID = re.compile(r"^[A-Za-z0-9_-]{8}[Q-T][A-Za-z0-9_-][CGKOSWaeimquy26-][A-Za-z0-9_-]{10}[AQgw]$")
 MAX_RUN_ID = 1000
 MAX_ARTIFACT_NAME = 1024
 # listTaskGroup and listDependentTasks load each task: a smaller page unless `limit` asks.

@@ -15,7 +15,8 @@ from azqueue.model import events, timeutil
 from azqueue.model.events import Event
 from azqueue.storage.groups import ORPHAN_AGE, GroupStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
-from azqueue.storage.tasks import OUTBOX, WRITER, TaskStore
+from azqueue.storage.taskrows import OUTBOX, WRITER
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 

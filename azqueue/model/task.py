@@ -52,6 +52,10 @@ class TaskState(StrEnum):
         return self in (TaskState.COMPLETED, TaskState.FAILED, TaskState.EXCEPTION)
 
 
+RESOLVED_STATES: tuple[TaskState, ...] = tuple(s for s in TaskState if s.resolved)
+"""The states a task ends in: completed, failed, exception."""
+
+
 class RunState(StrEnum):
     PENDING = "pending"
     RUNNING = "running"

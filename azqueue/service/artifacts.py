@@ -19,7 +19,8 @@ from azqueue.service.uploads import READ_TIMEOUT, UploadReceiver
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore
-from azqueue.storage.tasks import TaskStore, outbox_row
+from azqueue.storage.taskrows import outbox_row
+from azqueue.storage.tasks import TaskStore
 
 UPLOAD_URL_LIFETIME = timedelta(minutes=30)
 DOWNLOAD_URL_LIFETIME = timedelta(minutes=10)

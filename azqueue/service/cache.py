@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 
-from azqueue.storage.tasks import Stored
+from azqueue.storage.taskrows import Stored
 
 MAX_ENTRIES = 10_000
 MAX_AGE = 60.0

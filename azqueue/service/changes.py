@@ -28,7 +28,8 @@ from azqueue.service.claimindex import ClaimIndex
 from azqueue.service.dependencies import Dependencies
 from azqueue.service.tips import Tips
 from azqueue.storage.queues import Queues
-from azqueue.storage.tasks import KEEP, Change, HeldMessage, Keep, Stored, TaskStore
+from azqueue.storage.taskrows import HeldMessage, Stored
+from azqueue.storage.tasks import KEEP, Change, Keep, TaskStore
 
 log = logging.getLogger(__name__)
 

@@ -30,7 +30,8 @@ from azqueue.service.tips import Tips
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import PendingQueues, Queues
-from azqueue.storage.tasks import KEEP, HeldMessage, Keep, Stored, TaskStore
+from azqueue.storage.taskrows import HeldMessage, Stored
+from azqueue.storage.tasks import KEEP, Keep, TaskStore
 
 log = logging.getLogger(__name__)
 

@@ -38,8 +38,8 @@ from azqueue.service.tips import Tips, live
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message, Queues, encode_json
-from azqueue.storage.tasks import (MAX_DEFINITION_CHARS, MAX_TIPS, Stored, TaskStore,
-                                   definition_size)
+from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, definition_size
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,8 @@ from azqueue.model import timeutil
 from azqueue.model.task import Task
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
-from azqueue.storage.tasks import Stored, TaskStore
+from azqueue.storage.taskrows import Stored
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 

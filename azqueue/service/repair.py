@@ -56,7 +56,7 @@ from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.service.changes import Changes
 from azqueue.service.tips import Tips
-from azqueue.storage.tasks import Stored
+from azqueue.storage.taskrows import Stored
 
 log = logging.getLogger(__name__)
 

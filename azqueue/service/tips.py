@@ -74,7 +74,8 @@ from azqueue.service.hints import PendingHints
 from azqueue.service.waiting import Waiting
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import Message, PendingQueues, Queues
-from azqueue.storage.tasks import MAX_TIPS, HeldMessage, LiveTip, Stored, TaskStore
+from azqueue.storage.taskrows import MAX_TIPS, HeldMessage, LiveTip, Stored
+from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 

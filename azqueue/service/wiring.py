@@ -52,7 +52,8 @@ from azqueue.storage.claims import ClaimNotes, ClaimStore
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import PendingQueues, Queues
-from azqueue.storage.tasks import Stored, TaskStore
+from azqueue.storage.taskrows import Stored
+from azqueue.storage.tasks import TaskStore
 from azqueue.storage.workers import TaskQueueStore, WorkerStore
 
 log = logging.getLogger(__name__)

@@ -30,13 +30,13 @@ import slugid
 import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
+from azqueue.model.task import RESOLVED_STATES
 from azqueue.worker import client, follow, shell
 from azqueue.worker.client import Credentials
 from azqueue.worker.errors import QueueRefused
 from azqueue.worker.exitcodes import ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES
 from azqueue.worker.worker import Worker, WorkerConfig
 
-RESOLVED = ("completed", "failed", "exception")
 WAIT_POLL = 1.0
 # The official client retries a connection error or a 5xx this often (with backoff):
 # enough for a hiccup, not so many that a wrong port keeps a user waiting.
@@ -324,7 +324,7 @@ def wait(queue: taskcluster.Queue, task_id: str, timeout: float | None, as_json:
         if line != last:
             print(f"[{elapsed:6.0f}s] {line}", file=progress, flush=True)
             last = line
-        if status["state"] in RESOLVED:
+        if status["state"] in RESOLVED_STATES:
             if as_json:
                 print(json.dumps(status), flush=True)
             return WAIT_EXIT_CODES[status["state"]]

@@ -21,10 +21,10 @@ from typing import Any, BinaryIO, TextIO
 import aiohttp
 import taskcluster
 
+from azqueue.model.task import RESOLVED_STATES
 from azqueue.worker.exitcodes import WAIT_EXIT_CODES
 
 POLL = 1.0
-RESOLVED = ("completed", "failed", "exception")
 READ_CHUNK = 65536
 
 
@@ -59,7 +59,7 @@ class Follower:
             status: dict[str, Any] = (await asyncio.to_thread(self.queue.status,
                                                               self.task_id))["status"]
             runs = status["runs"]
-            resolved = status["state"] in RESOLVED
+            resolved = status["state"] in RESOLVED_STATES
             if runs and runs[-1]["runId"] != self.run_id:
                 if self.run_id is not None:
                     self._say(f"run {runs[-1]['runId']} of {self.task_id} started "

@@ -15,7 +15,7 @@ from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
-from azqueue.storage.tasks import TIP
+from azqueue.storage.taskrows import TIP
 from tests import sas
 from tests.integration.test_claim_work import claim_work
 from tests.servers import Server, ServerFactory

@@ -21,6 +21,7 @@ from azure.storage.blob.aio import BlobServiceClient
 
 from azqueue.config import Client
 from azqueue.devstorage import Azurite
+from azqueue.model.priority import ORDER
 from tests import sas
 from tests.servers import IN_CI, Server
 from tests.tasks import create, definition, slugid, status
@@ -307,6 +308,14 @@ async def test_a_signed_in_operator_cancels_a_running_task_and_others_cannot(
                            "the answer to cancel")
 
     await sign_in(browser, VIEWER)
+    # The priorities offered are the model's, highest first, the task's own chosen.
+    offered = await until(browser, lambda d: d.execute_script(
+        "return [...document.querySelectorAll('.actions select option')].map(o => o.value)"),
+        "the priorities")
+    assert offered == [p.value for p in ORDER]
+    chosen = await asyncio.to_thread(browser.execute_script,
+                                     "return document.querySelector('.actions select').value")
+    assert chosen == "lowest"
     refused = await cancel()
     assert "403" in refused and "queue:cancel-task:" in refused, refused
     assert (await status(http, server.api, task_id))["state"] == "running"

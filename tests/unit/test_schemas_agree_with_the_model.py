@@ -1,6 +1,6 @@
-"""The JSON schemas served to clients state the task queue and worker name patterns and
-the priorities in their own words; azqueue's code reads them from ``azqueue.model``
-only. Each statement in a schema is the model's."""
+"""The JSON schemas served to clients state the taskId, task queue and worker name
+patterns and the priorities in their own words; azqueue's code reads them from
+``azqueue.model`` only. Each statement in a schema is the model's."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from azqueue.api.validation import schema, schema_names
-from azqueue.model.identifiers import IDENTIFIER, TASK_QUEUE_ID
+from azqueue.model.identifiers import IDENTIFIER, SLUGID, TASK_QUEUE_ID
 from azqueue.model.priority import IN_DEFINITION, NORMAL, ORDER, Priority
 
 def _nodes(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
@@ -34,6 +34,17 @@ def test_each_task_queue_and_worker_name_pattern_of_the_schemas_is_the_models() 
             expected = TASK_QUEUE_ID if "/" in pattern else IDENTIFIER
             assert pattern == expected.pattern, (name, key)
     assert found >= 8
+
+
+def test_each_slugid_pattern_of_the_schemas_is_the_models() -> None:
+    found = []
+    for name in schema_names():
+        for key, node in _nodes(schema(name)):
+            pattern = node.get("pattern")
+            if isinstance(pattern, str) and "[Q-T]" in pattern:
+                assert pattern == SLUGID.pattern, (name, key)
+                found.append(name)
+    assert sorted(found) == ["task-definition-request.json", "task-messages.json"]
 
 
 def test_each_priority_list_of_the_schemas_is_the_models() -> None:

@@ -25,7 +25,7 @@ def test_the_settings_table_is_the_one_the_list_of_settings_makes() -> None:
 def test_every_variable_azqueue_names_is_in_the_list_of_settings() -> None:
     named = {n for p in (ROOT / "azqueue").rglob("*.py") for n in VARIABLE.findall(p.read_text())}
     missing = named - {s.variable for s in SETTINGS}
-    assert not missing, f"add these to SETTINGS in azqueue/config.py: {sorted(missing)}"
+    assert not missing, f"add these to SETTINGS in azqueue/config/variables.py: {sorted(missing)}"
 
 
 def test_every_setting_is_read() -> None:

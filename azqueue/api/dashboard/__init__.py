@@ -4,12 +4,18 @@ Hawk-signed requests and the scopes of the client they signed in as; and
 ``GET /dashboard/recent``, what this process changed lately (``recent``), which the API
 has no listing of.
 
+The page carries the model's names it shows (``MODEL``: the priorities, the task states,
+those that are resolved) as data, in a ``<script type="application/json">`` block the
+server writes into it: the browser never runs it, so the CSP below allows it, and
+``app.js`` reads it instead of stating the lists again.
+
 Requests for the page and its files are counted as the endpoint ``dashboard``, those for
 the recent changes as ``dashboardRecent``.
 """
 
 from __future__ import annotations
 
+import json
 from importlib import resources
 
 from aiohttp import web
@@ -19,6 +25,8 @@ from azqueue.api.dashboard.recent import RECENT, Entry
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.model import scopes, timeutil
 from azqueue.model.identifiers import TASK_QUEUE_ID
+from azqueue.model.priority import ORDER
+from azqueue.model.task import RESOLVED_STATES, TaskState
 
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 # Scripts only from here (nothing the API returns can run), data from anywhere (artifacts
@@ -31,10 +39,17 @@ HEADERS = {
     "Cache-Control": "no-cache",
 }
 RECENT_NOTE = "recent on this replica"
+# What index.html's data block holds, highest priority first.
+MODEL = {"priorities": [p.value for p in ORDER], "states": [s.value for s in TaskState],
+         "resolved": [s.value for s in RESOLVED_STATES]}
+MODEL_SLOT = b"{{model}}"
 
 
 def _read(name: str) -> bytes:
-    return (resources.files(__package__) / name).read_bytes()
+    content = (resources.files(__package__) / name).read_bytes()
+    if name == "index.html":  # `<` escaped: nothing in the block can end it
+        content = content.replace(MODEL_SLOT, json.dumps(MODEL).replace("<", "\\u003c").encode())
+    return content
 
 
 async def recent(request: web.Request) -> web.Response:

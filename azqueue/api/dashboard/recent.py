@@ -18,19 +18,16 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from collections import Counter, OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from azqueue import metrics
 from azqueue.model import timeutil
-
-if TYPE_CHECKING:
-    from azqueue.model.task import Task
+from azqueue.model.task import RESOLVED_STATES, Task
 
 MAX_QUEUES = 50
 PER_QUEUE = 100
 FAILURES_PER_QUEUE = 50
 MINUTES = 60
-RESOLVED = ("completed", "failed", "exception")
 FAILED = ("failed", "exception")
 
 Entry = dict[str, Any]
@@ -92,7 +89,7 @@ class RecentChanges:
             _remember(queue.failures, entry, FAILURES_PER_QUEUE)
         was = before.runs[run.run_id].state.value \
             if before is not None and run.run_id < len(before.runs) else None
-        if entry["state"] in RESOLVED and was != entry["state"]:
+        if entry["state"] in RESOLVED_STATES and was != entry["state"]:
             minute = int(time.time() // 60)
             _resolved_at(queue.minutes, minute, entry["state"])
             _resolved_at(self._minutes, minute, entry["state"])
@@ -119,7 +116,7 @@ class RecentChanges:
         return {
             "tasks": newest("tasks"), "failures": newest("failures"),
             "throughput": [{"minute": timeutil.fmt(datetime.fromtimestamp(minute * 60, UTC)),
-                            **{state: counts.get(state, 0) for state in RESOLVED}}
+                            **{state: counts.get(state, 0) for state in RESOLVED_STATES}}
                            for minute, counts in minutes.items() if minute > now - MINUTES]}
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from azqueue.api.routing import PAGED, SLUGID, Call, Route, Routes
+from azqueue.api.routing import PAGED, Call, Route, Routes
+from azqueue.model.identifiers import SLUGID
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.task import Task
 
@@ -117,7 +118,7 @@ def _page(call: Call) -> tuple[list[str], str | None, int]:
 
 
 def _valid(task_id: str) -> bool:
-    return bool(SLUGID.match(task_id))
+    return bool(SLUGID.fullmatch(task_id))
 
 
 @routes.declare(
