@@ -34,10 +34,13 @@ import aiohttp
 import slugid
 
 import benchlib
-from benchlib import ACCOUNT, KEY, Azurite, QueueMessage, definition, signed_session
+from benchlib import definition, signed_session
 
+from azqueue.devstorage import ACCOUNT, KEY, Azurite
+from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
-from azqueue.worker.sas import delete_url
+from azqueue.testing.sas import QueueMessage, delete_url
+from azqueue.testing.tasks import UnexpectedAnswer
 
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
 ENDPOINTS = ("createTask", "pollTaskUrls", "claimTask", "reclaimTask", "status",
@@ -117,9 +120,9 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
                         continue
                 queue = urls["queues"][6]
                 try:
-                    messages = await benchlib.get_messages(
+                    messages = await sas.get_messages(
                         http, f"{queue['signedPollUrl']}&visibilitytimeout=10", 4)
-                except (RuntimeError, aiohttp.ClientError):
+                except (UnexpectedAnswer, aiohttp.ClientError):
                     await asyncio.sleep(0.1)  # throttled: poll again
                     continue
                 if not messages:
@@ -188,7 +191,7 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
         done.set()
         await asyncio.gather(*workers, return_exceptions=True)
         proxy.faults = Faults()
-    injected = Counter()
+    injected: Counter[str] = Counter()
     for key, n in proxy.counts.items():
         injected[key.split(" ", 1)[1]] += n
     print(f"\nfaults {faults.busy:.0%} ServerBusy, {faults.lost:.0%} of writes applied then "
@@ -252,5 +255,5 @@ if __name__ == "__main__":
                              "process")
     try:
         asyncio.run(main(parser.parse_args()))
-    except benchlib.BenchError as e:
+    except benchlib.FAILURES as e:
         sys.exit(f"bench_faults: {e}")

@@ -19,8 +19,8 @@ from azure.storage.queue.aio import QueueServiceClient
 from azqueue.api.app import create_app
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
+from azqueue.testing.hawk import hawk_signer
 from tests.servers import ROOT, Server, ServerFactory
-from tests.signing import hawk_signer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

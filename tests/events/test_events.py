@@ -9,10 +9,10 @@ import aiohttp
 from azure.data.tables.aio import TableServiceClient
 
 from azqueue.devstorage import Azurite
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.events.consumers import ConsumerFactory, Received, assert_valid
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, iso, slugid
 from tests.waiting import stays
 
 

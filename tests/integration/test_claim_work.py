@@ -10,9 +10,9 @@ import aiohttp
 
 from azqueue import errors
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, status
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, status
 from tests.waiting import eventually, stays
 
 

@@ -14,9 +14,9 @@ from azure.storage.queue.aio import QueueClient
 from azqueue.devstorage import Azurite
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid
 from tests.waiting import eventually
 
 BACKLOG = 200

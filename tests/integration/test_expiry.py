@@ -9,9 +9,9 @@ import aiohttp
 from azure.data.tables.aio import TableServiceClient
 
 from azqueue.devstorage import Azurite
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, iso, status
 from tests.servers import Server
-from tests.tasks import create, definition, iso, status
 
 
 async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str, name: str,

@@ -23,10 +23,10 @@ from azqueue.devstorage import ACCOUNT, KEY, Azurite
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.service import workclaimer
+from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
-from tests import sas
+from azqueue.testing.tasks import definition, slugid, status
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid, status
 from tests.waiting import eventually
 
 BUSY, LOST = (float(x) for x in os.environ.get("AZQUEUE_TEST_FAULTS", "0.05,0.05").split(","))

@@ -17,9 +17,9 @@ import pytest
 import taskcluster
 
 from azqueue.model.definition import MAX_SCOPES_JSON
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.servers import ROOT, Server
-from tests.tasks import create, definition, iso, slugid
 
 
 async def _raw(server: Server, head: bytes, body: bytes = b"") -> tuple[int, bytes]:

@@ -10,9 +10,9 @@ import aiohttp
 
 from azqueue.model.priority import Priority
 from azqueue.storage.claims import ClaimRecord
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 
 

@@ -16,10 +16,10 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.storage.tasks import TIP
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import claim_work
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually, stays
 
 

@@ -9,9 +9,9 @@ import json
 import aiohttp
 
 from azqueue.model.priority import Priority
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 
 

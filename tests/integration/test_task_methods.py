@@ -13,9 +13,9 @@ import pytest
 
 from azqueue.model import timeutil
 from azqueue.service import groups as group_service
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 
 

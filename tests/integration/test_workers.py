@@ -11,12 +11,12 @@ import aiohttp
 import pytest
 
 from azqueue.model.priority import ORDER
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, iso, status
 from azqueue.worker.client import Credentials
 from azqueue.worker.sas import SasSource
-from tests import sas
 from tests.integration.test_claim_work import claim_work
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import create, definition, iso, status
 from tests.waiting import eventually
 
 

@@ -18,11 +18,11 @@ import pytest
 import taskcluster
 
 from azqueue.model.priority import Priority
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, status
 from azqueue.worker import Credentials, Worker, WorkerState
 from azqueue.worker.sas import POLL_TASK_URLS, SasSource
-from tests import sas
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import create, definition, status
 from tests.waiting import eventually
 from tests.worker.helpers import (
     AZQUEUE,
