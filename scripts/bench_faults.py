@@ -2,9 +2,10 @@
 """Benchmark: what clients see when Azure Storage throttles and loses answers.
 
 For each fault level (by default none; 3% ServerBusy and 2% of writes applied then
-unanswered; 5% and 10%), starts an Azurite (as ``benchlib`` runs it), the fault proxy
-(``azqueue.testing.faultproxy``) in front of it and two `azqueue serve` replicas whose
-storage is the proxy's (so the SAS URLs they hand out point at it too), creates N tasks
+unanswered; 5% and 10%), starts an Azurite (``azqueue.devstorage``, as `azqueue dev`
+runs it), the fault proxy (``azqueue.testing.faultproxy``) in front of it and two
+`azqueue serve` replicas whose storage is the proxy's (so the SAS URLs they hand out
+point at it too), creates N tasks
 from 16 concurrent clients spread over both replicas while 4 SAS workers and 4 claimWork
 workers (plain aiohttp, as documents 000/001/003 describe them) claim them, reclaim each
 once, read its status and report it completed, and prints the p50, p99 and max of every
@@ -228,7 +229,7 @@ async def main(args: argparse.Namespace) -> None:
         # with Azurite's in-memory store, a sweep of their deleted messages that stops
         # every answer for seconds once a minute) slows Azurite, never Azure.
         azurite = await Azurite.start()
-        proxy = FaultProxy({s: f"http://127.0.0.1:{azurite.ports[s]}" for s in benchlib.SERVICES})
+        proxy = FaultProxy({s: f"http://127.0.0.1:{port}" for s, port in azurite.ports.items()})
         await proxy.start()
         servers = []
         try:
