@@ -1,36 +1,20 @@
 """A worker's side of the SAS polling flow (docs/workers/sas.md) in plain aiohttp: no
-Azure SDK, exactly what a worker written from that page does. Requests to the queue API
-need a Hawk-signed session (``azqueue.testing.hawk``); those to the signed URLs do not
-care."""
+Azure SDK, exactly what a worker written from that page does, one request a call (the
+worker SDK's ``SasSource`` runs the whole loop; its message parsing is shared). Requests
+to the queue API need a Hawk-signed session (``azqueue.testing.hawk``); those to the
+signed URLs do not care."""
 
 from __future__ import annotations
 
-import base64
-import json
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 
 from azqueue.testing.tasks import UnexpectedAnswer, call
+from azqueue.worker.sas import QueueMessage, delete_url, parse_messages
 
-
-@dataclass(frozen=True, slots=True)
-class QueueMessage:
-    """One ``<QueueMessage>`` of a poll answer."""
-
-    message_id: str
-    pop_receipt: str
-    dequeue_count: int
-    text: str
-
-    @property
-    def tip(self) -> dict[str, Any]:
-        """base64 decode and JSON parse <MessageText>: {taskId, runId, signature}."""
-        data: dict[str, Any] = json.loads(base64.b64decode(self.text))
-        return data
+__all__ = ["QueueMessage", "claim", "delete_message", "delete_url", "get_messages",
+           "parse_messages", "poll_once", "poll_task_urls", "post"]
 
 
 async def poll_task_urls(http: aiohttp.ClientSession, api: str, provisioner_id: str,
@@ -47,12 +31,7 @@ async def get_messages(http: aiohttp.ClientSession, signed_poll_url: str,
         body = await r.text()
         if r.status != 200:
             raise UnexpectedAnswer(f"polling answered {r.status}: {body[:300]}")
-    root = ET.fromstring(body)
-    return [QueueMessage(message_id=m.findtext("MessageId", ""),
-                         pop_receipt=m.findtext("PopReceipt", ""),
-                         dequeue_count=int(m.findtext("DequeueCount", "0")),
-                         text=m.findtext("MessageText", ""))
-            for m in root.findall("QueueMessage")]
+    return parse_messages(body)
 
 
 async def poll_once(http: aiohttp.ClientSession, urls: dict[str, Any],
@@ -63,12 +42,6 @@ async def poll_once(http: aiohttp.ClientSession, urls: dict[str, Any],
         if messages:
             return messages
     return []
-
-
-def delete_url(signed_delete_url: str, message: QueueMessage) -> str:
-    """Substitute {{messageId}} and the URI-encoded {{popReceipt}}."""
-    return (signed_delete_url.replace("{{messageId}}", quote(message.message_id, safe=""))
-            .replace("{{popReceipt}}", quote(message.pop_receipt, safe="")))
 
 
 async def delete_message(http: aiohttp.ClientSession, signed_delete_url: str,
