@@ -158,6 +158,11 @@ class Azurite:
     scheme: str = "http"
 
     @property
+    def ports(self) -> dict[str, int]:
+        """Each service's port: ``{"blob": ..., "queue": ..., "table": ...}``."""
+        return {"blob": self.blob_port, "queue": self.queue_port, "table": self.table_port}
+
+    @property
     def endpoints(self) -> str:
         base = f"{self.scheme}://127.0.0.1"
         return (f"BlobEndpoint={base}:{self.blob_port}/{ACCOUNT};"
@@ -176,9 +181,12 @@ class Azurite:
 
     @classmethod
     async def start(cls, data_dir: str | None = None, timeout: float = 60.0,
-                    tls: tuple[str, str] | None = None) -> Azurite:
+                    tls: tuple[str, str] | None = None, memory: bool = False) -> Azurite:
         """Start Azurite; with ``tls`` (certificate and key PEM files) it serves HTTPS and
-        accepts OAuth bearer tokens too (``--oauth basic``: claims checked, signature not)."""
+        accepts OAuth bearer tokens too (``--oauth basic``: claims checked, signature not).
+        With ``memory`` it keeps its data in its own in-memory store
+        (``--inMemoryPersistence``) rather than in files in ``data_dir``: faster by a
+        tenth to a fifth, but see ``scratch_dir`` for what it costs."""
         binary = await asyncio.to_thread(azurite_bin)
         workdir = data_dir or tempfile.mkdtemp(prefix="azqueue-azurite-", dir=scratch_dir())
         ports = [free_port(), free_port(), free_port()]
@@ -187,7 +195,7 @@ class Azurite:
                 "--blobHost", "127.0.0.1", "--queueHost", "127.0.0.1", "--tableHost", "127.0.0.1",
                 "--blobPort", str(ports[0]), "--queuePort", str(ports[1]),
                 "--tablePort", str(ports[2])]
-        args += ["--location", workdir]
+        args += ["--inMemoryPersistence"] if memory else ["--location", workdir]
         if tls:
             args += ["--cert", tls[0], "--key", tls[1], "--oauth", "basic"]
         with open(Path(workdir) / "azurite.log", "ab") as log:

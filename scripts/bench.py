@@ -59,9 +59,13 @@ from typing import Any
 import aiohttp
 
 import benchlib
-from benchlib import (KEY, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, Azurite, BenchError,
-                      CountingProxy, Hit, Server, call, claim_message, cpu_seconds, create_task,
-                      get_messages, signed_session, stop_process)
+from benchlib import (FAILURES, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, BenchError, CountingProxy,
+                      Hit, Server, claim_message, cpu_seconds, create_task, signed_session)
+
+from azqueue.devstorage import KEY, Azurite
+from azqueue.testing.processes import stop_process
+from azqueue.testing.sas import get_messages
+from azqueue.testing.tasks import call
 
 SCRIPTS = Path(__file__).resolve().parent
 PHASES = ("steps", "celery", "create", "sas", "claimwork", "latency", "replicas", "idle",
@@ -969,7 +973,7 @@ def parse_args() -> argparse.Namespace:
 if __name__ == "__main__":
     try:
         asyncio.run(main(parse_args()))
-    except BenchError as e:
+    except FAILURES as e:
         sys.exit(f"bench: {e}")
     except (KeyboardInterrupt, asyncio.CancelledError):
         sys.exit("bench: interrupted; every process it started is stopped")

@@ -2,9 +2,10 @@
 """Benchmark: what clients see when Azure Storage throttles and loses answers.
 
 For each fault level (by default none; 3% ServerBusy and 2% of writes applied then
-unanswered; 5% and 10%), starts an Azurite (as ``benchlib`` runs it), the fault proxy
-(``azqueue.testing.faultproxy``) in front of it and two `azqueue serve` replicas whose
-storage is the proxy's (so the SAS URLs they hand out point at it too), creates N tasks
+unanswered; 5% and 10%), starts an Azurite (``azqueue.devstorage``, as `azqueue dev`
+runs it), the fault proxy (``azqueue.testing.faultproxy``) in front of it and two
+`azqueue serve` replicas whose storage is the proxy's (so the SAS URLs they hand out
+point at it too), creates N tasks
 from 16 concurrent clients spread over both replicas while 4 SAS workers and 4 claimWork
 workers (plain aiohttp, as documents 000/001/003 describe them) claim them, reclaim each
 once, read its status and report it completed, and prints the p50, p99 and max of every
@@ -34,10 +35,13 @@ import aiohttp
 import slugid
 
 import benchlib
-from benchlib import ACCOUNT, KEY, Azurite, QueueMessage, definition, signed_session
+from benchlib import definition, signed_session
 
+from azqueue.devstorage import ACCOUNT, KEY, Azurite
+from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
-from azqueue.worker.sas import delete_url
+from azqueue.testing.sas import QueueMessage, delete_url
+from azqueue.testing.tasks import UnexpectedAnswer
 
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
 ENDPOINTS = ("createTask", "pollTaskUrls", "claimTask", "reclaimTask", "status",
@@ -117,9 +121,9 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
                         continue
                 queue = urls["queues"][6]
                 try:
-                    messages = await benchlib.get_messages(
+                    messages = await sas.get_messages(
                         http, f"{queue['signedPollUrl']}&visibilitytimeout=10", 4)
-                except (RuntimeError, aiohttp.ClientError):
+                except (UnexpectedAnswer, aiohttp.ClientError):
                     await asyncio.sleep(0.1)  # throttled: poll again
                     continue
                 if not messages:
@@ -188,7 +192,7 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
         done.set()
         await asyncio.gather(*workers, return_exceptions=True)
         proxy.faults = Faults()
-    injected = Counter()
+    injected: Counter[str] = Counter()
     for key, n in proxy.counts.items():
         injected[key.split(" ", 1)[1]] += n
     print(f"\nfaults {faults.busy:.0%} ServerBusy, {faults.lost:.0%} of writes applied then "
@@ -225,7 +229,7 @@ async def main(args: argparse.Namespace) -> None:
         # with Azurite's in-memory store, a sweep of their deleted messages that stops
         # every answer for seconds once a minute) slows Azurite, never Azure.
         azurite = await Azurite.start()
-        proxy = FaultProxy({s: f"http://127.0.0.1:{azurite.ports[s]}" for s in benchlib.SERVICES})
+        proxy = FaultProxy({s: f"http://127.0.0.1:{port}" for s, port in azurite.ports.items()})
         await proxy.start()
         servers = []
         try:
@@ -252,5 +256,5 @@ if __name__ == "__main__":
                              "process")
     try:
         asyncio.run(main(parser.parse_args()))
-    except benchlib.BenchError as e:
+    except benchlib.FAILURES as e:
         sys.exit(f"bench_faults: {e}")

@@ -30,8 +30,10 @@ from pathlib import Path
 
 import aiohttp
 
-from benchlib import (ACCOUNT, KEY, SERVICES, Azurite, call, create_task, iso, signed_session,
-                      start_server)
+from benchlib import create_task, signed_session, start_server
+
+from azqueue.devstorage import Azurite
+from azqueue.testing.tasks import call, iso
 
 
 async def _upload(http: aiohttp.ClientSession, url: str, path: Path,
@@ -56,10 +58,7 @@ async def main(megabytes: int, rounds: int) -> None:
         for _ in range(megabytes):
             f.write(os.urandom(1_000_000))
     size = path.stat().st_size
-    conn = (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};"
-            + "".join(f"{s.capitalize()}Endpoint=http://127.0.0.1:{azurite.ports[s]}/{ACCOUNT};"
-                      for s in SERVICES))
-    server = await start_server(conn, workdir / "server.log")
+    server = await start_server(azurite.connection_string, workdir / "server.log")
     try:
         async with signed_session() as api, aiohttp.ClientSession() as plain:
             task_id = await create_task(api, server.api, "bench/upload")

@@ -1,6 +1,7 @@
-"""What the benchmark needs besides its phases: an Azurite, a counting proxy in front of it,
-`azqueue serve` processes, Hawk-signed sessions, task definitions, a SAS worker's requests,
-and CPU times read from /proc.
+"""What the benchmark needs besides its phases and the client kit (``azqueue.testing``,
+shared with the tests: Hawk-signed sessions, task definitions, a SAS worker's requests,
+processes waited for and stopped): a counting proxy in front of Azurite, `azqueue serve`
+processes, and CPU times read from /proc.
 
 Nothing here imports from `tests/` or from the service's internals: the benchmark sees
 azqueue as a user does, through `azqueue serve`, its HTTP API and the worker SDK.
@@ -9,38 +10,31 @@ azqueue as a user does, through `azqueue serve`, its HTTP API and the worker SDK
 from __future__ import annotations
 
 import asyncio
-import base64
-import contextlib
-import json
 import os
 import re
 import secrets
-import shutil
-import signal
-import socket
 import subprocess
-import tempfile
+import sys
 import time
-import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote
 
 import aiohttp
-import mohawk
-import slugid
 
-from azqueue.devstorage import scratch_dir
+from azqueue.config import ConfigError
+from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.testing import hawk, sas, tasks
+from azqueue.testing.processes import NotServing, stop_process, until_serving
+from azqueue.testing.sas import QueueMessage
+from azqueue.testing.tasks import UnexpectedAnswer
 
-ROOT = Path(__file__).resolve().parent.parent
-ACCOUNT = "devstoreaccount1"
-# Azurite's well-known development key (public, documented by Microsoft).
-KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+# The `azqueue` of the environment running the benchmark (.venv/bin/python: .venv/bin/azqueue).
+AZQUEUE = Path(sys.executable).parent / "azqueue"
 ROOT_ID, ROOT_TOKEN = "root", "bench-root-access-token-0123456789"
 SERVICES = ("blob", "queue", "table")
 TICK = os.sysconf("SC_CLK_TCK")
@@ -50,10 +44,9 @@ class BenchError(Exception):
     """The benchmark cannot go on; the message says why."""
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+# What ends a benchmark with a message rather than a traceback: its own verdicts, a
+# server or Azurite that did not come up.
+FAILURES = (BenchError, NotServing, ConfigError)
 
 
 # -- CPU time --------------------------------------------------------------------------
@@ -67,84 +60,6 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = raw[raw.rindex(")") + 2:].split()  # after "pid (comm) "
     return (int(fields[11]) + int(fields[12])) / TICK
-
-
-# -- Azurite -----------------------------------------------------------------------------
-
-@dataclass
-class Azurite:
-    """The pinned Azurite (``azurite/``, installed by ``scripts/bootstrap``), its data in a
-    throwaway directory in RAM where there is one (``devstorage.scratch_dir``), as
-    `azqueue dev` runs it, telemetry off, on free ports."""
-
-    process: subprocess.Popen[bytes]
-    ports: dict[str, int]
-    workdir: str
-
-    @classmethod
-    async def start(cls, memory: bool = False) -> Azurite:
-        """``memory``: Azurite's own in-memory store instead (``--inMemoryPersistence``),
-        faster by a tenth to a fifth here, but it stops answering for seconds once a
-        minute after thousands of queue messages (see ``devstorage.scratch_dir``)."""
-        binary = Path(os.environ.get("AZQUEUE_AZURITE_BIN",
-                                     ROOT / "azurite" / "node_modules" / ".bin" / "azurite"))
-        if not binary.exists():
-            raise BenchError(f"no Azurite at {binary}: run scripts/bootstrap first")
-        workdir = tempfile.mkdtemp(prefix="azqueue-bench-", dir=scratch_dir())
-        ports = {name: free_port() for name in SERVICES}
-        args = [str(binary), "--silent", "--skipApiVersionCheck", "--disableProductStyleUrl",
-                "--disableTelemetry"]
-        args += ["--inMemoryPersistence"] if memory else ["--location", workdir]
-        for name in SERVICES:
-            args += [f"--{name}Host", "127.0.0.1", f"--{name}Port", str(ports[name])]
-        with open(Path(workdir) / "azurite.log", "ab") as log:
-            process = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                                       cwd=workdir, start_new_session=True)
-        azurite = cls(process, ports, workdir)
-        try:
-            for port in ports.values():
-                await wait_listening(port, process)
-        except BaseException:
-            await azurite.stop()
-            raise
-        return azurite
-
-    async def stop(self) -> None:
-        await stop_process(self.process)
-        shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-async def wait_listening(port: int, process: subprocess.Popen[bytes], seconds: float = 60) -> None:
-    for _ in range(int(seconds * 10)):
-        if process.poll() is not None:
-            raise BenchError(f"the process meant to listen on port {port} exited with "
-                             f"{process.returncode}")
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.close()
-            await writer.wait_closed()
-            return
-        except OSError:
-            await asyncio.sleep(0.1)
-    raise BenchError(f"nothing listened on port {port} within {seconds:.0f}s")
-
-
-async def stop_process(process: subprocess.Popen[bytes], seconds: float = 10) -> None:
-    """SIGTERM to the process group (it was started in a session of its own), KILL after
-    ``seconds`` or if this wait is cancelled; waits without blocking the loop, so that the
-    proxy serves the process's last requests."""
-    try:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        for _ in range(int(seconds * 20)):
-            if process.poll() is not None:
-                return
-            await asyncio.sleep(0.05)
-    finally:
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 # -- the counting proxy ------------------------------------------------------------------
@@ -447,76 +362,32 @@ async def start_server(connection_string: str, log: Path, **settings: str) -> Se
                 "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN, "AZQUEUE_PORT": str(port),
                 "AZQUEUE_LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), **settings})
     with open(log, "ab") as out:
-        process = subprocess.Popen([str(ROOT / ".venv" / "bin" / "azqueue"), "serve"], env=env,
+        process = subprocess.Popen([str(AZQUEUE), "serve"], env=env,
                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                    start_new_session=True)
     server = Server(process, port)
     try:
         async with aiohttp.ClientSession() as http:
-            await until_serving(http, server.api, process)
+            await until_serving(http, server.api, 60.0, process=process)
     except BaseException:
         await server.stop()
         raise
     return server
 
 
-async def until_serving(http: aiohttp.ClientSession, api: str,
-                        process: subprocess.Popen[bytes], seconds: float = 60.0) -> None:
-    """Return once ``<api>/ping`` answers 200, polling every 0.1 s."""
-    for _ in range(int(seconds * 10)):
-        if process.poll() is not None:
-            raise BenchError(f"azqueue serve exited with {process.returncode}; see its log")
-        try:
-            async with http.get(f"{api}/ping") as r:
-                if r.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise BenchError(f"{api}/ping did not answer 200 within {seconds:.0f}s")
-
-
 # -- the queue API over plain aiohttp --------------------------------------------------
-
-def hawk_signer(client_id: str = ROOT_ID,
-                access_token: str = ROOT_TOKEN) -> aiohttp.ClientMiddlewareType:
-    """Sign requests to the queue API (not those to Azure) with Hawk, by mohawk, the
-    library the official client signs with."""
-
-    async def sign(request: aiohttp.ClientRequest,
-                   handler: aiohttp.ClientHandlerType) -> aiohttp.ClientResponse:
-        if request.url.path.startswith("/api/queue/"):
-            sender = mohawk.Sender({"id": client_id, "key": access_token, "algorithm": "sha256"},
-                                   str(request.url), request.method, always_hash_content=False)
-            request.headers["Authorization"] = sender.request_header
-        return await handler(request)
-
-    return sign
-
 
 @asynccontextmanager
 async def signed_session(connections: int = 100) -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=connections),
-                                     middlewares=(hawk_signer(),)) as http:
+    """A session signing as the servers' root client."""
+    async with hawk.signed_session(ROOT_ID, ROOT_TOKEN, connections) as http:
         yield http
-
-
-def iso(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
 
 def definition(task_queue_id: str, priority: str | None = None) -> dict[str, Any]:
     """A task with a no-op payload, an hour's deadline, at ``priority`` (default: none
     given, so the queue's default, ``lowest``)."""
-    now = datetime.now(UTC)
-    body: dict[str, Any] = {
-        "taskQueueId": task_queue_id, "created": iso(now),
-        "deadline": iso(now + timedelta(hours=1)), "payload": {},
-        "metadata": {"name": "bench", "description": "a benchmark task",
-                     "owner": "bench@example.com", "source": "https://example.com/bench"}}
-    if priority:
-        body["priority"] = priority
-    return body
+    return tasks.definition(task_queue_id, priority=priority, payload={})
 
 
 # The 503 answers createTask retried, as the official client retries 5xx: each a line for
@@ -528,60 +399,14 @@ CREATE_ATTEMPTS = 5
 async def create_task(http: aiohttp.ClientSession, api: str, task_queue_id: str) -> str:
     """Create a task; a 503 (storage unavailable) is retried after its Retry-After, as a
     client should, and noted in ``RETRIED_503``."""
-    task_id = str(slugid.nice())
-    body = definition(task_queue_id)
-    for attempt in range(CREATE_ATTEMPTS):
-        async with http.put(f"{api}/task/{task_id}", json=body) as r:
-            if r.status == 200:
-                return task_id
-            text = await r.text()
-            if r.status != 503 or attempt == CREATE_ATTEMPTS - 1:
-                raise RuntimeError(f"createTask answered {r.status}: {text}")
-            RETRIED_503.append(text[:300])
-            delay = float(r.headers.get("Retry-After", "1"))
-        await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
-
-
-async def call(http: aiohttp.ClientSession, method: str, url: str,
-               body: dict[str, Any] | None = None) -> dict[str, Any]:
-    async with http.request(method, url, json=body) as r:
-        if r.status != 200:
-            raise RuntimeError(f"{method} {url} answered {r.status}: {await r.text()}")
-        data: dict[str, Any] = await r.json()
-        return data
-
-
-# -- a SAS worker's own requests (documents 000/001) -------------------------------------
-
-@dataclass(frozen=True, slots=True)
-class QueueMessage:
-    message_id: str
-    pop_receipt: str
-    text: str
-
-    @property
-    def tip(self) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(base64.b64decode(self.text))
-        return data
-
-
-async def get_messages(http: aiohttp.ClientSession, signed_poll_url: str,
-                       n: int = 1) -> list[QueueMessage]:
-    async with http.get(f"{signed_poll_url}&numofmessages={n}") as r:
-        body = await r.text()
-        if r.status != 200:
-            raise RuntimeError(f"polling answered {r.status}: {body[:300]}")
-    return [QueueMessage(m.findtext("MessageId", ""), m.findtext("PopReceipt", ""),
-                         m.findtext("MessageText", ""))
-            for m in ET.fromstring(body).findall("QueueMessage")]
+    return await tasks.create(http, api, definition(task_queue_id), attempts=CREATE_ATTEMPTS,
+                              busy=RETRIED_503)
 
 
 async def claim_message(http: aiohttp.ClientSession, api: str, message: QueueMessage,
                         worker_id: str = "w0") -> dict[str, Any]:
-    tip = message.tip
-    return await call(http, "POST", f"{api}/task/{tip['taskId']}/runs/{tip['runId']}/claim",
-                      {"workerGroup": "bench", "workerId": worker_id,
-                       "messageId": message.message_id, "receipt": message.pop_receipt,
-                       "signature": tip["signature"]})
-
+    """claimTask with a polled message; its answer, which must be 200."""
+    code, body = await sas.claim(http, api, message, worker_id, worker_group="bench")
+    if code != 200:
+        raise UnexpectedAnswer(f"claimTask answered {code}: {body}")
+    return body

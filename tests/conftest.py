@@ -19,8 +19,9 @@ from azure.storage.queue.aio import QueueServiceClient
 from azqueue.api.app import create_app
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
+from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.storage import StorageInspector
 from tests.servers import ROOT, Server, ServerFactory
-from tests.signing import hawk_signer
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -79,6 +80,15 @@ async def _delete_storage(conn: str, prefix: str) -> None:
 @pytest.fixture
 async def server(make_server: ServerFactory) -> Server:
     return await make_server()
+
+
+@pytest.fixture
+async def storage(azurite: Azurite, storage_prefix: str) -> AsyncIterator[StorageInspector]:
+    """What the test's servers keep in storage (their shared prefix), read straight from
+    Azurite: not through a test's fault proxy, not counted by the servers."""
+    async with StorageInspector(StorageSettings(azurite.connection_string,
+                                                storage_prefix)) as inspector:
+        yield inspector
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from pathlib import Path
 import aiohttp
 
 from azqueue.devstorage import Azurite
+from azqueue.testing.processes import until_serving
 from tests.servers import ROOT
-from tests.readiness import until_serving
 from tests.worker.helpers import checkout_env
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")

@@ -86,10 +86,19 @@ REQUEST_KINDS = (POLL, EMPTY_POLL, DELETE, POLL_TASK_URLS, CLAIM_TASK)
 
 @dataclass(frozen=True, slots=True)
 class QueueMessage:
+    """One ``<QueueMessage>`` of a poll answer."""
+
     message_id: str
     pop_receipt: str
     dequeue_count: int
     text: str
+
+    @property
+    def tip(self) -> dict[str, Any]:
+        """base64 decode and JSON parse <MessageText>: ``{taskId, runId, signature}`` for a
+        tip; ValueError if the text is no base64 of JSON."""
+        data: dict[str, Any] = json.loads(base64.b64decode(self.text))
+        return data
 
 
 def parse_messages(xml: str) -> list[QueueMessage]:
@@ -252,7 +261,7 @@ class SasSource:
                         "coming back mean claims or deletes keep failing", message.message_id,
                         self.task_queue_id, message.dequeue_count)
         try:
-            tip = json.loads(base64.b64decode(message.text))
+            tip = message.tip
             task_id, run_id, signature = str(tip["taskId"]), int(tip["runId"]), str(tip["signature"])
         except (ValueError, KeyError, TypeError):
             log.warning("message %s is not a tip; deleting it", message.message_id)

@@ -17,10 +17,10 @@ import pytest
 
 from azqueue.devstorage import free_port
 from azqueue.server_commands import DEV_STATE
+from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.tasks import definition, slugid
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.cli.helpers import azqueue, one_line_error
-from tests.signing import hawk_signer
-from tests.tasks import definition, slugid
 from tests.waiting import eventually
 from tests.worker.helpers import AZQUEUE, alive, checkout_env, running
 

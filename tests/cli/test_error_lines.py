@@ -12,9 +12,9 @@ from pathlib import Path
 
 import aiohttp
 
+from azqueue.testing.tasks import create, definition, slugid
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server
-from tests.tasks import create, definition, slugid
 from tests.worker.helpers import checkout_env, cli_env
 
 PACKAGE = Path(__file__).resolve().parents[2] / "azqueue"

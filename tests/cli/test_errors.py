@@ -10,9 +10,9 @@ import aiohttp
 import pytest
 
 from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.testing.tasks import slugid
 from tests.cli.helpers import azqueue, one_line_error
 from tests.servers import ROOT, Server
-from tests.tasks import slugid
 from tests.worker.helpers import cli_env
 
 

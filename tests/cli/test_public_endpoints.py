@@ -10,9 +10,9 @@ import pytest
 
 from azqueue.config import ConfigError, StorageSettings
 from azqueue.devstorage import ACCOUNT, Azurite
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition
 from tests.servers import ServerFactory
-from tests.tasks import create, definition
 
 
 async def test_urls_handed_out_name_the_public_endpoints_and_work(

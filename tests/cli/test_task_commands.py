@@ -17,9 +17,9 @@ import pytest
 
 from azqueue import __version__
 from azqueue.cli import WAIT_EXIT_CODES, parser
+from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root, azqueue
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition
 from tests.worker.helpers import AZQUEUE, checkout_env, cli_env, running, shell_worker, wait_status
 
 SERVER_STACK = ("azure", "azqueue.api", "azqueue.service", "azqueue.storage",

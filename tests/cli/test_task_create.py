@@ -13,9 +13,9 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.cli.helpers import as_root, one_line_error
 from tests.servers import Server
-from tests.tasks import create, definition, iso, slugid
 from tests.worker.helpers import running, shell_worker, wait_status
 
 

@@ -11,9 +11,9 @@ from typing import IO, AnyStr
 import aiohttp
 
 from azqueue.cli import WAIT_EXIT_CODES
+from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root
 from tests.servers import Server
-from tests.tasks import create, definition
 from tests.waiting import eventually
 from tests.worker.helpers import AZQUEUE, cli_env, running, shell_worker, wait_status
 

@@ -26,10 +26,10 @@ import taskcluster.download
 from azure.storage.blob.aio import BlobServiceClient
 from taskcluster.exceptions import TaskclusterArtifactError, TaskclusterRestFailure
 
-from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.devstorage import Azurite
+from azqueue.model.upload import UploadGrant, UploadSigner
+from azqueue.testing.tasks import definition, iso, slugid
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, iso, slugid
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 TYPES = {"s3", "object", "reference", "link", "error"}  # artifact-response's enum

@@ -16,9 +16,9 @@ import taskcluster.aio
 from taskcluster.exceptions import TaskclusterAuthFailure, TaskclusterRestFailure
 
 from azqueue.config import Client
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid
 
 LIMITED = Client("limited", "limited-access-token-0123456789", (
     "queue:scheduler-id:-", "queue:create-task:lowest:prov/other",

@@ -11,8 +11,8 @@ import taskcluster
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server
-from tests.tasks import definition, slugid
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import taskcluster
 
+from azqueue.testing.tasks import definition, slugid
 from tests.compat.reference import assert_matches
 from tests.servers import ROOT, Server
-from tests.tasks import definition, slugid
 
 
 def _queue(server: Server) -> Any:

@@ -14,9 +14,9 @@ import taskcluster
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
+from azqueue.testing.tasks import definition, slugid
 from tests.compat.reference import assert_matches
 from tests.servers import ROOT, Server
-from tests.tasks import definition, slugid
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 

@@ -18,9 +18,9 @@ from taskcluster.exceptions import TaskclusterRestFailure
 from azqueue.api.app import ROUTES
 from azqueue.api.routing import API
 from azqueue.config import Client
+from azqueue.testing.tasks import definition, iso, slugid
 from tests.compat.reference import assert_matches
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, iso, slugid
 from tests.waiting import eventually
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}

@@ -9,11 +9,11 @@ import aiohttp
 import pytest
 
 from azqueue.devstorage import Azurite, free_port
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid
 from tests.events.consumers import ConsumerFactory, Received
 from tests.servers import ServerFactory
 from tests.serving import serve
-from tests.tasks import create, definition, slugid
 from tests.waiting import stays
 
 

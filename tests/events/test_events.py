@@ -6,13 +6,12 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
-from azure.data.tables.aio import TableServiceClient
 
-from azqueue.devstorage import Azurite
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.events.consumers import ConsumerFactory, Received, assert_valid
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, iso, slugid
 from tests.waiting import stays
 
 
@@ -208,7 +207,7 @@ async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_togeth
 
 async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(
         make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
-        consume: ConsumerFactory, azurite: Azurite) -> None:
+        consume: ConsumerFactory, storage: StorageInspector) -> None:
     """The record of which members were announced resolved goes with the group's last
     member: after the tasks' expires and the expiry resolver, no row of it is left."""
     server = await make_server(amqp_url=amqp_url)
@@ -222,13 +221,7 @@ async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(
         await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     await consumer.wait_for(lambda m: len(m) >= 1)
 
-    async def rows() -> list[str]:
-        async with TableServiceClient.from_connection_string(azurite.connection_string) as t:
-            return [str(e["RowKey"]) async for e in t.get_table_client(
-                server.services.definitions.groups.name).query_entities(
-                    "PartitionKey eq @pk", parameters={"pk": group})]
-
-    assert "~announced" in await rows()
+    assert "~announced" in await storage.row_keys("groups", group)
     gone = await server.services.expiry.expire(now + timedelta(days=3))
     assert gone.tasks == 2
-    assert await rows() == []
+    assert await storage.row_keys("groups", group) == []

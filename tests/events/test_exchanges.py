@@ -10,11 +10,11 @@ import aio_pika
 import aiohttp
 
 from azqueue.model.events import EXCHANGES
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition
 from tests.events.consumers import Received
 from tests.events.test_durability import Proxy
 from tests.servers import ServerFactory
-from tests.tasks import create, definition
 
 
 async def _exists(amqp_url: str, name: str) -> bool:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import aiohttp
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid
 from tests.compat.reference import assert_matches
 from tests.events.consumers import ConsumerFactory, Received, assert_valid
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, slugid
 
 
 def _kinds(messages: list[Received]) -> list[str]:

@@ -32,10 +32,10 @@ from hypothesis import strategies as st
 from azqueue.api import validation
 from azqueue.api.app import ROUTES
 from azqueue.api.routing import Route
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.fuzz.schemas import JSON_VALUES, from_schema
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import create, definition, iso, slugid
 
 EXAMPLES = 30  # a route, of each kind
 TASK_QUEUE = "prov/fuzz"

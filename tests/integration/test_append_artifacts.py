@@ -8,10 +8,10 @@ from typing import Any
 
 import aiohttp
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import iso
 from tests.integration.test_artifacts import _running_task
 from tests.servers import Server
-from tests.tasks import iso
 
 NAME = "public/logs/live.log"
 TEXT = "text/plain; charset=utf-8"

@@ -12,9 +12,9 @@ import taskcluster.aio
 import taskcluster.download
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, iso
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import create, definition, iso
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 

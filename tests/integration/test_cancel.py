@@ -11,9 +11,9 @@ import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import Client
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid
 from tests.waiting import stays
 
 CANCELER = Client("canceler", "canceler-access-token-0123456789", (

@@ -8,22 +8,26 @@ from typing import Any
 
 import aiohttp
 
-from azqueue import errors
-
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, status
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, status
 from tests.waiting import eventually, stays
 
 
-async def recorded_worker(server: Server, task_queue_id: str,
+async def recorded_worker(http: aiohttp.ClientSession, server: Server, task_queue_id: str,
                           worker_id: str) -> dict[str, Any]:
     """The worker as getWorker answers it, once recorded (just after claimWork answers)."""
+    provisioner_id, worker_type = task_queue_id.split("/", 1)
+    url = (f"{server.api}/provisioners/{provisioner_id}/worker-types/{worker_type}/workers/"
+           f"wg/{worker_id}")
+
     async def get() -> dict[str, Any] | None:
-        try:
-            return await server.services.workers.worker(task_queue_id, "wg", worker_id)
-        except errors.NotFound:
-            return None
+        async with http.get(url) as r:
+            if r.status == 404:
+                return None
+            assert r.status == 200, await r.text()
+            found: dict[str, Any] = await r.json()
+            return found
 
     worker = await eventually(get, lambda found: found is not None,
                               what=f"worker {worker_id} recorded", interval=0.1)
@@ -70,7 +74,7 @@ async def test_an_empty_queue_answers_no_tasks_after_the_long_poll(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     server = await make_server(claim_work_wait=1.0, claim_work_poll_interval=0.3)
     assert await claim_work(http, server, "prov/empty", tasks=4) == []
-    worker = await recorded_worker(server, "prov/empty", "cw")
+    worker = await recorded_worker(http, server, "prov/empty", "cw")
     assert worker["lastDateActive"] and worker["recentTasks"] == []
 
 
@@ -79,7 +83,7 @@ async def test_workers_are_recorded_with_their_recent_tasks(
     server = await make_server()
     task_id = await create(http, server.api, definition("prov/record"))
     await claim_work(http, server, "prov/record", worker_id="rec")
-    worker = await recorded_worker(server, "prov/record", "rec")
+    worker = await recorded_worker(http, server, "prov/record", "rec")
     assert worker["firstClaim"]
     assert {"taskId": task_id, "runId": 0} in worker["recentTasks"]
 

@@ -7,9 +7,9 @@ from collections import Counter
 
 import aiohttp
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, status
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, status
 
 
 async def test_twenty_concurrent_claims_of_one_run_exactly_one_wins(

@@ -9,14 +9,12 @@ from typing import Any
 
 import aiohttp
 import taskcluster.aio
-from azure.storage.queue.aio import QueueClient
 
-from azqueue.devstorage import Azurite
 from azqueue.model import timeutil
-from azqueue.model.priority import Priority
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid
 from tests.waiting import eventually
 
 BACKLOG = 200
@@ -40,13 +38,6 @@ async def _backlog(queue: taskcluster.aio.Queue, task_queue_id: str, n: int) -> 
     return ids
 
 
-async def _queue_length(azurite: Azurite, server: Server, task_queue_id: str) -> int:
-    """The pending queue's own length, as a KEDA azure-queue scaler reads it."""
-    name = server.services.tips.pending.name(task_queue_id, Priority.LOWEST)
-    async with QueueClient.from_connection_string(azurite.connection_string, name) as client:
-        return int((await client.get_queue_properties()).approximate_message_count)
-
-
 async def _pending(queue: taskcluster.aio.Queue, task_queue_id: str) -> tuple[int, int]:
     counts: dict[str, Any] = await queue.taskQueueCounts(task_queue_id)
     pending: dict[str, Any] = await queue.pendingTasks(task_queue_id)
@@ -54,7 +45,7 @@ async def _pending(queue: taskcluster.aio.Queue, task_queue_id: str) -> tuple[in
 
 
 async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_it(
-        make_server: ServerFactory, azurite: Azurite) -> None:
+        make_server: ServerFactory, storage: StorageInspector) -> None:
     """The tip repair looks at a waiting task at growing intervals (3, 6, 12 … minutes by
     default): each look must leave its tip alone, so neither the counts nor the pending
     queue's length grow with the backlog's age."""
@@ -74,7 +65,8 @@ async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_
                 await repair.look(await tasks.load(task_id), now)
 
         await asyncio.gather(*(one(t) for t in ids))
-    assert await _queue_length(azurite, server, task_queue_id) == BACKLOG
+    # The pending queue's own length, as a KEDA azure-queue scaler reads it.
+    assert await storage.message_count(storage.pending_queue(task_queue_id)) == BACKLOG
     assert await _pending(queue, task_queue_id) == (BACKLOG, BACKLOG)
     sampled = await server.services.counts.pending_tips(task_queue_id)
     assert sampled["lowest"] == BACKLOG  # the metric's gauge

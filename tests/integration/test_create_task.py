@@ -10,9 +10,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import definition, iso, slugid
 from tests.servers import Server
-from tests.tasks import definition, iso, slugid
 
 
 async def _put(http: aiohttp.ClientSession, server: Server, task_id: str,

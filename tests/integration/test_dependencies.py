@@ -15,10 +15,10 @@ from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import Client
 from azqueue.devstorage import Azurite, free_port
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
 from tests.serving import serve
-from tests.tasks import definition, slugid
 from tests.waiting import eventually
 
 GROUP = slugid()

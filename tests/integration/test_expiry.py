@@ -6,12 +6,11 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
-from azure.data.tables.aio import TableServiceClient
 
-from azqueue.devstorage import Azurite
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, iso, status
 from tests.servers import Server
-from tests.tasks import create, definition, iso, status
 
 
 async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str, name: str,
@@ -47,15 +46,8 @@ async def _s3_artifact(http: aiohttp.ClientSession, server: Server, task_id: str
         return r.headers["Location"]
 
 
-async def _rows(azurite: Azurite, table: str, partition: str) -> list[str]:
-    async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
-        client = tables.get_table_client(table)
-        return [str(e["RowKey"]) async for e in client.query_entities(
-            "PartitionKey eq @pk", parameters={"pk": partition})]
-
-
 async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_kept(
-        server: Server, http: aiohttp.ClientSession, azurite: Azurite) -> None:
+        server: Server, http: aiohttp.ClientSession, storage: StorageInspector) -> None:
     now = datetime.now(UTC)
     task_id = await create(http, server.api, definition("prov/expiry"))
     waiting = await create(http, server.api, definition("prov/expiry", dependencies=[task_id]))
@@ -71,7 +63,6 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
                                   now + timedelta(days=1))
     code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200
-    tasks_table = server.services.changes.tasks.name
 
     # Two days on: the short-lived artifacts are gone, rows and blobs; the rest stays.
     gone = await server.services.expiry.expire(now + timedelta(days=2))
@@ -93,10 +84,9 @@ async def test_expired_artifacts_then_expired_tasks_are_deleted_with_all_they_ke
         assert r.status == 404
     async with http.get(long) as r:
         assert r.status == 404
-    assert await _rows(azurite, tasks_table, task_id) == []
-    assert await _rows(azurite, server.services.dependencies.dependents.name, task_id) == []
-    groups_table = server.services.definitions.groups.name
-    assert task_id not in await _rows(azurite, groups_table, task_id)  # own group
+    assert await storage.row_keys("tasks", task_id) == []
+    assert await storage.row_keys("dependents", task_id) == []
+    assert task_id not in await storage.row_keys("groups", task_id)  # own group
     assert (await status(http, server.api, waiting))["state"] == "pending"
     # Once more: nothing left to do, and nothing fails.
     gone = await server.services.expiry.expire(now + timedelta(days=400))

@@ -21,12 +21,12 @@ import taskcluster.aio
 from azqueue.config import StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY, Azurite
 from azqueue.model import timeutil
-from azqueue.model.priority import Priority
 from azqueue.service import workclaimer
+from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
-from tests import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import definition, slugid, status
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid, status
 from tests.waiting import eventually
 
 BUSY, LOST = (float(x) for x in os.environ.get("AZQUEUE_TEST_FAULTS", "0.05,0.05").split(","))
@@ -387,7 +387,8 @@ async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
                                    "nobody else polls"])
 async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
-        http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+        http: aiohttp.ClientSession, storage: StorageInspector, monkeypatch: pytest.MonkeyPatch,
+        order: str) -> None:
     """claimWork hides a tip it received only for ``CLAIM_WORK_HOLD`` (1 s here). Its
     claim's rewrite of the message is held back by the proxy until the tip is visible
     again. If a SAS worker polled it meanwhile, the rewrite meets a changed pop receipt
@@ -398,7 +399,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     server = await faulty_servers(claim_work_wait=2.0, tip_repair_delay=120.0)  # no repair tip
     task_queue_id = "prov/lapsed"
     task_id = await _create(http, server, task_queue_id)  # before the call: polled, not handed
-    pending = server.services.tips.pending.name(task_queue_id, Priority.LOWEST)
+    pending = storage.pending_queue(task_queue_id)
     rewrite = proxy.hold("PUT", f"/{pending}/messages/")
     calling = asyncio.create_task(sas.post(
         http, f"{server.api}/claim-work/prov%2Flapsed", {"workerGroup": "wg",
@@ -408,7 +409,7 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
         urls = await sas.poll_task_urls(http, server.api, "prov", "lapsed")
         queue = urls["queues"][6]
         if order == "nobody else polls":
-            await eventually(lambda: server.services.tips.queues.peek(pending),
+            await eventually(lambda: storage.peek(pending),
                              what="the tip visible again after the hold")
             rewrite.release()
         else:
@@ -440,20 +441,20 @@ async def test_a_claim_work_claim_that_outlives_its_hold_claims_the_run_once(
     assert code == 200 and [r["state"] for r in done["status"]["runs"]] == ["completed"], done
     # The message went with the run: held by the claim and deleted when it was resolved,
     # or deleted by the worker whose claim was refused.
-    assert await server.services.tips.queues.approximate_count(pending) == 0
+    assert await storage.message_count(pending) == 0
 
 
 @pytest.mark.parametrize("fault", ["timed out", "dropped"])
 async def test_claim_work_looks_again_when_the_tips_a_lost_receive_hid_reappear(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
-        http: aiohttp.ClientSession, fault: str) -> None:
+        http: aiohttp.ClientSession, storage: StorageInspector, fault: str) -> None:
     """The poller's receive is applied (the tip hidden for the hold) and its answer lost;
     sent again, it finds nothing. With polling effectively off (60 s), the caller still
     gets the task: the poller knew the receive may have hidden tips, and looked again
     once they were visible again. (No tip repair meanwhile: it would hand a new tip over.)"""
     server = await faulty_servers(claim_work_poll_interval=60.0, tip_repair_delay=120.0)
     task_id = await _create(http, server, "prov/lostreceive")
-    pending = server.services.tips.pending.name("prov/lostreceive", Priority.LOWEST)
+    pending = storage.pending_queue("prov/lostreceive")
     proxy.once("GET", f"/{pending}/messages", fault)
     code, answer = await sas.post(http, f"{server.api}/claim-work/prov%2Flostreceive",
                                   {"workerGroup": "wg", "workerId": "cw", "tasks": 1})

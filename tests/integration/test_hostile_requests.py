@@ -17,9 +17,10 @@ import pytest
 import taskcluster
 
 from azqueue.model.definition import MAX_SCOPES_JSON
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.servers import ROOT, Server
-from tests.tasks import create, definition, iso, slugid
 
 
 async def _raw(server: Server, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
@@ -333,14 +334,15 @@ async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSess
 
 @pytest.mark.parametrize("orphaned", [False, True], ids=["unrecorded", "orphaned"])
 async def test_claims_suggesting_a_lost_tip_add_at_most_one_tip(
-        server: Server, http: aiohttp.ClientSession, orphaned: bool) -> None:
+        server: Server, http: aiohttp.ClientSession, storage: StorageInspector,
+        orphaned: bool) -> None:
     """"Each claimTask carrying a valid signature but a messageId that is not one of the
     task's recorded tips queues another tip for the pending task (10 such claims → 10
     extra tips). A misbehaving worker must not be able to multiply messages: repair at
     most once per run per interval": twelve such claims (refused) add one tip."""
     task_id, codes = await _claims_suggesting_a_lost_tip(server, http, orphaned)
     assert all(400 <= c < 500 for c in codes), codes
-    stored = await server.services.changes.tasks.load(task_id)
+    stored = await storage.stored(task_id)
     assert len(stored.tips) == 2, f"{len(stored.tips)} tips recorded"
 
 

@@ -33,8 +33,8 @@ from cryptography.x509.oid import NameOID
 
 from azqueue.config import StorageSettings
 from azqueue.devstorage import Azurite
+from azqueue.testing.tasks import definition, iso, slugid
 from tests.servers import ServerFactory
-from tests.tasks import definition, iso, slugid
 
 
 def _b64url(data: bytes) -> str:

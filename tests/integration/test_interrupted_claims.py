@@ -10,9 +10,10 @@ import aiohttp
 
 from azqueue.model.priority import Priority
 from azqueue.storage.claims import ClaimRecord
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 
 
@@ -57,7 +58,8 @@ async def test_a_claim_retried_on_another_replica_after_the_first_died_mid_claim
 
 
 async def test_a_claim_expired_by_a_worker_and_then_by_a_resolver_gets_no_second_tip(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     """"When a worker's poll expires a claim and a replica's claim resolver expires the same
     claim a moment later, a second tip for the retry appears ... the second resolver should
     see the first one's work": the worker has polled the reappeared message (its receipt
@@ -71,7 +73,7 @@ async def test_a_claim_expired_by_a_worker_and_then_by_a_resolver_gets_no_second
     assert code == 200
     reappeared, _ = await _poll_one(http, server, provisioner, worker_type)  # run 1's tip
     assert reappeared.tip["runId"] == 1
-    taken_until = (await server.services.changes.tasks.load(task_id)).task.runs[0].taken_until
+    taken_until = (await storage.task(task_id)).runs[0].taken_until
     assert taken_until is not None
     record = ClaimRecord(task_id, 0, taken_until)
 
@@ -84,7 +86,7 @@ async def test_a_claim_expired_by_a_worker_and_then_by_a_resolver_gets_no_second
     resolved, code = await asyncio.gather(server.services.resolution.expire_claim(record),
                                           worker_claims_the_retry())
     assert resolved and code == 200
-    stored = await server.services.changes.tasks.load(task_id)
+    stored = await storage.stored(task_id)
     assert [r.state.value for r in stored.task.runs] == ["exception", "running"]
     assert len(stored.tips) == 1, f"{len(stored.tips)} tips recorded"
     assert await sas.get_messages(http, queue["signedPollUrl"]) == []

@@ -16,10 +16,11 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.storage.taskrows import TIP
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import claim_work
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually, stays
 
 
@@ -125,12 +126,12 @@ async def test_a_report_on_a_stale_copy_is_refused_only_after_a_fresh_read(
 
 
 async def test_a_short_run_costs_the_claim_index_nothing_and_a_long_one_is_indexed(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     """The claim resolver's index holds the runs still running some time after their
     claim (here half the 2 s claim timeout); a run resolved sooner never gets a row, and
     the row of an indexed run goes when it is resolved."""
     server = await make_server(claim_timeout=2.0, run_resolvers=False)
-    index = server.services.index.store
     short = await create(http, server.api, definition("prov/index"))
     long = await create(http, server.api, definition("prov/index"))
     for task_id in (short, long):
@@ -139,24 +140,25 @@ async def test_a_short_run_costs_the_claim_index_nothing_and_a_long_one_is_index
         assert code == 200
     code, _ = await sas.post(http, f"{server.api}/task/{short}/runs/0/completed")
     assert code == 200
-    await eventually(lambda: index.get(long, 0), lambda row: row is not None,
+    await eventually(lambda: storage.claim(long, 0), lambda row: row is not None,
                      what="the long run indexed")
-    assert await index.get(short, 0) is None
+    assert await storage.claim(short, 0) is None
     code, _ = await sas.post(http, f"{server.api}/task/{long}/runs/0/completed")
     assert code == 200
-    assert await index.get(long, 0) is None
+    assert await storage.claim(long, 0) is None
 
 
 async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     server = await make_server(claim_timeout=600.0, run_resolvers=False)
     task_id = await create(http, server.api, definition("prov/closing"))
     code, claim = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
                                  {"workerGroup": "wg", "workerId": "w"})
     assert code == 200
-    assert await server.services.index.store.get(task_id, 0) is None  # 300 s to go
+    assert await storage.claim(task_id, 0) is None  # 300 s to go
     await server.services.index.close()
-    row = await server.services.index.store.get(task_id, 0)
+    row = await storage.claim(task_id, 0)
     assert row is not None and timeutil.fmt(row.taken_until) == claim["takenUntil"]
 
 

@@ -8,9 +8,9 @@ from typing import Any
 import aiohttp
 
 from azqueue.model import timeutil
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, status
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, status
 from tests.waiting import eventually, stays
 
 

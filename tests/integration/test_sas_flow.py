@@ -9,14 +9,16 @@ import json
 import aiohttp
 
 from azqueue.model.priority import Priority
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 
 
 async def test_worker_does_the_seed_000_dance_with_plain_http(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     """'the worker must call queue.pollTaskUrls ... GET request to signedPollUrl ...
     base64 decode and JSON parse ... call queue.claimTask()' then reportCompleted."""
     server = await make_server()
@@ -44,10 +46,7 @@ async def test_worker_does_the_seed_000_dance_with_plain_http(
     # The tip is gone: not visible now, and not hidden either (the queue is empty).
     for q in urls["queues"]:
         assert await sas.get_messages(http, q["signedPollUrl"], 32) == []
-    qclient = server.services.tips.queues.client(server.services.tips.pending.name(
-        "prov/seed000", Priority.LOWEST))
-    props = await qclient.get_queue_properties()
-    assert props.approximate_message_count == 0
+    assert await storage.message_count(storage.pending_queue("prov/seed000")) == 0
 
 
 async def test_poll_urls_are_ordered_highest_priority_first(

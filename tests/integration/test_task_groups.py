@@ -7,8 +7,8 @@ import pytest
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server
-from tests.tasks import definition, slugid
 
 
 async def test_list_task_group_pages_through_its_tasks_and_only_its_tasks(server: Server) -> None:

@@ -13,9 +13,10 @@ import pytest
 
 from azqueue.model import timeutil
 from azqueue.service import groups as group_service
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 
 
@@ -197,7 +198,7 @@ async def test_change_task_group_priority_past_one_calls_bound_reaches_every_mem
 
 
 async def test_a_sealed_groups_record_expires_with_its_tasks(
-        server: Server, http: aiohttp.ClientSession) -> None:
+        server: Server, http: aiohttp.ClientSession, storage: StorageInspector) -> None:
     """getTaskGroup's `expires`: 'Date and time after the last expiration of any task in
     the task group' - the expiry resolver deletes the sealed group's record then, with
     the tasks."""
@@ -208,13 +209,11 @@ async def test_a_sealed_groups_record_expires_with_its_tasks(
     code, sealed = await sas.post(http, f"{server.api}/task-group/{group}/seal")
     assert code == 200
 
-    groups = server.services.definitions.groups
+    # The group's rows: ~group, its record once sealed; ~scheduler, its schedulerId's.
     await server.services.expiry.expire(now + timedelta(days=2))
-    assert await groups.meta(group) is not None
-    assert await groups.owner(group) is not None
+    assert {"~group", "~scheduler"} <= set(await storage.row_keys("groups", group))
     await server.services.expiry.expire(timeutil.parse(sealed["expires"]) + timedelta(days=1))
-    assert await groups.meta(group) is None
-    # The record of the group's schedulerId goes with its last task.
-    assert await groups.owner(group) is None
+    # The record goes, and the record of the group's schedulerId with its last task.
+    assert {"~group", "~scheduler"}.isdisjoint(await storage.row_keys("groups", group))
     async with http.get(f"{server.api}/task-group/{group}") as r:
         assert r.status == 404

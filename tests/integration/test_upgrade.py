@@ -24,11 +24,11 @@ import pytest
 import taskcluster.aio
 
 from azqueue.devstorage import Azurite, free_port
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import IN_CI, ROOT, ServerFactory
 from tests.serving import serve
-from tests.signing import hawk_signer
-from tests.tasks import definition, slugid
 
 PREVIOUS = "6bb8ea3"
 REPOSITORY = Path(__file__).resolve().parents[2]

@@ -22,9 +22,9 @@ from azure.storage.blob.aio import BlobServiceClient
 from azqueue.config import Client
 from azqueue.devstorage import Azurite
 from azqueue.model.priority import ORDER
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition, slugid, status
 from tests.servers import IN_CI, Server
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 from tests.worker.helpers import running, shell_worker
 

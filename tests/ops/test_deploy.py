@@ -14,10 +14,10 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition
 from tests.events.consumers import AMQP_URL
 from tests.servers import IN_CI, ServerFactory
-from tests.tasks import create, definition
 from tests.waiting import eventually
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"

@@ -12,9 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from azqueue.cli import RESOLVERS
 from azqueue.logs import JsonLines
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import create, definition
 from tests.servers import Server, ServerFactory
-from tests.tasks import create, definition
 from tests.waiting import eventually
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]

@@ -10,10 +10,10 @@ from typing import Any
 import aiohttp
 import taskcluster.aio
 
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.tasks import iso
 from tests.integration.test_artifacts import CREDENTIALS, _running_task
 from tests.servers import Server
-from tests.tasks import iso
 
 EVIL = b"<script>alert(document.cookie)</script>"
 

@@ -15,9 +15,9 @@ from taskcluster.exceptions import TaskclusterAuthFailure
 
 from azqueue.config import Client, Settings, StorageSettings
 from azqueue.devstorage import KEY, free_port
+from azqueue.testing.tasks import definition, slugid
 from azqueue.worker import Credentials
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import definition, slugid
 
 AMQP_PASSWORD = "broker-password-0123456789"
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import Server, ServerFactory
-from tests.tasks import definition, slugid
 
 # The most storage requests one anonymous request may cost (docs/api/limits.md).
 ANONYMOUS_BOUND = 100

@@ -12,9 +12,9 @@ import aiohttp
 import pytest
 
 from azqueue.config import Client
+from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import Server, ServerFactory
-from tests.signing import hawk_signer
-from tests.tasks import definition, slugid
 
 VICTIM = Client("victim", "victim-access-token-0123456789", (
     "queue:create-task:lowest:victim/q", "queue:create-task:project:none",

@@ -18,10 +18,10 @@ import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import Client
-from tests import sas
+from azqueue.testing import sas
+from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
-from tests.signing import hawk_signer
-from tests.tasks import definition, slugid
 
 ATTACKER = Client("tenant-a", "tenant-a-access-token-0123456789", (
     "queue:create-task:lowest:att/pool", "queue:create-task:project:none",

@@ -14,9 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from azqueue.testing.tasks import create, definition, slugid
 from tests.cli.helpers import azqueue, one_line_error
 from tests.servers import IN_CI, ROOT, Server
-from tests.tasks import create, definition, slugid
 from tests.worker.helpers import AZQUEUE, cli_env, finish, log_of, wait_status
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.service.repair import needs_tip, next_check
 from azqueue.storage.retry import RetryPolicy, budget, retry_after
-from tests.tasks import definition
+from azqueue.testing.tasks import definition
 
 DELAY = timedelta(minutes=3)
 

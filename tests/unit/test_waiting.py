@@ -6,7 +6,7 @@ import aiohttp
 import pytest
 
 from azqueue.devstorage import free_port
-from tests.readiness import until_serving
+from azqueue.testing.processes import until_serving
 from tests.waiting import eventually, stays
 
 

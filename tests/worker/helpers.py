@@ -14,10 +14,10 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.testing.tasks import status
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from azqueue.worker import shell
 from tests.servers import ROOT, Server
-from tests.tasks import status
 from tests.waiting import eventually
 
 AZQUEUE = str(Path(sys.executable).parent / "azqueue")

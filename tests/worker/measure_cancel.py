@@ -27,8 +27,8 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.testing.tasks import create, definition
 from azqueue.worker import Credentials, Worker, WorkerConfig, shell
-from tests.tasks import create, definition
 from tests.worker.helpers import alive
 from tests.worker.measuring import ROOT_ID, ROOT_TOKEN, dev_server
 

@@ -24,9 +24,9 @@ import time
 from collections import Counter
 from typing import Any
 
+from azqueue.testing.tasks import create, definition
 from azqueue.worker import Credentials, TaskRun, Worker, WorkerConfig
 from azqueue.worker.sas import EMPTY_POLL, POLL
-from tests.tasks import create, definition
 from tests.worker.measuring import ROOT_ID, ROOT_TOKEN, dev_server
 
 IDLE_WARM_UP = 15.0

@@ -20,11 +20,11 @@ from taskcluster.exceptions import TaskclusterRestFailure
 from azqueue.config import StorageSettings
 from azqueue.devstorage import ACCOUNT, Azurite
 from azqueue.testing.faultproxy import FaultProxy
+from azqueue.testing.tasks import create, definition
 from azqueue.worker import WorkerConfig
 from azqueue.worker.livelog import CHUNK
 from azqueue.worker.shell import LOG_ARTIFACT
 from tests.servers import ROOT, Server, ServerFactory
-from tests.tasks import create, definition
 from tests.waiting import eventually
 from tests.worker.helpers import running, shell_worker, wait_status
 

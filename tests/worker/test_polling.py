@@ -18,10 +18,10 @@ import aiohttp
 import pytest
 
 from azqueue.model.priority import Priority
+from azqueue.testing.tasks import create, definition, slugid, status
 from azqueue.worker import TaskRun, Worker
 from azqueue.worker.sas import EMPTY_POLL, POLL, SasSource, idle_delay
 from tests.servers import ServerFactory
-from tests.tasks import create, definition, slugid, status
 from tests.waiting import eventually
 from tests.worker.helpers import CREDENTIALS, config, running
 
