@@ -101,8 +101,9 @@ async def test_a_resolver_logs_an_outage_in_one_line_and_a_bug_with_its_tracebac
         stop.set()
         raise failure
 
+    # A resolver's real name: the metrics it counts stay among those /metrics may show.
     with caplog.at_level(logging.WARNING, logger="azqueue.background"):
-        await every(0.01, step, stop, "test resolver")
+        await every(0.01, step, stop, "expiry")
     [record] = caplog.records
-    assert record.getMessage().startswith("test resolver: ")
+    assert record.getMessage().startswith("expiry: ")
     assert (record.exc_info is not None) is traceback
