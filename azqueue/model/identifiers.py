@@ -1,6 +1,8 @@
 """The names the Queue API gives workers and task queues, as Taskcluster's schemas define
 them: ``provisionerId``, ``workerType``, ``workerGroup`` and ``workerId`` are 1-38 of
-``[a-zA-Z0-9_-]``; a ``taskQueueId`` is ``<provisionerId>/<workerType>``.
+``[a-zA-Z0-9_-]``; a ``taskQueueId`` is ``<provisionerId>/<workerType>``. A task's own
+``workerType`` is narrower (Taskcluster's task definition, and every answer that carries
+it): lowercase letters, digits and ``-``, starting with a letter and not ending with ``-``.
 
 The JSON schemas served to clients (``api/schemas``) state the same patterns in their own
 words; a unit test checks that they agree with these.
@@ -14,3 +16,6 @@ _PART = r"[a-zA-Z0-9_-]{1,38}"
 
 IDENTIFIER = re.compile(rf"^{_PART}$")
 TASK_QUEUE_ID = re.compile(rf"^{_PART}/{_PART}$")
+_TASK_WORKER_TYPE = r"[a-z]([-a-z0-9]{0,36}[a-z0-9])?"
+WORKER_TYPE_OF_TASK = re.compile(rf"^{_TASK_WORKER_TYPE}$")
+TASK_QUEUE_ID_OF_TASK = re.compile(rf"^{_PART}/{_TASK_WORKER_TYPE}$")
