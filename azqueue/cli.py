@@ -293,8 +293,9 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     create.add_argument("--owner", default="",
                         help="metadata.owner, who to ask about it (default: USER@HOSTNAME)")
     create.add_argument("--source", default="",
-                        help="metadata.source, where it was defined, e.g. a URL (default: "
-                             "azqueue-cli://HOSTNAME/CURRENT/DIRECTORY, where it was run)")
+                        help="metadata.source, where it was defined: a URL starting https://, "
+                             "http://, ssh:// or git@ (default: "
+                             "ssh://HOSTNAME/CURRENT/DIRECTORY, where it was run)")
     create.add_argument("cmd", nargs="*", metavar="CMD",
                         help="the command and its arguments (default: none; give CMD, "
                              "--payload or --definition)")

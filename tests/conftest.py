@@ -1,13 +1,15 @@
 """Fixtures shared by every test: a real Azurite for the session, servers per test.
 
 Each test gets its own storage name prefix instead of a flushed account, and the
-servers it starts are stopped (and their queues and tables deleted) after it.
+servers it starts are stopped (and their queues and tables deleted) after it. Every
+success answer of those servers is checked against Taskcluster's output schema of its
+method (``tests/replies.py``): a test that got one that departs fails.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Generator
 from typing import Any
 
 import aiohttp
@@ -21,6 +23,7 @@ from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.storage import StorageInspector
+from tests.replies import ReplyCheck
 from tests.servers import ROOT, Server, ServerFactory
 
 
@@ -29,6 +32,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "amqp_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.rabbitmq)
+
+
+REPLY_CHECK = pytest.StashKey[ReplyCheck]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
+    """A test fails if its servers gave an answer its method's output schema refuses;
+    when it fails anyway, its failure says so too."""
+    check = item.stash.get(REPLY_CHECK, None)
+    try:
+        result = yield
+    except Exception as failure:
+        if check is not None and (departures := check.take()):
+            failure.add_note(departures)
+        raise
+    if check is not None and (departures := check.take()):
+        raise AssertionError(departures)
+    return result
 
 
 @pytest.fixture(scope="session")
@@ -44,9 +66,12 @@ def storage_prefix() -> str:
 
 
 @pytest.fixture
-async def make_server(azurite: Azurite, storage_prefix: str) -> AsyncIterator[ServerFactory]:
-    """Start servers sharing one storage prefix (replicas of one deployment)."""
+async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
+                      storage_prefix: str) -> AsyncIterator[ServerFactory]:
+    """Start servers sharing one storage prefix (replicas of one deployment), their
+    answers checked against Taskcluster's output schemas."""
     runners: list[web.AppRunner] = []
+    check = request.node.stash[REPLY_CHECK] = ReplyCheck()
 
     async def start(**overrides: Any) -> Server:
         port = free_port()
@@ -55,7 +80,7 @@ async def make_server(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Se
             tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),
             root=overrides.pop("root", ROOT), host="127.0.0.1", port=port,
         ).with_(**overrides)
-        runner = web.AppRunner(create_app(settings), access_log=None)
+        runner = web.AppRunner(check.install(create_app(settings)), access_log=None)
         await runner.setup()
         runners.append(runner)
         await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -65,6 +90,7 @@ async def make_server(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Se
     for runner in reversed(runners):
         await runner.cleanup()
     await _delete_storage(azurite.connection_string, storage_prefix)
+    assert not (departures := check.take()), departures
 
 
 async def _delete_storage(conn: str, prefix: str) -> None:

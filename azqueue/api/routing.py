@@ -7,9 +7,11 @@ together and serves them with a ``Router``.
 Each route declares its contract where it is registered, as Taskcluster's
 ``builder.declare`` does: the path, whose ``<parameters>`` are converted and checked by
 ``PARAMETERS`` (one meaning per name across the API); the query parameters it reads; the
-JSON schema of its body; whether it long-polls (its storage calls then get the long
-poll's time on top of a request's budget); and the scope expression it needs, a template
-(``azqueue.model.scopes.Template``) filled from the path parameters. A template that
+JSON schema of its body; Taskcluster's schema of its answer (``output``, as the Queue
+reference names it: the tests check every success answer against Taskcluster's own
+schema, nothing does when serving); whether it long-polls (its storage calls then get
+the long poll's time on top of a request's budget); and the scope expression it needs, a
+template (``azqueue.model.scopes.Template``) filled from the path parameters. A template that
 needs more than the path (the task's queue, the worker named in the body) is filled when
 the handler calls ``call.authorize(...)`` with the rest, before it changes anything; a
 handler that never does answers 500 (a bug for the tests to catch), never a success, and
@@ -152,6 +154,7 @@ class Route:
     query: frozenset[str]  # the query parameters the handler reads; others are ignored
     scopes: Template | None
     body: str | None  # the JSON schema of the request body; None: no body is read
+    output: str | None  # Taskcluster's schema of the answer; None: it declares none
     what: str  # the body, in error messages
     fixed: Mapping[str, Any]  # keywords the handler gets from the declaration
     max_body: int | None  # bytes; None: the application's limit (MAX_BODY)
@@ -167,14 +170,17 @@ class Routes:
 
     def declare(self, method: str, path: str, name: str, *, scopes: Template | None = None,
                 query: tuple[str, ...] = (), body: str | None = None, what: str = "",
-                fixed: Mapping[str, Any] | None = None, max_body: int | None = None,
-                long_poll: bool = False) -> Callable[[Handler], Handler]:
+                output: str | None = None, fixed: Mapping[str, Any] | None = None,
+                max_body: int | None = None, long_poll: bool = False
+                ) -> Callable[[Handler], Handler]:
         """Declare the endpoint ``name`` at ``path`` (under ``API`` unless it starts with
         ``/schemas``): the handler is called as ``handler(call, **parameters, **fixed)``
         once the parameters are converted, the body (if ``body`` names its schema) is
         validated and the scopes that the path alone determines are checked; it reads
         the ``query`` parameters with ``call.query``. A body longer than ``max_body``
-        bytes is refused (413) before it is authenticated or parsed."""
+        bytes is refused (413) before it is authenticated or parsed. ``output`` names
+        Taskcluster's schema of its answer (e.g. ``task-status-response.json``) where
+        the Queue reference declares one."""
         full = path if path.startswith("/schemas/") else f"{API}{path}"
         params = tuple(re.findall(r"<(\w+)>", full))
         for parameter in params:
@@ -187,8 +193,8 @@ class Routes:
         def register(handler: Handler) -> Handler:
             self.table.append(Route(
                 method, full, name, handler, re.compile(f"^{regex}$"), params,
-                frozenset(query), scopes, body, what or f"the {name} request", fixed or {},
-                max_body, long_poll))
+                frozenset(query), scopes, body, output, what or f"the {name} request",
+                fixed or {}, max_body, long_poll))
             return handler
 
         return register

@@ -15,6 +15,7 @@ Which messages a transition publishes, computed from the task before and after i
 * a run resolved for good: task-completed, task-failed or task-exception; these carry
   the task group's check (``group``): the group is resolved once none of its tasks is
   unresolved, and then task-group-resolved goes out;
+* an artifact created: artifact-created, except for one that reads as ``s3``;
 * a priority changed (changeTaskPriority, changeTaskGroupPriority): task-priority-changed,
   routed without a run, as Taskcluster routes it.
 
@@ -114,9 +115,14 @@ def for_change(before: Task | None, after: Task) -> list[Event]:
     return events
 
 
-def artifact_created(task: Task, run_id: int, artifact: dict[str, Any]) -> Event:
+def artifact_created(task: Task, run_id: int, artifact: dict[str, Any]) -> list[Event]:
+    """The message of an artifact created (``artifact``: its artifactInfo): none for one
+    that reads as ``s3``, as in Taskcluster, whose artifact-created message does not
+    admit that storage type."""
+    if artifact["storageType"] == "s3":
+        return []
     run = task.runs[run_id]
-    return _event("artifact-created", task, run, artifact=artifact, **_worker(run))
+    return [_event("artifact-created", task, run, artifact=artifact, **_worker(run))]
 
 
 def task_group_resolved(task_group_id: str, scheduler_id: str, expires: str) -> Event:

@@ -74,7 +74,7 @@ class ArtifactService:
             put_url = await self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME,
                                                   append=wanted.blob_type == "append")
         token = self.outbox.begin() if self.outbox else None
-        created = [events.artifact_created(task, run_id, wanted.info())] \
+        created = events.artifact_created(task, run_id, wanted.info()) \
             if token is not None else []
         try:
             inserted = await self.records.insert(wanted, [outbox_row(task_id, e)

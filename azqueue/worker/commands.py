@@ -287,12 +287,14 @@ def _user_at_host() -> str:
 
 
 def _source() -> str:
-    """Where the task was defined: this command, on this host, in this directory."""
+    """Where the task was defined: this host, in this directory, as an ``ssh://`` URL
+    (Taskcluster's task metadata takes a ``source`` starting ``https://``, ``http://``,
+    ``ssh://`` or ``git@``)."""
     try:
         where = os.getcwd()
     except OSError:
         where = "/"
-    return f"azqueue-cli://{socket.gethostname()}{urllib.parse.quote(where)}"[:4096]
+    return f"ssh://{socket.gethostname()}{urllib.parse.quote(where)}"[:4096]
 
 
 def describe(status: dict[str, Any]) -> str:

@@ -88,7 +88,7 @@ async def test_the_default_owner_and_source_are_true(
     assert metadata["owner"] == f"{getpass.getuser()}@{socket.gethostname()}"
     assert metadata["name"] == "echo hi"
     assert "github" not in metadata["source"] and "example" not in metadata["source"]
-    assert metadata["source"].startswith("azqueue-cli:"), metadata["source"]
+    assert metadata["source"].startswith(f"ssh://{socket.gethostname()}/"), metadata["source"]
 
 
 async def test_create_from_a_definition_file_or_stdin(

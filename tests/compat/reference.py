@@ -30,12 +30,22 @@ def _registry() -> Registry:
     return Registry().with_resources(resources)
 
 
+@cache
+def _validator(name: str) -> Draft7Validator:
+    schema = json.loads((SCHEMAS / f"{name}.json").read_text())
+    return Draft7Validator(schema, registry=_registry(),
+                           format_checker=Draft7Validator.FORMAT_CHECKER)
+
+
+def problems(name: str, body: Any) -> list[str]:
+    """Where ``body`` departs from Taskcluster's schema ``name`` (e.g.
+    ``task-status-response``), each as ``<field path>: <what is wrong>``; [] if nowhere."""
+    errors = sorted(_validator(name).iter_errors(body), key=lambda e: list(e.absolute_path))
+    return [f"{'/'.join(map(str, e.absolute_path)) or 'body'}: {e.message}" for e in errors]
+
+
 def assert_matches(name: str, body: Any) -> None:
     """``body`` is valid against Taskcluster's schema ``name`` (e.g.
     ``task-status-response``), with every key it requires."""
-    schema = json.loads((SCHEMAS / f"{name}.json").read_text())
-    validator = Draft7Validator(schema, registry=_registry(),
-                                format_checker=Draft7Validator.FORMAT_CHECKER)
-    errors = sorted(validator.iter_errors(body), key=lambda e: list(e.absolute_path))
-    assert not errors, f"not a valid {name}: " + "; ".join(
-        f"{'/'.join(map(str, e.absolute_path)) or 'body'}: {e.message}" for e in errors[:5])
+    found = problems(name, body)
+    assert not found, f"not a valid {name}: " + "; ".join(found[:5])

@@ -31,11 +31,16 @@ async def amqp_url() -> str:
 
 @pytest.fixture
 async def consume(amqp_url: str) -> AsyncIterator[ConsumerFactory]:
+    """``consume(*binding patterns, exchanges=...)``: a Consumer of those exchanges. Each
+    one's messages are checked against their schemas once more after the test, for
+    those it never read."""
     connection = await aio_pika.connect_robust(amqp_url)
     channel = await connection.channel()
+    made: list[Consumer] = []
 
     async def make(*patterns: str, exchanges: tuple[str, ...] = EXCHANGES) -> Consumer:
         consumer = Consumer()
+        made.append(consumer)
         queue = await channel.declare_queue(f"azqueue-test-{uuid.uuid4().hex}", exclusive=True,
                                             auto_delete=True)
         for name in exchanges:
@@ -47,10 +52,9 @@ async def consume(amqp_url: str) -> AsyncIterator[ConsumerFactory]:
         async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             async with message.process():
                 cc = message.headers.get("CC") or []
-                consumer.messages.append(Received(
+                consumer.receive(Received(
                     message.exchange.removeprefix(PREFIX), message.routing_key or "",
                     json.loads(message.body), [str(c) for c in cc]))  # type: ignore[union-attr]
-                consumer.arrived.set()
 
         await queue.consume(on_message)
         return consumer
@@ -58,3 +62,5 @@ async def consume(amqp_url: str) -> AsyncIterator[ConsumerFactory]:
     yield make
     await channel.close()
     await connection.close()
+    for consumer in made:
+        consumer.check()

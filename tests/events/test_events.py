@@ -10,7 +10,7 @@ import aiohttp
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid
-from tests.events.consumers import ConsumerFactory, Received, assert_valid
+from tests.events.consumers import ConsumerFactory, Received
 from tests.servers import ServerFactory
 from tests.waiting import stays
 
@@ -41,7 +41,8 @@ async def test_primary_binding_sees_the_whole_life_cycle_in_order(
     """'You'll notice that all the exchanges in the document shares the same routing key
     pattern': defined, pending, running, artifact-created, completed, with routing keys
     primary.<taskId>.<runId>.<workerGroup>.<workerId>.<provisionerId>.<workerType>.
-    <schedulerId>.<taskGroupId>._ and payloads valid against our schema."""
+    <schedulerId>.<taskGroupId>._ (payloads valid against their exchange's schemas, as
+    the consumer checks every message)."""
     consumer = await consume("primary.#")
     server = await make_server(amqp_url=amqp_url)
     group = slugid()
@@ -60,8 +61,6 @@ async def test_primary_binding_sees_the_whole_life_cycle_in_order(
     assert keys[0] == f"primary.{task_id}._._._.prov.life.-.{group}._"
     assert keys[1] == f"primary.{task_id}.0._._.prov.life.-.{group}._"
     assert keys[2:] == [f"primary.{task_id}.0.wg.w1.prov.life.-.{group}._"] * 3
-    for m in mine:
-        assert_valid(m)
     assert mine[1].body["runId"] == 0
     assert mine[2].body["takenUntil"] and mine[2].body["workerId"] == "w1"
     assert mine[3].body["artifact"]["name"] == "public/x"
@@ -73,8 +72,32 @@ async def test_primary_binding_sees_the_whole_life_cycle_in_order(
     await consumer.wait_for(lambda _: "task-failed" in _kinds(consumer.about(failed)))
     assert _kinds(consumer.about(failed)) == ["task-defined", "task-pending", "task-running",
                                               "task-failed"]
-    for m in consumer.about(failed):
-        assert_valid(m)
+
+
+async def test_s3_artifacts_publish_no_artifact_created(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """Taskcluster's artifact-created message: 'Note that artifacts with the `s3` storage
+    type do not produce this message.' Nor do ours that read as `s3` (`blob`)."""
+    consumer = await consume("primary.#")
+    server = await make_server(amqp_url=amqp_url)
+    task_id = await create(http, server.api, definition("prov/s3-events"))
+    await _claim(http, server.api, task_id)
+    expires = definition()["deadline"]
+    for name, body in [("public/s3", {"storageType": "s3", "contentType": "text/plain"}),
+                       ("public/blob", {"storageType": "blob"}),
+                       ("public/error", {"storageType": "error", "reason": "file-missing-on-worker",
+                                         "message": "no such file"})]:
+        code, answer = await sas.post(
+            http, f"{server.api}/task/{task_id}/runs/0/artifacts/{name}",
+            {**body, "expires": expires})
+        assert code == 200, answer
+    await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    await consumer.wait_for(lambda _: "task-completed" in _kinds(consumer.about(task_id)))
+    mine = consumer.about(task_id)
+    assert _kinds(mine) == ["task-defined", "task-pending", "task-running", "artifact-created",
+                            "task-completed"]
+    assert mine[3].body["artifact"]["name"] == "public/error"
 
 
 async def test_routes_are_cced_and_delivered_once_per_bound_queue(
@@ -118,8 +141,6 @@ async def test_claim_expired_retry_publishes_pending_and_exhaustion_publishes_ex
         "claim-expired")
     assert mine[5].body["runId"] == 1
     assert mine[5].body["status"]["runs"][1]["reasonResolved"] == "claim-expired"
-    for m in mine:
-        assert_valid(m)
 
 
 async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
@@ -147,7 +168,6 @@ async def test_task_group_resolved_fires_once_when_its_last_task_resolves(
     latest = max([await _expires(http, server.api, t) for t in tasks], key=iso_time)
     assert message.body == {"version": 1, "taskGroupId": group, "schedulerId": "-",
                             "expires": latest}
-    assert_valid(message)
 
     late = await create(http, server.api, definition("prov/group", taskGroupId=group))
     await _claim(http, server.api, late)
@@ -178,7 +198,6 @@ async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
                  key=iso_time)
     assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-",
                             "expires": latest}
-    assert_valid(message)
 
 
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(

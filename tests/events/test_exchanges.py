@@ -4,6 +4,7 @@ that come up before any work arrives can bind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 
 import aio_pika
@@ -12,7 +13,7 @@ import aiohttp
 from azqueue.model.events import EXCHANGES
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
-from tests.events.consumers import Received
+from tests.events.consumers import Consumer, Received
 from tests.events.test_durability import Proxy
 from tests.servers import ServerFactory
 
@@ -42,14 +43,12 @@ async def test_a_consumer_binding_right_after_start_up_receives_the_first_tasks_
         # Bound by name, without declaring: the server must have declared them.
         for name in EXCHANGES:
             await queue.bind(f"{prefix}{name}", routing_key="primary.#")
-        received: list[Received] = []
-        arrived = asyncio.Event()
+        consumer = Consumer()
 
         async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
             async with message.process():
-                received.append(Received(message.exchange.removeprefix(prefix),
-                                         message.routing_key or "", {}, []))
-                arrived.set()
+                consumer.receive(Received(message.exchange.removeprefix(prefix),
+                                          message.routing_key or "", json.loads(message.body)))
 
         await queue.consume(on_message)
         task_id = await create(http, server.api, definition("prov/bind-early"))
@@ -58,11 +57,8 @@ async def test_a_consumer_binding_right_after_start_up_receives_the_first_tasks_
         assert code == 200
         code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
         assert code == 200
-        async with asyncio.timeout(30):
-            while "task-completed" not in [m.exchange for m in received]:
-                arrived.clear()
-                await arrived.wait()
-        assert [m.exchange for m in received
+        await consumer.wait_for(lambda got: "task-completed" in [m.exchange for m in got])
+        assert [m.exchange for m in consumer.messages
                 if m.routing_key.startswith(f"primary.{task_id}.")
                 and m.exchange != "task-group-resolved"] == [
             "task-defined", "task-pending", "task-running", "task-completed"]

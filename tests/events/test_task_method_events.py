@@ -1,6 +1,7 @@
 """The messages of rerunTask, changeTaskPriority, sealTaskGroup and
 changeTaskGroupPriority, as a consumer bound to the queue's exchanges receives them:
-each valid against our schema and Taskcluster's own."""
+each valid against our schema and Taskcluster's own (the consumer checks every
+message)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ import aiohttp
 
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition, slugid
-from tests.compat.reference import assert_matches
-from tests.events.consumers import ConsumerFactory, Received, assert_valid
+from tests.events.consumers import ConsumerFactory, Received
 from tests.servers import ServerFactory
 
 
@@ -40,10 +40,6 @@ async def test_rerun_and_priority_change_publish_pending_and_priority_changed(
     assert changed.routing_key == f"primary.{task_id}._._._.prov.ev-rerun.-.{group}._"
     assert (changed.body["oldPriority"], changed.body["newPriority"]) == ("lowest", "high")
     assert changed.body["status"]["state"] == "pending"
-    for message, reference in [(pending, "task-pending-message"),
-                               (changed, "task-priority-changed-message")]:
-        assert_valid(message)
-        assert_matches(reference, message.body)
 
 
 async def test_sealing_and_reprioritizing_a_group_publish_group_messages(
@@ -70,7 +66,3 @@ async def test_sealing_and_reprioritizing_a_group_publish_group_messages(
                             "newPriority": "medium", "tasksAffected": 2}
     assert seal.exchange == "task-group-sealed" and seal.routing_key == f"primary.{group}.-._"
     assert seal.body == {"version": 1, **sealed}
-    for message, reference in [(summary, "task-group-priority-changed-message"),
-                               (seal, "task-group-changed-message")]:
-        assert_valid(message)
-        assert_matches(reference, message.body)

@@ -82,6 +82,16 @@ BAD_BODIES: list[tuple[str, dict[str, Any], str]] = [
     ("identifier too long", {"schedulerId": "s" * 39}, "schedulerId"),
     ("identifier with a bad character", {"projectId": "a.b"}, "projectId"),
     ("task queue too long", {"taskQueueId": "p/" + "w" * 39}, "taskQueueId"),
+    # A task's workerType: lowercase, digits and `-`, as Taskcluster's task.json says.
+    ("worker type in capitals", {"taskQueueId": "prov/Schema"}, "taskQueueId"),
+    ("worker type with an underscore", {"provisionerId": "prov", "workerType": "sche_ma"},
+     "workerType"),
+    ("metadata with a field of its own", {"metadata": {
+        "name": "t", "description": "d", "owner": "o@example.com",
+        "source": "https://example.com", "colour": "blue"}}, "colour"),
+    ("metadata source not a URL", {"metadata": {
+        "name": "t", "description": "d", "owner": "o@example.com", "source": "here"}},
+     "source"),
     ("unknown priority", {"priority": "urgent"}, "priority"),
     ("bad timestamp", {"deadline": "tomorrow"}, "deadline"),
     ("unknown field", {"colour": "blue"}, "colour"),

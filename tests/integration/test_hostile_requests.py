@@ -313,7 +313,7 @@ async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSess
     was lost: ten at once, then two more. ``orphaned``: run 1's signature with the task's
     own message (as if a claim rewrote it and died); else run 0's signature with
     messageIds that are none of the task's tips. Returns the taskId and the answers."""
-    task_queue = f"prov/lost{slugid()[:8].replace('-', '_')}"
+    task_queue = f"prov/lost{slugid()[:8].replace('-', 'x').replace('_', 'y').lower()}"
     task_id = await create(http, server.api, definition(task_queue))
     queue = (await sas.poll_task_urls(http, server.api, *task_queue.split("/")))["queues"][6]
     [message] = await sas.get_messages(http, queue["signedPollUrl"])

@@ -18,7 +18,7 @@ from tests.waiting import eventually
 
 
 def _task_queue() -> tuple[str, str]:
-    return "prov", f"int{slugid()[:10].replace('-', '_')}"
+    return "prov", f"int{slugid()[:10].replace('-', 'x').replace('_', 'y').lower()}"
 
 
 async def _poll_one(http: aiohttp.ClientSession, server: Server, provisioner: str,

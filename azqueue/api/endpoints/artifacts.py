@@ -35,6 +35,7 @@ routes = Routes()
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
+                output="post-artifact-response.json",
                 body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
     return await call.services.artifacts.create(task_id, run_id, name, call.body)
@@ -63,9 +64,9 @@ def _may_follow(call: Call, names: tuple[str, ...]) -> None:
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
-                scopes=_READ_ARTIFACT)
+                output="get-artifact-response.json", scopes=_READ_ARTIFACT)
 @routes.declare("GET", "/task/<taskId>/artifacts/<name>", "getLatestArtifact",
-                scopes=_READ_ARTIFACT)
+                output="get-artifact-response.json", scopes=_READ_ARTIFACT)
 async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None = None
                        ) -> web.StreamResponse:
     run_id = await _readable(call, task_id, run_id, name)
@@ -84,18 +85,18 @@ async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None =
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
-                scopes=_READ_ARTIFACT)
+                output="artifact-response.json", scopes=_READ_ARTIFACT)
 @routes.declare("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo",
-                scopes=_READ_ARTIFACT)
+                output="artifact-response.json", scopes=_READ_ARTIFACT)
 async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
     run_id = await _readable(call, task_id, run_id, name)
     return (await call.services.artifacts.find(task_id, run_id, name)).info()
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
-                scopes=_READ_ARTIFACT)
+                output="artifact-content-response.json", scopes=_READ_ARTIFACT)
 @routes.declare("GET", "/task/<taskId>/artifact-content/<name>", "latestArtifact",
-                scopes=_READ_ARTIFACT)
+                output="artifact-content-response.json", scopes=_READ_ARTIFACT)
 async def artifact_content(call: Call, task_id: str, name: str, run_id: int | None = None
                            ) -> Any:
     """The artifact-content shapes the official client's download helpers understand:
@@ -113,8 +114,9 @@ _LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts",
-                query=PAGED, scopes=_LIST_ARTIFACTS)
-@routes.declare("GET", "/task/<taskId>/artifacts", "listLatestArtifacts", query=PAGED,
+                output="list-artifacts-response.json", query=PAGED, scopes=_LIST_ARTIFACTS)
+@routes.declare("GET", "/task/<taskId>/artifacts", "listLatestArtifacts",
+                output="list-artifacts-response.json", query=PAGED,
                 scopes=_LIST_ARTIFACTS)
 async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:
     if run_id is None:

@@ -30,7 +30,7 @@ async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> A
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask",
-                body="task-claim-request.json",
+                output="task-claim-response.json", body="task-claim-request.json",
                 scopes={"AllOf": ["queue:claim-task:<taskQueueId>",
                                   "queue:worker-id:<workerGroup>/<workerId>"]})
 async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
@@ -49,7 +49,8 @@ async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
                                                  authorize)
 
 
-@routes.declare("POST", "/claim-work/<taskQueueId>", "claimWork", body="claim-work-request.json",
+@routes.declare("POST", "/claim-work/<taskQueueId>", "claimWork",
+                output="claim-work-response.json", body="claim-work-request.json",
                 long_poll=True,
                 scopes={"AllOf": ["queue:claim-work:<taskQueueId>",
                                   "queue:worker-id:<workerGroup>/<workerId>"]})
@@ -65,6 +66,7 @@ async def claim_work(call: Call, task_queue_id: str) -> Any:
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/reclaim", "reclaimTask",
+                output="task-reclaim-response.json",
                 body="empty-request.json", scopes="queue:reclaim-task:<taskId>/<runId>")
 async def reclaim_task(call: Call, task_id: str, run_id: int) -> Any:
     return await call.services.claims.reclaim_task(task_id, run_id)
@@ -74,10 +76,13 @@ _RESOLVE = "queue:resolve-task:<taskId>/<runId>"
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/completed", "reportCompleted",
+                output="task-status-response.json",
                 scopes=_RESOLVE, body="empty-request.json", fixed={"state": RunState.COMPLETED})
-@routes.declare("POST", "/task/<taskId>/runs/<runId>/failed", "reportFailed", scopes=_RESOLVE,
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/failed", "reportFailed",
+                output="task-status-response.json", scopes=_RESOLVE,
                 body="empty-request.json", fixed={"state": RunState.FAILED})
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/exception", "reportException",
+                output="task-status-response.json",
                 scopes=_RESOLVE, body="task-exception-request.json",
                 fixed={"state": RunState.EXCEPTION})
 async def report(call: Call, task_id: str, run_id: int, state: RunState) -> Any:

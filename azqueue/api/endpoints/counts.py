@@ -13,7 +13,7 @@ routes = Routes()
 
 
 @routes.declare("GET", "/pending/<taskQueueId>", "pendingTasks",
-                scopes="queue:pending-count:<taskQueueId>")
+                output="pending-tasks-response.json", scopes="queue:pending-count:<taskQueueId>")
 async def pending_tasks(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.pending_tasks(task_queue_id)
 
@@ -21,7 +21,8 @@ async def pending_tasks(call: Call, task_queue_id: str) -> Any:
 _COUNTS = {"AllOf": ["queue:pending-count:<taskQueueId>", "queue:claimed-count:<taskQueueId>"]}
 
 
-@routes.declare("GET", "/task-queues/<taskQueueId>/counts", "taskQueueCounts", scopes=_COUNTS)
+@routes.declare("GET", "/task-queues/<taskQueueId>/counts", "taskQueueCounts",
+                output="task-queue-counts-response.json", scopes=_COUNTS)
 async def task_queue_counts(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.counts(task_queue_id)
 
@@ -31,6 +32,7 @@ COUNTS_BODY = 128 * 1024
 
 
 @routes.declare("POST", "/task-queues/counts", "taskQueueCountsBatch",
+                output="task-queue-counts-list-response.json",
                 body="task-queue-counts-request.json",
                 max_body=COUNTS_BODY, scopes={"AllOf": [
                     {"for": "taskQueueId", "in": "taskQueueIds",
@@ -49,14 +51,16 @@ async def task_queue_counts_batch(call: Call) -> Any:
     return {"taskQueueCounts": await call.services.counts.counts_batch(ids)}
 
 
-@routes.declare("GET", "/task-queues/<taskQueueId>/pending", "listPendingTasks", query=PAGED,
+@routes.declare("GET", "/task-queues/<taskQueueId>/pending", "listPendingTasks",
+                output="list-pending-tasks-response.json", query=PAGED,
                 scopes="queue:pending-list:<taskQueueId>")
 async def list_pending_tasks(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.list_pending(task_queue_id, call.continuation,
                                                    call.page())
 
 
-@routes.declare("GET", "/task-queues/<taskQueueId>/claimed", "listClaimedTasks", query=PAGED,
+@routes.declare("GET", "/task-queues/<taskQueueId>/claimed", "listClaimedTasks",
+                output="list-claimed-tasks-response.json", query=PAGED,
                 scopes="queue:claimed-list:<taskQueueId>")
 async def list_claimed_tasks(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.list_claimed(task_queue_id, call.continuation,

@@ -19,7 +19,8 @@ def _on_group(call: Call) -> Callable[[str], None]:
     return authorize
 
 
-@routes.declare("GET", "/task-group/<taskGroupId>/list", "listTaskGroup", query=PAGED,
+@routes.declare("GET", "/task-group/<taskGroupId>/list", "listTaskGroup",
+                output="list-task-group-response.json", query=PAGED,
                 scopes="queue:list-task-group:<taskGroupId>")
 async def list_task_group(call: Call, task_group_id: str) -> Any:
     return await call.services.groups.list_tasks(task_group_id, call.continuation,
@@ -27,26 +28,27 @@ async def list_task_group(call: Call, task_group_id: str) -> Any:
 
 
 @routes.declare("GET", "/task-group/<taskGroupId>", "getTaskGroup",
-                scopes="queue:list-task-group:<taskGroupId>")
+                output="task-group-response.json", scopes="queue:list-task-group:<taskGroupId>")
 async def get_task_group(call: Call, task_group_id: str) -> Any:
     return await call.services.groups.get(task_group_id)
 
 
 @routes.declare("POST", "/task-group/<taskGroupId>/seal", "sealTaskGroup",
-                body="empty-request.json",
+                output="task-group-response.json", body="empty-request.json",
                 scopes="queue:seal-task-group:<schedulerId>/<taskGroupId>")
 async def seal_task_group(call: Call, task_group_id: str) -> Any:
     return await call.services.groups.seal(task_group_id, _on_group(call))
 
 
 @routes.declare("POST", "/task-group/<taskGroupId>/cancel", "cancelTaskGroup",
-                body="empty-request.json",
+                output="cancel-task-group-response.json", body="empty-request.json",
                 scopes="queue:cancel-task-group:<schedulerId>/<taskGroupId>")
 async def cancel_task_group(call: Call, task_group_id: str) -> Any:
     return await call.services.groups.cancel(task_group_id, _on_group(call))
 
 
 @routes.declare("POST", "/task-group/<taskGroupId>/priority", "changeTaskGroupPriority",
+                output="task-group-priority-change-response.json",
                 body="change-task-priority-request.json",
                 scopes="queue:change-task-group-priority:<schedulerId>/<taskGroupId>")
 async def change_task_group_priority(call: Call, task_group_id: str) -> Any:

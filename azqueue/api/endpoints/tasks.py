@@ -19,7 +19,8 @@ from azqueue.model.task import Task
 routes = Routes()
 
 
-@routes.declare("PUT", "/task/<taskId>", "createTask", body="task-definition-request.json",
+@routes.declare("PUT", "/task/<taskId>", "createTask",
+                output="task-status-response.json", body="task-definition-request.json",
                 what="the task definition", scopes={"AllOf": [
                     {"for": "scope", "in": "scopes", "each": "<scope>"},
                     {"for": "route", "in": "routes", "each": "queue:route:<route>"},
@@ -39,12 +40,14 @@ async def create_task(call: Call, task_id: str) -> Any:
     return {"status": await call.services.definitions.create_task(task_id, call.body, authorize)}
 
 
-@routes.declare("GET", "/task/<taskId>", "task", scopes="queue:get-task:<taskId>")
+@routes.declare("GET", "/task/<taskId>", "task",
+                output="task.json", scopes="queue:get-task:<taskId>")
 async def task(call: Call, task_id: str) -> Any:
     return await call.services.definitions.definition(task_id)
 
 
-@routes.declare("GET", "/task/<taskId>/status", "status", scopes="queue:status:<taskId>")
+@routes.declare("GET", "/task/<taskId>/status", "status",
+                output="task-status-response.json", scopes="queue:status:<taskId>")
 async def status(call: Call, task_id: str) -> Any:
     return {"status": await call.services.definitions.status(task_id)}
 
@@ -57,19 +60,22 @@ def _on_task(call: Call) -> Callable[[Task], None]:
     return authorize
 
 
-@routes.declare("POST", "/task/<taskId>/schedule", "scheduleTask", body="empty-request.json",
+@routes.declare("POST", "/task/<taskId>/schedule", "scheduleTask",
+                output="task-status-response.json", body="empty-request.json",
                 scopes="queue:schedule-task:<schedulerId>/<taskGroupId>/<taskId>")
 async def schedule_task(call: Call, task_id: str) -> Any:
     return {"status": await call.services.definitions.schedule_task(task_id, _on_task(call))}
 
 
-@routes.declare("POST", "/task/<taskId>/cancel", "cancelTask", body="empty-request.json",
+@routes.declare("POST", "/task/<taskId>/cancel", "cancelTask",
+                output="task-status-response.json", body="empty-request.json",
                 scopes="queue:cancel-task:<schedulerId>/<taskGroupId>/<taskId>")
 async def cancel_task(call: Call, task_id: str) -> Any:
     return {"status": await call.services.resolution.cancel_task(task_id, _on_task(call))}
 
 
-@routes.declare("POST", "/task/<taskId>/rerun", "rerunTask", body="empty-request.json", scopes={
+@routes.declare("POST", "/task/<taskId>/rerun", "rerunTask",
+                output="task-status-response.json", body="empty-request.json", scopes={
     "AnyOf": [
         "queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>",
         "queue:rerun-task-in-project:<projectId>",
@@ -85,6 +91,7 @@ async def rerun_task(call: Call, task_id: str) -> Any:
 
 
 @routes.declare("POST", "/task/<taskId>/priority", "changeTaskPriority",
+                output="task-status-response.json",
                 body="change-task-priority-request.json", scopes={"AnyOf": [
                     "queue:change-task-priority:<taskId>",
                     "queue:change-task-priority-in-queue:<taskQueueId>"]})
@@ -97,7 +104,8 @@ async def change_task_priority(call: Call, task_id: str) -> Any:
     return {"status": change.after.status()}
 
 
-@routes.declare("GET", "/task/<taskId>/dependents", "listDependentTasks", query=PAGED,
+@routes.declare("GET", "/task/<taskId>/dependents", "listDependentTasks",
+                output="list-dependent-tasks-response.json", query=PAGED,
                 scopes="queue:list-dependent-tasks:<taskId>")
 async def list_dependent_tasks(call: Call, task_id: str) -> Any:
     return await call.services.definitions.list_dependents(task_id, call.continuation,
@@ -122,7 +130,8 @@ def _valid(task_id: str) -> bool:
 
 
 @routes.declare(
-    "POST", "/tasks", "tasks", body="tasks-request.json", max_body=TASKS_BODY, query=PAGED,
+    "POST", "/tasks", "tasks", output="tasks-response.json", body="tasks-request.json",
+    max_body=TASKS_BODY, query=PAGED,
     scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:get-task:<taskId>"}]})
 async def tasks(call: Call) -> Any:
     found, token = await call.services.batch.read_many(
@@ -131,8 +140,8 @@ async def tasks(call: Call) -> Any:
 
 
 @routes.declare(
-    "POST", "/tasks/status", "statuses", body="tasks-request.json", max_body=TASKS_BODY,
-    query=PAGED,
+    "POST", "/tasks/status", "statuses", output="tasks-statuses-response.json",
+    body="tasks-request.json", max_body=TASKS_BODY, query=PAGED,
     scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:status:<taskId>"}]})
 async def statuses(call: Call) -> Any:
     found, token = await call.services.batch.read_many(

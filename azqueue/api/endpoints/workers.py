@@ -40,9 +40,11 @@ def _date(body: dict[str, Any], field: str) -> str:
 # -- provisioners, worker types, task queues ---------------------------------------------
 
 
-@routes.declare("GET", "/provisioners", "listProvisioners", query=PAGED,
+@routes.declare("GET", "/provisioners", "listProvisioners",
+                output="list-provisioners-response.json", query=PAGED,
                 scopes="queue:list-provisioners", fixed={"rows": WorkerInfo.list_provisioners})
-@routes.declare("GET", "/task-queues", "listTaskQueues", query=PAGED,
+@routes.declare("GET", "/task-queues", "listTaskQueues",
+                output="list-taskqueues-response.json", query=PAGED,
                 scopes="queue:list-task-queues", fixed={"rows": WorkerInfo.list_task_queues})
 async def list_all(call: Call, rows: Listing) -> Any:
     """listProvisioners and listTaskQueues: every row there is, a page at a time."""
@@ -50,26 +52,27 @@ async def list_all(call: Call, rows: Listing) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>", "getProvisioner",
-                scopes="queue:get-provisioner:<provisionerId>")
+                output="provisioner-response.json", scopes="queue:get-provisioner:<provisionerId>")
 async def get_provisioner(call: Call, provisioner_id: str) -> Any:
     return await call.services.workers.provisioner(provisioner_id)
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types", "listWorkerTypes",
-                query=PAGED,
+                output="list-workertypes-response.json", query=PAGED,
                 scopes="queue:list-worker-types:<provisionerId>")
 async def list_worker_types(call: Call, provisioner_id: str) -> Any:
     return await call.services.workers.list_worker_types(provisioner_id, *_page(call))
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>", "getWorkerType",
+                output="workertype-response.json",
                 scopes="queue:get-worker-type:<provisionerId>/<workerType>")
 async def get_worker_type(call: Call, provisioner_id: str, worker_type: str) -> Any:
     return await call.services.workers.worker_type(provisioner_id, worker_type)
 
 
 @routes.declare("GET", "/task-queues/<taskQueueId>", "getTaskQueue",
-                scopes="queue:get-task-queue:<taskQueueId>")
+                output="taskqueue-response.json", scopes="queue:get-task-queue:<taskQueueId>")
 async def get_task_queue(call: Call, task_queue_id: str) -> Any:
     return await call.services.workers.task_queue(task_queue_id)
 
@@ -78,7 +81,7 @@ async def get_task_queue(call: Call, task_queue_id: str) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers",
-                "listWorkers", query=(*PAGED, "quarantined"),
+                "listWorkers", output="list-workers-response.json", query=(*PAGED, "quarantined"),
                 scopes="queue:list-workers:<provisionerId>/<workerType>")
 async def list_workers(call: Call, provisioner_id: str, worker_type: str) -> Any:
     raw = call.query("quarantined")
@@ -94,7 +97,8 @@ _WORKER = "<provisionerId>/<workerType>/<workerGroup>/<workerId>"
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/"
-                "<workerGroup>/<workerId>", "getWorker", scopes=f"queue:get-worker:{_WORKER}")
+                "<workerGroup>/<workerId>", "getWorker",
+                output="worker-response.json", scopes=f"queue:get-worker:{_WORKER}")
 async def get_worker(call: Call, provisioner_id: str, worker_type: str, worker_group: str,
                      worker_id: str) -> Any:
     return await call.services.workers.worker(_task_queue(provisioner_id, worker_type),
@@ -102,7 +106,8 @@ async def get_worker(call: Call, provisioner_id: str, worker_type: str, worker_g
 
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/"
-                "<workerGroup>/<workerId>", "quarantineWorker", body="quarantine-worker-request.json",
+                "<workerGroup>/<workerId>", "quarantineWorker",
+                output="worker-response.json", body="quarantine-worker-request.json",
                 scopes={"AllOf": [f"queue:quarantine-worker:{_WORKER}"]})
 async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
                             worker_group: str, worker_id: str) -> Any:
@@ -113,7 +118,8 @@ async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
 
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/<workerGroup>/"
-                "<workerId>", "declareWorker", body="update-worker-request.json",
+                "<workerId>", "declareWorker",
+                output="worker-response.json", body="update-worker-request.json",
                 scopes={"AllOf": [{"for": "property", "in": "properties",
                                    "each": f"queue:declare-worker:{_WORKER}#<property>"}]})
 async def declare_worker(call: Call, provisioner_id: str, worker_type: str, worker_group: str,
