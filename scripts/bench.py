@@ -579,18 +579,41 @@ EVENT_FIGURES = (("server storage requests / lifecycle", "lifecycle requests"),
                  ("server CPU / lifecycle, ms", "lifecycle cpu"))
 
 
+async def events_on_lifecycles(b: Bench, server: Server, q: str, completed: dict[str, float],
+                               arrived: asyncio.Event) -> None:
+    """A backlog created and drained on the server with events on; the background work
+    the lifecycles caused is counted until every task-completed has arrived."""
+    await create_backlog(b, q, "backlog, events on", "events", server)
+    expected = len(completed)
+    d = await drain(b, "claim-work", q, [server.root_url])
+    before_settle = b.mark()
+    deadline = time.monotonic() + b.args.timeout
+    while len(completed) < expected + d.completed and time.monotonic() < deadline:
+        arrived.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(arrived.wait(), 1.0)
+    settle = b.span(before_settle, b.mark())
+    if len(completed) < expected + d.completed:
+        b.anomalies.append(f"events: {len(completed) - expected} task-completed received "
+                           f"for {d.completed} tasks completed")
+    record_drain(b, "events", Drain(d.rate, Span(
+        d.span.seconds + settle.seconds, d.span.counts + settle.counts,
+        {k: v + settle.cpu.get(k, 0.0) for k, v in d.span.cpu.items()}), d.completed))
+
+
 async def phase_events(b: Bench) -> None:
     """The claimwork lifecycle with events off and on, side by side: ``--rounds`` rounds,
-    each a backlog created and drained on a server without events, then on one with
-    events (same Azurite, same RabbitMQ), so that both modes meet the same load of a
-    shared machine. The figures are each mode's medians, the ratios the medians of the
-    rounds' ratios. Then the change -> delivered latency as a listener sees it."""
+    each a backlog created and drained on a server without events and on one with events
+    (same Azurite, same RabbitMQ), each mode first in every other round, so that both meet
+    the same load of a shared machine and of an Azurite that slows as it fills. The
+    figures are each mode's medians, the ratios the medians of the rounds' ratios. Then
+    the change -> delivered latency as a listener sees it."""
     import aio_pika  # (the benchmark's other phases do without RabbitMQ)
 
     amqp = b.args.amqp or DEFAULT_AMQP
     prefix = f"bench-{secrets.token_hex(4)}/"  # exchanges of this run only
     rounds = b.args.rounds
-    print(f"\n== events: claimwork with events off and on, {rounds} rounds alternating "
+    print(f"\n== events: claimwork with events off and on, {rounds} rounds, each first in turn "
           f"({amqp}, exchanges {prefix}*) ==")
     server = await b.start_server("server-events", AZQUEUE_AMQP_URL=amqp,
                                   AZQUEUE_EXCHANGE_PREFIX=prefix)
@@ -612,31 +635,17 @@ async def phase_events(b: Bench) -> None:
         await queue.consume(on_message, no_ack=False)
         seen: dict[str, list[dict[str, float]]] = {"events-off": [], "events": []}
         for r in range(rounds):
-            print(f"  -- round {r + 1} of {rounds}, events off --")
-            q = f"bench/events-off{r}"
-            await create_backlog(b, q, "backlog, events off", "events-off")
-            record_drain(b, "events-off", await drain(b, "claim-work", q, [b.main.root_url]))
-            print(f"  -- round {r + 1} of {rounds}, events on --")
-            q = f"bench/events{r}"
-            await create_backlog(b, q, "backlog, events on", "events", server)
-            expected = len(completed)
-            d = await drain(b, "claim-work", q, [server.root_url])
-            # The background work the lifecycles caused: counted until every
-            # task-completed has arrived.
-            before_settle = b.mark()
-            deadline = time.monotonic() + b.args.timeout
-            while len(completed) < expected + d.completed and time.monotonic() < deadline:
-                arrived.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(arrived.wait(), 1.0)
-            settle = b.span(before_settle, b.mark())
-            if len(completed) < expected + d.completed:
-                b.anomalies.append(f"events: {len(completed) - expected} task-completed "
-                                   f"received for {d.completed} tasks completed")
-            record_drain(b, "events", Drain(d.rate, Span(
-                d.span.seconds + settle.seconds, d.span.counts + settle.counts,
-                {k: v + settle.cpu.get(k, 0.0) for k, v in d.span.cpu.items()}), d.completed))
-            for key in seen:
+            # Off then on, then on then off: Azurite slows as it fills, and each mode
+            # goes first as often as the other.
+            for key in (("events-off", "events") if r % 2 == 0 else ("events", "events-off")):
+                mode = "off" if key == "events-off" else "on"
+                print(f"  -- round {r + 1} of {rounds}, events {mode} --")
+                if key == "events-off":
+                    q = f"bench/events-off{r}"
+                    await create_backlog(b, q, "backlog, events off", key)
+                    record_drain(b, key, await drain(b, "claim-work", q, [b.main.root_url]))
+                else:
+                    await events_on_lifecycles(b, server, f"bench/events{r}", completed, arrived)
                 seen[key].append({k: b.summary[f"{key} {k}"] for _, k in EVENT_FIGURES})
         s = b.summary
         print(f"\n| figure (claimWork, median of {rounds} rounds) | events off | events on "
@@ -946,9 +955,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-tasks", type=int, default=50,
                         help="tasks per claimWork latency scenario (50)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of the events phase, each a drain with events off then "
-                             "one with events on (3)")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the events phase, each a drain with events off and one "
+                             "with events on, the first of a round off, the next on, and so on "
+                             "(2)")
     parser.add_argument("--amqp", default="", metavar="URL",
                         help="RabbitMQ URL for the phases with events on (steps, events; default "
                              "the local RabbitMQ as guest)")
