@@ -202,8 +202,14 @@ class Outbox:
 
     async def _alone(self, task_id: str, task_group_id: str) -> bool:
         """Whether ``task_id`` is its group's own task and the group has no other member:
-        a group of one."""
-        return task_group_id == task_id and await self.groups.is_empty(task_group_id)
+        a group of one. The group's record says so (one row); a group of an earlier
+        version, whose record does not, is asked its member rows."""
+        if task_group_id != task_id:
+            return False
+        joined = await self.groups.joined(task_group_id)
+        if joined is None:
+            return await self.groups.is_empty(task_group_id)
+        return not joined
 
     async def deliver(self, task_id: str, after: str = OUTBOX) -> int:
         """Publish the task's outbox rows from ``after`` on, in order, and delete them;

@@ -263,16 +263,23 @@ class Definitions:
         conditional insert): a group's own task always tries to (one request; two when the
         group had a task first), another task reads the group's records (one request, as
         the sealed check needs anyway) and records it only if none did yet. Nothing of a
-        refused task is written: this runs before its writes."""
+        refused task is written: this runs before its writes.
+
+        A task other than the group's own is noted in the record as a member before its
+        member row is written (once per group: the record read says whether it is), so
+        that the resolution of the group's own task knows from the record alone whether
+        it was alone."""
         group, scheduler = definition["taskGroupId"], definition["schedulerId"]
-        if group == task_id and await self.groups.record_owner(
-                group, scheduler, definition["expires"], verified=False):
+        own = group == task_id
+        if own and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=False, members=False):
             return  # the group's first task
         records = await self.groups.records(group)
+        noted = records.owner is not None and records.owner.members is True
         owner = await self.owners.scheduler(group, records.owner)
         if owner is None and await self.groups.record_owner(
-                group, scheduler, definition["expires"], verified=True):
-            owner = scheduler
+                group, scheduler, definition["expires"], verified=True, members=not own):
+            owner, noted = scheduler, True
         elif owner is None:  # another first task of the group recorded it just now
             owner = await self.owners.scheduler(group, await self.groups.owner(group))
         if owner != scheduler:
@@ -284,6 +291,8 @@ class Definitions:
         if records.sealed is not None and await self.tasks.find(task_id) is None:
             raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
                                   "no new tasks; create the task in another taskGroupId")
+        if not own and not noted:
+            await self.groups.note_members(group)
 
     async def _no_tip(self) -> None:
         return None

@@ -55,7 +55,7 @@ class GroupOwners:
                 latest = max(expires, key=timeutil.parse,
                              default=timeutil.fmt(timeutil.utcnow()))
                 if await self.groups.record_owner(task_group_id, schedulers[0], latest,
-                                                  verified=True):
+                                                  verified=True, members=bool(mine)):
                     return schedulers[0]
             else:
                 actual = next((s for s in schedulers if s != owner.scheduler_id),

@@ -25,14 +25,19 @@ once, by a conditional insert, by the first createTask of the group, so of two r
 first tasks only one establishes it. Written by the group's own task it is
 ``verified`` false until a reader has checked it against the group's tasks (a group of
 an earlier version may have tasks and no record yet); its ``expires`` is renewed by the
-expiry resolver while the group has tasks.
+expiry resolver while the group has tasks. It also says whether a task other than the
+group's own has joined (``members``, noted before that task's member row is written), so
+that the resolution of a group of one (Taskcluster's default) reads one row, not a range
+of the partition.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from azure.core import MatchConditions
 from azure.data.tables import TableEntity, UpdateMode
@@ -79,6 +84,9 @@ class Owner:
     scheduler_id: str
     verified: bool
     etag: str
+    # Whether a task other than the group's own has joined: noted before its member row
+    # is written; None in records of earlier versions, which did not note it.
+    members: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +97,9 @@ class Records:
     owner: Owner | None
 
 
-def _owner(row: TableEntity) -> Owner:
-    return Owner(str(row["schedulerId"]), bool(row.get("verified")), str(row.metadata["etag"]))
+def _owner(row: Mapping[str, Any], etag: str) -> Owner:
+    return Owner(str(row["schedulerId"]), bool(row.get("verified")), etag,
+                 bool(row["members"]) if "members" in row else None)
 
 
 class GroupStore(TableStore):
@@ -150,7 +159,7 @@ class GroupStore(TableStore):
         return Records(
             GroupMeta(str(sealed["schedulerId"]), str(sealed["expires"]), str(sealed["sealed"]),
                       int(sealed["size"])) if sealed is not None else None,
-            _owner(owner) if owner is not None else None)
+            _owner(owner, str(owner.metadata["etag"])) if owner is not None else None)
 
     async def owner(self, task_group_id: str) -> Owner | None:
         try:
@@ -158,20 +167,42 @@ class GroupStore(TableStore):
                 row = await self._table.get_entity(task_group_id, OWNER)
         except EntityNotFound:
             return None
-        return _owner(row)
+        return _owner(row, str(row.metadata["etag"]))
 
     async def record_owner(self, task_group_id: str, scheduler_id: str, expires: str,
-                           verified: bool) -> bool:
-        """Record the group's schedulerId if it has none yet (a conditional insert):
-        whether this call recorded it."""
+                           verified: bool, members: bool) -> bool:
+        """Record the group's schedulerId if it has none yet (a conditional insert), and
+        whether a task other than its own has joined: whether this call recorded it."""
         try:
             with translate(f"recording the schedulerId of group {task_group_id}"):
                 await self._rest.create_entity(self.name, {
                     "PartitionKey": task_group_id, "RowKey": OWNER,
-                    "schedulerId": scheduler_id, "expires": expires, "verified": verified})
+                    "schedulerId": scheduler_id, "expires": expires, "verified": verified,
+                    "members": members})
         except EntityExists:
             return False
         return True
+
+    async def note_members(self, task_group_id: str) -> None:
+        """Note in the group's record that a task other than its own joins it (before its
+        member row is written): the own task's resolution reads it there (``joined``)."""
+        try:
+            with translate(f"noting a member of group {task_group_id}"):
+                await self._table.update_entity({"PartitionKey": task_group_id, "RowKey": OWNER,
+                                                 "members": True}, mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            pass  # the record went (its group expired): without one, the rows are asked
+
+    async def joined(self, task_group_id: str) -> bool | None:
+        """Whether a task other than the group's own has joined it, as its record notes:
+        one read of one row. None if the record does not say (none, or one of an earlier
+        version)."""
+        try:
+            with translate(f"reading group {task_group_id}"):
+                row = await self._rest.get_entity(self.name, task_group_id, OWNER)
+        except EntityNotFound:
+            return None
+        return _owner(row, "").members
 
     async def settle_owner(self, task_group_id: str, owner: Owner, scheduler_id: str) -> bool:
         """Mark the record verified, naming ``scheduler_id``, if it is still ``owner``:

@@ -6,6 +6,8 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
+import pytest
+from azure.data.tables import UpdateMode
 
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
@@ -198,6 +200,39 @@ async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
                  key=iso_time)
     assert message.body == {"version": 1, "taskGroupId": decision, "schedulerId": "-",
                             "expires": latest}
+
+
+@pytest.mark.parametrize("order", ["its own task first", "a member first",
+                                   "a record of an earlier version"])
+async def test_the_task_a_group_is_named_after_announces_nothing_while_a_member_runs(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory, storage: StorageInspector, order: str) -> None:
+    """The decision task resolved while a task it made still runs: nothing is announced
+    until that task resolves too, whichever was created first, and for a group whose
+    record an earlier version wrote (which does not note its members)."""
+    server = await make_server(amqp_url=amqp_url)
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    child_body = definition("prov/members", taskGroupId=decision)
+    if order == "a member first":
+        child = await create(http, server.api, child_body)
+    await create(http, server.api, definition("prov/members"), task_id=decision)
+    if order != "a member first":
+        child = await create(http, server.api, child_body)
+    if order == "a record of an earlier version":
+        groups = storage.table("groups")
+        record = await groups.get_entity(decision, "~scheduler")
+        await groups.upsert_entity({k: v for k, v in record.items() if k != "members"},
+                                   mode=UpdateMode.REPLACE)
+    for task_id in (decision, child):
+        await _claim(http, server.api, task_id)
+    await sas.post(http, f"{server.api}/task/{decision}/runs/0/completed")
+    await stays(lambda: consumer.messages, lambda m: m == [], for_=0.5,
+                what="nothing announced while a member runs")
+    await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) >= 1)
+    [message] = consumer.messages
+    assert message.body["taskGroupId"] == decision
 
 
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
