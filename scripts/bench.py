@@ -185,8 +185,9 @@ async def phase_steps(b: Bench) -> None:
         for total, part in zip(totals["SAS" if step in STEP_ORDER[:4] else "claimWork"], (c, e)):
             total += part
         detail = "; ".join(x for x in (where(c, n, "server"), where(c, n, "workers")) if x)
+        more = where(e, n, "server") if where(e, n, "server") != where(c, n, "server") else ""
         print(f"| {step} | {server(c):.2f} | {server(e):.2f} | {workers(c):.2f} | {detail}"
-              f"{'; events on: ' + where(e, n, 'server') if e != c else ''} |")
+              f"{'; events on: ' + more if more else ''} |")
     for flow, (c, e) in totals.items():
         print(f"| **{flow} lifecycle** | **{server(c):.2f}** | **{server(e):.2f}** | "
               f"**{workers(c):.2f}** | total {server(c) + workers(c):.2f}, events on "
