@@ -3,8 +3,13 @@
 Each lifecycle step is a handful of small storage requests (read, insert and replace one
 entity; put, update, delete and receive queue messages). Through the Azure SDK each costs
 about 1.4 ms of CPU in its pipeline (policies, serializers, tracing hooks); made here, a
-quarter of that. Everything else (queries, batches, blobs, tables and queues being
-created) stays with the SDK. What is done here is what the SDK does on the wire:
+quarter of that. So are the change's entity-group transaction (a change with its outbox
+rows) and the first page of a small query (whether a task group has members), whose
+multipart and paging machinery in the SDK cost more than the rest of the request.
+Everything else (longer queries, blobs, tables and queues being created) stays with the
+SDK. The module is one client, a little over the usual length, because its requests share
+the signing, the retries and the error mapping below. What is done here is what the SDK
+does on the wire:
 
 * authentication: Shared Key with the account key, as the SDK signs for Tables and
   Queues, or a bearer token from the azure-identity credential (scope
