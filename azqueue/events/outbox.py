@@ -228,13 +228,11 @@ class Outbox:
         return len(done)
 
     async def _check_group(self, task_id: str, event: Event, task_group_id: str,
-                           scheduler_id: str, alone: bool | None = None) -> None:
+                           scheduler_id: str) -> None:
         """Publish task-group-resolved if ``event`` (of ``task_id``) resolved the last
-        unresolved task of its group; ``alone`` if already known, ``_alone``."""
+        unresolved task of its group."""
         expires = str(event.payload.get("status", {}).get("expires", ""))
-        if alone is None:
-            alone = await self._alone(task_id, task_group_id)
-        if alone:
+        if await self._alone(task_id, task_group_id):
             # A group of one (Taskcluster's default): its own task's resolution resolves
             # it. (A task joining later makes it unresolved again, and its resolution
             # announces the group anew.)
