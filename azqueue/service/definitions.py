@@ -116,9 +116,11 @@ class Definitions:
             self._add_to_group(task),
             self._no_tip() if waiting else put_tip())
         token = self.outbox.begin() if self.outbox is not None else None
+        # The events of the new task: written with it, published from here.
+        written = events.for_change(None, task) if token is not None else []
         try:
-            stored = await self.tasks.insert(task, events.for_change if token is not None
-                                             else None, tips=(tip.message_id,) if tip else (),
+            stored = await self.tasks.insert(task, written,
+                                             tips=(tip.message_id,) if tip else (),
                                              live_tip=live(tip, 0) if tip else None)
         except BaseException as e:
             if self.outbox is not None and token is not None:
@@ -138,8 +140,7 @@ class Definitions:
         if self.outbox is not None and token is not None:
             # Published before a worker can claim the task (a claim waits for the task
             # to be stored), so task-defined and task-pending precede its task-running.
-            await self.outbox.finish(token, task_id, events.for_change(None, stored.task)
-                                     if stored is not None else [])
+            await self.outbox.finish(token, task_id, written if stored is not None else [])
         if stored is None:
             existing = await self.tasks.load(task_id)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:

@@ -5,7 +5,7 @@ conditional writes. What its rows hold is ``azqueue.storage.taskrows``.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -63,14 +63,14 @@ class TaskStore(TableStore):
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "tasks")
 
-    async def insert(self, task: Task, events: EventsFor | None = None,
+    async def insert(self, task: Task, events: Sequence[Event] = (),
                      tips: tuple[str, ...] = (), live_tip: LiveTip | None = None
                      ) -> Stored | None:
         """Store a new task with the records of the tip messages already put for it (and
-        the outbox rows of its events, in one transaction); None if a task with this
-        taskId already exists (then nothing was written), unless that task is this very
-        insert, applied by an attempt whose answer was lost."""
-        outbox = [outbox_row(task.task_id, e) for e in events(None, task)] if events else []
+        ``events`` as outbox rows, in one transaction); None if a task with this taskId
+        already exists (then nothing was written), unless that task is this very insert,
+        applied by an attempt whose answer was lost."""
+        outbox = [outbox_row(task.task_id, e) for e in events]
         write_id = secrets.token_hex(8)
         entity = to_entity(task, None, frozenset(tips), write_id, live_tip)
         try:
