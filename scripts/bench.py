@@ -615,73 +615,96 @@ async def phase_events(b: Bench) -> None:
     prefix = f"bench-{secrets.token_hex(4)}/"  # exchanges of this run only
     rounds = b.args.rounds
     print(f"\n== events: claimwork with events off and on, {rounds} rounds, each first in turn "
-          f"({amqp}, exchanges {prefix}*) ==")
-    server = await b.start_server("server-events", AZQUEUE_AMQP_URL=amqp,
-                                  AZQUEUE_EXCHANGE_PREFIX=prefix)
-    connection = await aio_pika.connect(amqp)
+          f"({amqp}, exchanges {prefix}*; two servers of their own, resolvers quiet) ==")
+    # Both modes on servers of their own with quiet resolvers, and the main server stopped
+    # meanwhile: the tasks of earlier phases reach their deadline messages' first look
+    # (the tip repair delay) a few minutes after they were created, and that work, done by
+    # whichever server's resolver gets there, would be counted with these drains.
+    await b.stop_server("server", b.main)
+    b.server = None
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(restart_main, b)
+        off = await b.start_server("server-events-off", **QUIET_RESOLVERS)
+        stack.push_async_callback(b.stop_server, "server-events-off", off)
+        server = await b.start_server("server-events", AZQUEUE_AMQP_URL=amqp,
+                                      AZQUEUE_EXCHANGE_PREFIX=prefix, **QUIET_RESOLVERS)
+        stack.push_async_callback(b.stop_server, "server-events", server)
+        connection = await aio_pika.connect(amqp)
+        stack.push_async_callback(connection.close)
+        await events_rounds(b, off, server, connection, prefix)
+
+
+async def restart_main(b: Bench) -> None:
+    b.server = await b.start_server("server")
+
+
+async def events_rounds(b: Bench, off: Server, server: Server, connection: Any,
+                        prefix: str) -> None:
+    """The rounds of the events phase and the latency, on ``off`` (events off) and
+    ``server`` (events on, exchanges ``prefix``*); ``connection`` to the broker."""
+    import aio_pika
+
+    rounds = b.args.rounds
     completed: dict[str, float] = {}
     arrived = asyncio.Event()
-    try:
-        channel = await connection.channel()
-        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
-        # Bound before the first task, to the exchange the server declared at start-up.
-        await queue.bind(f"{prefix}task-completed", routing_key="#")
+    channel = await connection.channel()
+    queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+    # Bound before the first task, to the exchange the server declared at start-up.
+    await queue.bind(f"{prefix}task-completed", routing_key="#")
 
-        async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
-            async with message.process():
-                task_id = json.loads(message.body)["status"]["taskId"]
-                completed.setdefault(task_id, time.monotonic())
-                arrived.set()
+    async def on_message(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        async with message.process():
+            task_id = json.loads(message.body)["status"]["taskId"]
+            completed.setdefault(task_id, time.monotonic())
+            arrived.set()
 
-        await queue.consume(on_message, no_ack=False)
-        seen: dict[str, list[dict[str, float]]] = {"events-off": [], "events": []}
-        for r in range(rounds):
-            # Off then on, then on then off: Azurite slows as it fills, and each mode
-            # goes first as often as the other.
-            for key in (("events-off", "events") if r % 2 == 0 else ("events", "events-off")):
-                mode = "off" if key == "events-off" else "on"
-                print(f"  -- round {r + 1} of {rounds}, events {mode} --")
-                if key == "events-off":
-                    q = f"bench/events-off{r}"
-                    await create_backlog(b, q, "backlog, events off", key)
-                    record_drain(b, key, await drain(b, "claim-work", q, [b.main.root_url]))
-                else:
-                    await events_on_lifecycles(b, server, f"bench/events{r}", completed, arrived)
-                seen[key].append({k: b.summary[f"{key} {k}"] for _, k in EVENT_FIGURES})
-        s = b.summary
-        print(f"\n| figure (claimWork, median of {rounds} rounds) | events off | events on "
-              "| on / off |\n| --- | ---: | ---: | ---: |")
-        for what, key in EVENT_FIGURES:
-            off = statistics.median(f[key] for f in seen["events-off"])
-            on = statistics.median(f[key] for f in seen["events"])
-            ratio = statistics.median(n[key] / f[key]
-                                      for f, n in zip(seen["events-off"], seen["events"]))
-            s[f"events-off {key}"], s[f"events {key}"], s[f"events/off {key}"] = off, on, ratio
-            print(f"| {what} | {off:.2f} | {on:.2f} | {ratio:.2f}x |")
-        lat: list[float] = []
-        q = "bench/events-latency"
-        async with signed_session() as http:
-            for i in range(b.args.latency_tasks + 1):
-                task_id = await create_task(http, server.api, q)
-                claimed = await call(http, "POST", f"{server.api}/claim-work/{q.replace('/', '%2F')}",
-                                     {"workerGroup": "bench", "workerId": "events", "tasks": 1})
-                [claim] = claimed["tasks"]
-                assert claim["status"]["taskId"] == task_id
-                sent = time.monotonic()
-                await call(http, "POST",
-                           f"{server.api}/task/{task_id}/runs/{claim['runId']}/completed")
-                while task_id not in completed:
-                    arrived.clear()
-                    await asyncio.wait_for(arrived.wait(), 30)
-                if i:  # the first warms the connections up
-                    lat.append((completed[task_id] - sent) * 1000)
-        p50, p99 = percentile(lat, 50), percentile(lat, 99)
-        print(f"| reportCompleted sent -> task-completed received, {len(lat)} tasks one at a "
-              f"time, p50 / p99 | | {p50:.1f} / {p99:.1f} ms | |")
-        s["events delivered p50"], s["events delivered p99"] = p50, p99
-    finally:
-        await connection.close()
-        await b.stop_server("server-events", server)
+    await queue.consume(on_message, no_ack=False)
+    seen: dict[str, list[dict[str, float]]] = {"events-off": [], "events": []}
+    for r in range(rounds):
+        # Off then on, then on then off: Azurite slows as it fills, and each mode
+        # goes first as often as the other.
+        for key in (("events-off", "events") if r % 2 == 0 else ("events", "events-off")):
+            mode = "off" if key == "events-off" else "on"
+            print(f"  -- round {r + 1} of {rounds}, events {mode} --")
+            if key == "events-off":
+                q = f"bench/events-off{r}"
+                await create_backlog(b, q, "backlog, events off", key, off)
+                record_drain(b, key, await drain(b, "claim-work", q, [off.root_url]))
+            else:
+                await events_on_lifecycles(b, server, f"bench/events{r}", completed, arrived)
+            seen[key].append({k: b.summary[f"{key} {k}"] for _, k in EVENT_FIGURES})
+    s = b.summary
+    print(f"\n| figure (claimWork, median of {rounds} rounds) | events off | events on "
+          "| on / off |\n| --- | ---: | ---: | ---: |")
+    for what, key in EVENT_FIGURES:
+        without = statistics.median(f[key] for f in seen["events-off"])
+        with_ = statistics.median(f[key] for f in seen["events"])
+        ratio = statistics.median(n[key] / f[key]
+                                  for f, n in zip(seen["events-off"], seen["events"]))
+        s[f"events-off {key}"], s[f"events {key}"], s[f"events/off {key}"] = \
+            without, with_, ratio
+        print(f"| {what} | {without:.2f} | {with_:.2f} | {ratio:.2f}x |")
+    lat: list[float] = []
+    q = "bench/events-latency"
+    async with signed_session() as http:
+        for i in range(b.args.latency_tasks + 1):
+            task_id = await create_task(http, server.api, q)
+            claimed = await call(http, "POST", f"{server.api}/claim-work/{q.replace('/', '%2F')}",
+                                 {"workerGroup": "bench", "workerId": "events", "tasks": 1})
+            [claim] = claimed["tasks"]
+            assert claim["status"]["taskId"] == task_id
+            sent = time.monotonic()
+            await call(http, "POST",
+                       f"{server.api}/task/{task_id}/runs/{claim['runId']}/completed")
+            while task_id not in completed:
+                arrived.clear()
+                await asyncio.wait_for(arrived.wait(), 30)
+            if i:  # the first warms the connections up
+                lat.append((completed[task_id] - sent) * 1000)
+    p50, p99 = percentile(lat, 50), percentile(lat, 99)
+    print(f"| reportCompleted sent -> task-completed received, {len(lat)} tasks one at a "
+          f"time, p50 / p99 | | {p50:.1f} / {p99:.1f} ms | |")
+    s["events delivered p50"], s["events delivered p99"] = p50, p99
 
 
 # -- phase: claimWork wake-up latency --------------------------------------------------------
