@@ -21,6 +21,7 @@ from azure.storage.queue.aio import QueueServiceClient
 from azqueue.api.app import create_app
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.storage import StorageInspector
 from tests.replies import ReplyCheck
@@ -115,6 +116,18 @@ async def storage(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Storag
     async with StorageInspector(StorageSettings(azurite.connection_string,
                                                 storage_prefix)) as inspector:
         yield inspector
+
+
+@pytest.fixture
+async def proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
+    """A fault proxy in front of the test Azurite (servers reach it through
+    ``proxy.connection_string``), with no faults until a test asks for some."""
+    proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
+                        "queue": f"http://127.0.0.1:{azurite.queue_port}",
+                        "table": f"http://127.0.0.1:{azurite.table_port}"})
+    await proxy.start()
+    yield proxy
+    await proxy.stop()
 
 
 @pytest.fixture

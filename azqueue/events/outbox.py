@@ -129,16 +129,18 @@ class Outbox:
         if not written or await self._hand_over(token, task_id):
             self._in_flight.pop(token, None)
 
-    async def finish(self, token: int, task_id: str, written: list[Event]) -> None:
+    async def finish(self, token: int, task_id: str, written: list[Event],
+                     alone: bool | None = None) -> None:
         """Publish the events the change wrote (in its partition ``task_id``); if that
-        fails, hand them over to the resolver."""
+        fails, hand them over to the resolver. ``alone``: whether the task, as written,
+        was its group's only task (None: not known, the group's records are asked)."""
         if not written:
             self._in_flight.pop(token, None)
-        elif await self._publish_or_hand_over(token, task_id, written):
+        elif await self._publish_or_hand_over(token, task_id, written, alone):
             self._in_flight.pop(token, None)
 
     async def _publish_or_hand_over(self, token: int, task_id: str,
-                                    written: list[Event]) -> bool:
+                                    written: list[Event], alone: bool | None) -> bool:
         """False while the change stays in flight: published, with its groups still to
         check, or not handed over."""
         retry = self.recovery_delay.total_seconds()
@@ -146,7 +148,7 @@ class Outbox:
             log.debug("broker away: events of task %s handed over", task_id)
         else:
             try:
-                await asyncio.wait_for(self._publish(token, task_id, written),
+                await asyncio.wait_for(self._publish(token, task_id, written, alone),
                                        FAST_PATH_TIMEOUT)
                 return False
             except _NOT_NOW as e:
@@ -172,27 +174,29 @@ class Outbox:
             return False
         return True
 
-    async def _publish(self, token: int, task_id: str, written: list[Event]) -> None:
+    async def _publish(self, token: int, task_id: str, written: list[Event],
+                       alone: bool | None) -> None:
         """Publish the task's events, in order; the checks of their groups go on after
         the answer (``_check_groups``), still under this process's lease."""
         for event in written:
             await self.publisher.publish(event)
         grouped = [event for event in written if event.group is not None]
         if grouped:
-            check = asyncio.create_task(self._check_groups(token, task_id, grouped))
+            check = asyncio.create_task(self._check_groups(token, task_id, grouped, alone))
             self._checking[token] = check
             check.add_done_callback(lambda _: self._checking.pop(token, None))
         else:
             self._in_flight.pop(token, None)
 
-    async def _check_groups(self, token: int, task_id: str, grouped: list[Event]) -> None:
+    async def _check_groups(self, token: int, task_id: str, grouped: list[Event],
+                            alone: bool | None) -> None:
         """Whether the resolutions ``grouped`` resolved their groups, as Taskcluster
         tells after the resolution's answer, not in it. A failure hands the change over
         to recovery, which publishes its events again (at least once) and checks anew."""
         try:
             for event in grouped:
                 assert event.group is not None
-                await self._check_group(task_id, event, *event.group)
+                await self._check_group(task_id, event, *event.group, alone=alone)
         except Exception as e:  # noqa: BLE001 - recovery retries the whole change
             log.warning("task group of task %s not checked (%s: %s); retried within %ss",
                         task_id, type(e).__name__, e, self.recovery_delay.total_seconds())
@@ -202,8 +206,9 @@ class Outbox:
 
     async def _alone(self, task_id: str, task_group_id: str) -> bool:
         """Whether ``task_id`` is its group's own task and the group has no other member:
-        a group of one. The group's record says so (one row); a group of an earlier
-        version, whose record does not, is asked its member rows."""
+        a group of one, when the resolution did not know it from the task. The group's
+        record says so (one row); a group of an earlier version, whose record does not,
+        is asked its member rows."""
         if task_group_id != task_id:
             return False
         joined = await self.groups.joined(task_group_id)
@@ -228,11 +233,11 @@ class Outbox:
         return len(done)
 
     async def _check_group(self, task_id: str, event: Event, task_group_id: str,
-                           scheduler_id: str) -> None:
+                           scheduler_id: str, alone: bool | None = None) -> None:
         """Publish task-group-resolved if ``event`` (of ``task_id``) resolved the last
-        unresolved task of its group."""
+        unresolved task of its group (``alone``: it was known to be the only one)."""
         expires = str(event.payload.get("status", {}).get("expires", ""))
-        if await self._alone(task_id, task_group_id):
+        if alone if alone is not None else await self._alone(task_id, task_group_id):
             # A group of one (Taskcluster's default): its own task's resolution resolves
             # it. (A task joining later makes it unresolved again, and its resolution
             # announces the group anew.)

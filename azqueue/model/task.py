@@ -157,7 +157,10 @@ class Task:
     """A task as stored: its (normalized) definition, its runs and retries left.
 
     ``has_dependents``: some task was defined depending on this one, so its resolution
-    must be passed on to them.
+    must be passed on to them. ``group_members``, for the task a group is named after
+    (its ``taskGroupId`` is its ``taskId``): whether another task has joined its group,
+    so whether its resolution resolves the group alone; None when the task does not
+    know (then the group's records say).
     """
 
     task_id: str
@@ -165,6 +168,7 @@ class Task:
     runs: tuple[Run, ...]
     retries_left: int
     has_dependents: bool = False
+    group_members: bool | None = None
 
     @property
     def task_queue_id(self) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -79,7 +79,7 @@ class Definitions:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
         authorize(definition)
-        await self._check_group_open(task_id, definition)
+        joined = await self._check_group_open(task_id, definition)
         new = None
         if definition["dependencies"]:
             try:
@@ -91,6 +91,9 @@ class Definitions:
             new = await self.dependencies.check_new(task_id, definition)
         waiting = new is not None and bool(new.waiting)
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
+        if self.outbox is not None and joined is not None:
+            # Its resolution will know from the task alone whether it resolves its group.
+            task = replace(task, group_members=joined)
         defining = None
         if new is not None:
             if waiting:
@@ -256,9 +259,13 @@ class Definitions:
         if d["taskGroupId"] != task.task_id:
             await self.groups.add(d["taskGroupId"], task.task_id, d["expires"], d["schedulerId"])
 
-    async def _check_group_open(self, task_id: str, definition: dict[str, Any]) -> None:
+    async def _check_group_open(self, task_id: str, definition: dict[str, Any]
+                                ) -> bool | None:
         """Conflict if the task's schedulerId is not its group's, or if the group is sealed
-        and the task is not in it already (a repeated createTask answers as before).
+        and the task is not in it already (a repeated createTask answers as before). For
+        the task the group is named after: whether another task has joined the group, as
+        its record says (None if it does not: a record of an earlier version); None for
+        any other task.
 
         The first task of a group records its schedulerId (``groups.record_owner``, a
         conditional insert): a group's own task always tries to (one request; two when the
@@ -266,23 +273,25 @@ class Definitions:
         the sealed check needs anyway) and records it only if none did yet. Nothing of a
         refused task is written: this runs before its writes.
 
-        A task other than the group's own is noted in the record as a member before its
-        member row is written (once per group: the record read says whether it is), so
-        that the resolution of the group's own task knows from the record alone whether
-        it was alone."""
+        A task other than the group's own is noted as a member before its member row is
+        written, once per group (the record read says whether it was): on the group's own
+        task (``tasks.note_group_member``), then in the record, so that the own task's
+        resolution knows from the task alone whether it resolves its group."""
         group, scheduler = definition["taskGroupId"], definition["schedulerId"]
         own = group == task_id
         if own and await self.groups.record_owner(
                 group, scheduler, definition["expires"], verified=False, members=False):
-            return  # the group's first task
+            return False  # the group's first task
         records = await self.groups.records(group)
         noted = records.owner is not None and records.owner.members is True
+        joined = records.owner.members if records.owner is not None else None
         owner = await self.owners.scheduler(group, records.owner)
         if owner is None and await self.groups.record_owner(
                 group, scheduler, definition["expires"], verified=True, members=not own):
-            owner, noted = scheduler, True
+            owner, noted, joined = scheduler, True, False
         elif owner is None:  # another first task of the group recorded it just now
             owner = await self.owners.scheduler(group, await self.groups.owner(group))
+            joined = None
         if owner != scheduler:
             raise errors.Conflict(
                 f"task group {group} belongs to schedulerId {owner!r}, this task has "
@@ -293,7 +302,9 @@ class Definitions:
             raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
                                   "no new tasks; create the task in another taskGroupId")
         if not own and not noted:
+            await self.tasks.note_group_member(group)
             await self.groups.note_members(group)
+        return joined if own else None
 
     async def _no_tip(self) -> None:
         return None

@@ -27,7 +27,7 @@ from azqueue.service.artifacts import ArtifactService
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.claims import ClaimStore
 from azqueue.storage.dependents import DependentStore
-from azqueue.storage.groups import OWNER, GroupStore
+from azqueue.storage.groups import GroupStore
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -92,9 +92,9 @@ class Expiry:
             except (QueueError, StorageError) as e:
                 log.warning("could not expire the announcement of task group %s: %s", group,
                             e)
-        for group in await self.groups.expired_records(timeutil.fmt(before), OWNER):
+        for group, noted in await self.groups.expired_owners(timeutil.fmt(before)):
             try:
-                await self._expire_owner(group, now)
+                await self._expire_owner(group, noted, now)
             except (QueueError, StorageError) as e:
                 log.warning("could not expire the schedulerId record of task group %s: %s",
                             group, e)
@@ -108,12 +108,16 @@ class Expiry:
                      "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
         return Expired(gone_tasks, gone_artifacts, gone_workers)
 
-    async def _expire_owner(self, group: str, now: datetime) -> None:
-        """The record of a group's schedulerId goes once the group has no task left; while
-        it has, its ``expires`` becomes its tasks' latest."""
+    async def _expire_owner(self, group: str, noted: bool, now: datetime) -> None:
+        """The record of a group's schedulerId goes once the group has no task left (with
+        the note a member left for a task of the group's name that was never stored, if
+        the record says one may have); while it has, its ``expires`` becomes its tasks'
+        latest."""
         own = await self.tasks.find(group)
         members = [m for m in await self.groups.members(group) if m.task_id != group]
         if (own is None or own.definition["taskGroupId"] != group) and not members:
+            if own is None and noted:
+                await self.tasks.drop_group_note(group)
             await self.groups.drop_owner(group)
             return
         expires = [m.expires for m in members if m.expires is not None]

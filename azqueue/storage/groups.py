@@ -243,6 +243,16 @@ class GroupStore(TableStore):
                 "RowKey eq @record and expires lt @before",
                 parameters={"record": record, "before": before}, select=["PartitionKey"])]
 
+    async def expired_owners(self, before: str) -> list[tuple[str, bool]]:
+        """The groups whose schedulerId record has an ``expires`` before ``before`` (as in
+        ``expired_records``), each with whether the record notes a member."""
+        with translate("looking for expired group records"):
+            return [(str(r["PartitionKey"]), r.get("members") is True)
+                    async for r in self._table.query_entities(
+                        "RowKey eq @record and expires lt @before",
+                        parameters={"record": OWNER, "before": before},
+                        select=["PartitionKey", "members"])]
+
     async def expired_announcements(self, before: str) -> list[tuple[str, str]]:
         """The groups whose ``~announced`` row records an ``expires`` before ``before`` (an
         ISO time as in ``expired_records``), each with the row's ETag: a scan of the whole

@@ -6,6 +6,9 @@ runs are JSON, split into properties of at most ``CHUNK`` characters (Azure's li
 one string property is 32K characters, on an entity 1 MiB). ``state``, ``taskQueueId``,
 ``deadline`` and ``retriesLeft`` are plain properties so they can be read and queried;
 ``hasDependents`` is set (merged in) by the first task defined depending on this one;
+``groupMembers``, on the task a group is named after, says whether another task has joined
+its group: written false by its insert when no task had, merged in true by the first
+other task to join (``TaskStore.note_group_member``);
 ``held`` is the message the running run's claim holds (``HeldMessage``), written with
 the claim that took it and cleared by the write that ends the run; each property
 ``tip_<hash of messageId>`` (value: the messageId) records a message that was put carrying
@@ -15,8 +18,10 @@ is the pending run's last tip with its pop receipt, for the tip repair; ``tipRep
 until the next write of the task, which changes the run anyway).
 
 Other rows in a task's partition: ``wait:<tag>:<taskId>`` (dependencies it still waits
-for), ``outbox:…`` (unpublished events), ``artifact:…``; ``tip:<messageId>`` rows are tip
-records of earlier versions, still honoured.
+for), ``outbox:…`` (unpublished events), ``artifact:…``, ``members`` (a group's own task
+was not stored yet when another task joined its group: its insert, which creates this row
+when it writes ``groupMembers`` false, fails on it and learns); ``tip:<messageId>`` rows
+are tip records of earlier versions, still honoured.
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ MAX_TIPS = 64
 # Rows "wait:<tag>:<taskId>": a dependency this task still waits for, as written by a
 # createTask of the definition that ``tag`` names.
 WAIT = "wait:"
+# Row "members": a task joined the group named after this task before it was stored.
+MEMBERS = "members"
 
 
 def _put_chunks(entity: dict[str, Any], name: str, text: str) -> None:
@@ -141,6 +148,7 @@ def to_entity(task: Task, held: HeldMessage | None = None,
         "expires": task.expires,
         "retriesLeft": EntityProperty(task.retries_left, EdmType.INT32),
         "hasDependents": task.has_dependents,
+        **({"groupMembers": task.group_members} if task.group_members is not None else {}),
         "held": held.to_json() if held is not None else "",
         "writeId": write_id,
         **{tip_property(t): t for t in tips},
@@ -167,6 +175,8 @@ def from_entity(entity: Mapping[str, Any]) -> Task:
         runs=tuple(Run.from_json(r) for r in json.loads(_get_chunks(entity, "runs"))),
         retries_left=int(entity["retriesLeft"]),
         has_dependents=bool(entity.get("hasDependents", False)),
+        group_members=(bool(entity["groupMembers"]) if entity.get("groupMembers") is not None
+                       else None),
     )
 
 

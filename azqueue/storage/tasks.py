@@ -4,6 +4,7 @@ conditional writes. What its rows hold is ``azqueue.storage.taskrows``.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
@@ -24,8 +25,8 @@ from azqueue.storage.errors import (
 )
 from azqueue.storage.rows import delete_rows
 from azqueue.storage.tables import TableStore
-from azqueue.storage.taskrows import (LIVE_TIP, OUTBOX, ROW, TIP, WAIT, HeldMessage, LiveTip,
-                                      Stored, event_from_row, from_entity, outbox_row,
+from azqueue.storage.taskrows import (LIVE_TIP, MEMBERS, OUTBOX, ROW, TIP, WAIT, HeldMessage,
+                                      LiveTip, Stored, event_from_row, from_entity, outbox_row,
                                       stored_from_entity, tip_property, to_entity)
 
 EventsFor = Callable[[Task | None, Task], list[Event]]
@@ -69,16 +70,24 @@ class TaskStore(TableStore):
         """Store a new task with the records of the tip messages already put for it (and
         ``events`` as outbox rows, in one transaction); None if a task with this taskId
         already exists (then nothing was written), unless that task is this very insert,
-        applied by an attempt whose answer was lost."""
-        outbox = [outbox_row(task.task_id, e) for e in events]
+        applied by an attempt whose answer was lost.
+
+        A task that says no other task has joined the group named after it
+        (``group_members`` false) creates its ``members`` row in the same transaction: if
+        a task joined while this one was not stored yet, that row is there already, and
+        the task is stored saying it has members."""
+        rows = [outbox_row(task.task_id, e) for e in events]
+        guarded = task.group_members is False
+        if guarded:
+            rows.append({"PartitionKey": task.task_id, "RowKey": MEMBERS})
         write_id = secrets.token_hex(8)
         entity = to_entity(task, None, frozenset(tips), write_id, live_tip)
         try:
             with translate(f"inserting task {task.task_id}"):
-                if outbox:
+                if rows:
                     etag = await self._rest.transaction(
                         self.name, [("create", entity, ""), *(("create", row, "")
-                                                                for row in outbox)])
+                                                                for row in rows)])
                 else:
                     etag = (await self._rest.create_entity(self.name, entity))["etag"]
         except (EntityExists, TransactionConflict):
@@ -87,6 +96,9 @@ class TaskStore(TableStore):
             try:
                 existing = await self.load(task.task_id)
             except NotFound:
+                if guarded:  # no task: the conflict was the members row
+                    return await self.insert(replace(task, group_members=True), events,
+                                             tips, live_tip)
                 return None
             return existing if existing.write_id == write_id else None
         return Stored(task, str(etag), None, frozenset(tips), write_id, live_tip=live_tip)
@@ -143,6 +155,34 @@ class TaskStore(TableStore):
                                                  "hasDependents": True}, mode=UpdateMode.MERGE)
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+
+    async def note_group_member(self, task_group_id: str) -> None:
+        """Note on the task the group is named after that another task joins the group
+        (before that task's member row is written). If that task is not stored (yet), its
+        partition's ``members`` row says it, for an insert under way to find."""
+        for _ in range(2):
+            try:
+                with translate(f"noting a member of task group {task_group_id}"):
+                    await self._table.update_entity(
+                        {"PartitionKey": task_group_id, "RowKey": ROW, "groupMembers": True},
+                        mode=UpdateMode.MERGE)
+                return
+            except EntityNotFound:
+                pass
+            try:
+                with translate(f"noting a member of task group {task_group_id}"):
+                    await self._rest.create_entity(
+                        self.name, {"PartitionKey": task_group_id, "RowKey": MEMBERS})
+                return
+            except EntityExists:
+                continue  # perhaps that task's insert, which writes it too: merge again
+
+    async def drop_group_note(self, task_group_id: str) -> None:
+        """Delete the ``members`` row of a group whose own task was never stored (or is
+        gone): its group's records went."""
+        with contextlib.suppress(EntityNotFound), \
+                translate(f"deleting the member note of task group {task_group_id}"):
+            await self._table.delete_entity(task_group_id, MEMBERS)
 
     async def add_waits(self, task_id: str, tag: str, required: list[str]) -> None:
         """Rows saying that ``task_id`` (as defined by ``tag``) waits for each of

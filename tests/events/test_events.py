@@ -9,10 +9,13 @@ import aiohttp
 import pytest
 from azure.data.tables import UpdateMode
 
+from azqueue.config import StorageSettings
+from azqueue.devstorage import ACCOUNT, KEY
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid
-from tests.events.consumers import ConsumerFactory, Received
+from tests.events.consumers import Consumer, ConsumerFactory, Received
 from tests.servers import ServerFactory
 from tests.waiting import stays
 
@@ -202,6 +205,19 @@ async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
                             "expires": latest}
 
 
+async def _resolve_decision_then_member(http: aiohttp.ClientSession, api: str,
+                                        consumer: Consumer, decision: str, child: str) -> None:
+    """Claim both, resolve the decision task: nothing is announced while its member runs;
+    resolve the member: the group is announced."""
+    for task_id in (decision, child):
+        await _claim(http, api, task_id)
+    await sas.post(http, f"{api}/task/{decision}/runs/0/completed")
+    await stays(lambda: consumer.messages, lambda m: m == [], for_=0.5,
+                what="nothing announced while a member runs")
+    await sas.post(http, f"{api}/task/{child}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) >= 1)
+
+
 @pytest.mark.parametrize("order", ["its own task first", "a member first",
                                    "a record of an earlier version"])
 async def test_the_task_a_group_is_named_after_announces_nothing_while_a_member_runs(
@@ -209,7 +225,7 @@ async def test_the_task_a_group_is_named_after_announces_nothing_while_a_member_
         consume: ConsumerFactory, storage: StorageInspector, order: str) -> None:
     """The decision task resolved while a task it made still runs: nothing is announced
     until that task resolves too, whichever was created first, and for a group whose
-    record an earlier version wrote (which does not note its members)."""
+    record and own task an earlier version wrote (which note no members)."""
     server = await make_server(amqp_url=amqp_url)
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
@@ -224,15 +240,39 @@ async def test_the_task_a_group_is_named_after_announces_nothing_while_a_member_
         record = await groups.get_entity(decision, "~scheduler")
         await groups.upsert_entity({k: v for k, v in record.items() if k != "members"},
                                    mode=UpdateMode.REPLACE)
-    for task_id in (decision, child):
-        await _claim(http, server.api, task_id)
-    await sas.post(http, f"{server.api}/task/{decision}/runs/0/completed")
-    await stays(lambda: consumer.messages, lambda m: m == [], for_=0.5,
-                what="nothing announced while a member runs")
-    await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
-    await consumer.wait_for(lambda m: len(m) >= 1)
+        tasks = storage.table("tasks")
+        row = await tasks.get_entity(decision, "task")
+        assert row["groupMembers"] is True
+        await tasks.upsert_entity({k: v for k, v in row.items() if k != "groupMembers"},
+                                  mode=UpdateMode.REPLACE)
+    await _resolve_decision_then_member(http, server.api, consumer, decision, child)
     [message] = consumer.messages
     assert message.body["taskGroupId"] == decision
+
+
+async def test_a_member_that_joins_while_its_groups_own_task_is_being_stored_is_known(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        storage: StorageInspector) -> None:
+    """The decision task's createTask has found its group without members and is about to
+    store the task when a member joins (its insert held back by a proxy meanwhile): the
+    task is stored knowing of the member, so its resolution announces nothing while the
+    member runs."""
+    server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
+        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    insert = proxy.hold("POST", "/$batch")  # the decision task's row and first events
+    creating = asyncio.create_task(create(http, server.api, definition("prov/race"),
+                                          task_id=decision))
+    try:
+        await asyncio.wait_for(insert.reached.wait(), 30)
+        child = await create(http, server.api, definition("prov/race", taskGroupId=decision))
+    finally:
+        insert.release()
+    await creating
+    assert (await storage.task(decision)).group_members is True
+    await _resolve_decision_then_member(http, server.api, consumer, decision, child)
 
 
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(

@@ -19,7 +19,7 @@ import pytest
 import taskcluster.aio
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY, Azurite
+from azqueue.devstorage import ACCOUNT, KEY
 from azqueue.model import timeutil
 from azqueue.service import workclaimer
 from azqueue.testing import sas
@@ -34,16 +34,6 @@ TASKS = 240
 # Short, so that the test sees a repair: in production it is minutes.
 REPAIR_DELAY = 3.0
 CLIENT_TIMEOUT = aiohttp.ClientTimeout(total=30)
-
-
-@pytest.fixture
-async def proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
-    proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
-                        "queue": f"http://127.0.0.1:{azurite.queue_port}",
-                        "table": f"http://127.0.0.1:{azurite.table_port}"})
-    await proxy.start()
-    yield proxy
-    await proxy.stop()
 
 
 @pytest.fixture

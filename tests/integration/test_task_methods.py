@@ -15,7 +15,7 @@ from azqueue.model import timeutil
 from azqueue.service import groups as group_service
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
-from azqueue.testing.tasks import create, definition, slugid, status
+from azqueue.testing.tasks import create, definition, iso, slugid, status
 from tests.servers import Server, ServerFactory
 from tests.waiting import eventually
 
@@ -217,3 +217,24 @@ async def test_a_sealed_groups_record_expires_with_its_tasks(
     assert {"~group", "~scheduler"}.isdisjoint(await storage.row_keys("groups", group))
     async with http.get(f"{server.api}/task-group/{group}") as r:
         assert r.status == 404
+
+
+async def test_a_members_note_for_a_group_task_never_stored_expires_with_the_group(
+        server: Server, http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """A member joins a group whose own task's createTask was refused after it claimed the
+    group (its dependency does not exist): the note the member leaves for that task goes
+    with the group's records once the member has expired, and leaves no row behind."""
+    now = datetime.now(UTC)
+    group = slugid()
+    refused = definition("prov/never", dependencies=[slugid()],
+                         expires=iso(now + timedelta(days=2)))
+    async with http.put(f"{server.api}/task/{group}", json=refused) as r:
+        assert r.status == 400, await r.text()
+    member = await create(http, server.api, definition(
+        "prov/never", taskGroupId=group, expires=iso(now + timedelta(days=2))))
+    await sas.post(http, f"{server.api}/task/{member}/cancel")
+    assert await storage.row_keys("tasks", group) == ["members"]
+
+    await server.services.expiry.expire(now + timedelta(days=4))
+    assert await storage.row_keys("tasks", group) == []
+    assert await storage.row_keys("groups", group) == []
