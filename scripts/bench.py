@@ -979,10 +979,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-tasks", type=int, default=50,
                         help="tasks per claimWork latency scenario (50)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=4,
                         help="rounds of the events phase, each a drain with events off and one "
                              "with events on, the first of a round off, the next on, and so on "
-                             "(2)")
+                             "(4)")
     parser.add_argument("--amqp", default="", metavar="URL",
                         help="RabbitMQ URL for the phases with events on (steps, events; default "
                              "the local RabbitMQ as guest)")
