@@ -223,14 +223,19 @@ class Outbox:
         done: list[str] = []
         try:
             for row_key, event in rows:
-                await self.publisher.publish(event)
-                if event.group is not None:
-                    await self._check_group(task_id, event, *event.group)
+                await self._republish(task_id, event)
                 done.append(row_key)
         finally:
             if done:
                 await self.tasks.delete_outbox(task_id, done)
         return len(done)
+
+    async def _republish(self, task_id: str, event: Event) -> None:
+        """Publish an outbox row's event of ``task_id`` and check its group, as recovery
+        does it: not knowing whether the task was alone in its group."""
+        await self.publisher.publish(event)
+        if event.group is not None:
+            await self._check_group(task_id, event, *event.group)
 
     async def _check_group(self, task_id: str, event: Event, task_group_id: str,
                            scheduler_id: str, alone: bool | None = None) -> None:
@@ -330,8 +335,6 @@ class Outbox:
         sent = 0
         for partition, rows in by_partition.items():
             for _, event in sorted(rows, key=lambda r: r[0]):
-                await self.publisher.publish(event)
-                if event.group is not None:
-                    await self._check_group(partition, event, *event.group)
+                await self._republish(partition, event)
                 sent += 1
         return sent
