@@ -26,9 +26,10 @@ first tasks only one establishes it. Written by the group's own task it is
 ``verified`` false until a reader has checked it against the group's tasks (a group of
 an earlier version may have tasks and no record yet); its ``expires`` is renewed by the
 expiry resolver while the group has tasks. It also says whether a task other than the
-group's own has joined (``members``, noted before that task's member row is written), so
-that the resolution of a group of one (Taskcluster's default) reads one row, not a range
-of the partition.
+group's own has joined (``members``, noted before that task's member row is written, after
+the note on the group's own task that its resolution reads), so that a resolution that
+does not know from the task (a task of an earlier version, or recovery publishing the
+events of a process that died) reads one row, not a range of the partition.
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ class GroupStore(TableStore):
 
     async def note_members(self, task_group_id: str) -> None:
         """Note in the group's record that a task other than its own joins it (before its
-        member row is written): the own task's resolution reads it there (``joined``)."""
+        member row is written): read there (``joined``) by a resolution of the own task that
+does not know it from the task."""
         try:
             with translate(f"noting a member of group {task_group_id}"):
                 await self._table.update_entity({"PartitionKey": task_group_id, "RowKey": OWNER,

@@ -18,10 +18,11 @@ is the pending run's last tip with its pop receipt, for the tip repair; ``tipRep
 until the next write of the task, which changes the run anyway).
 
 Other rows in a task's partition: ``wait:<tag>:<taskId>`` (dependencies it still waits
-for), ``outbox:…`` (unpublished events), ``artifact:…``, ``members`` (a group's own task
-was not stored yet when another task joined its group: its insert, which creates this row
-when it writes ``groupMembers`` false, fails on it and learns); ``tip:<messageId>`` rows
-are tip records of earlier versions, still honoured.
+for), ``outbox:…`` (unpublished events), ``artifact:…``, ``members`` (written with
+``groupMembers`` false by the insert of a group's own task, in the same transaction; or
+first, by another task that joins the group while its own task is not stored yet: that
+insert then fails on it and stores ``groupMembers`` true); ``tip:<messageId>`` rows are
+tip records of earlier versions, still honoured.
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ MAX_TIPS = 64
 # Rows "wait:<tag>:<taskId>": a dependency this task still waits for, as written by a
 # createTask of the definition that ``tag`` names.
 WAIT = "wait:"
-# Row "members": a task joined the group named after this task before it was stored.
+# Row "members": written with this task's ``groupMembers`` false, or before it by a task
+# that joined the group named after this task while it was not stored.
 MEMBERS = "members"
 
 
