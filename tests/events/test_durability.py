@@ -4,12 +4,16 @@ not when the connection to RabbitMQ is cut."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import pytest
 
-from azqueue.devstorage import Azurite, free_port
+from azqueue.config import StorageSettings
+from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.tasks import create, definition, slugid
 from tests.events.consumers import ConsumerFactory, Received
 from tests.servers import ServerFactory
@@ -129,3 +133,84 @@ async def test_publishing_resumes_after_the_broker_connection_is_cut_and_nothing
         await consumer.wait_for(lambda _: "task-pending" in _kinds(consumer.about(after)))
     finally:
         await proxy.close()
+
+
+async def _until_answered(http: aiohttp.ClientSession, method: str, url: str,
+                          body: dict[str, Any] | None = None) -> tuple[int, dict[str, Any]]:
+    """Send until the queue answers below 500, as a client with retries does (for a
+    minute at most)."""
+    last = "no answer"
+    for _ in range(300):
+        try:
+            async with http.request(method, url, json=body,
+                                    timeout=aiohttp.ClientTimeout(total=30)) as r:
+                if r.status < 500:
+                    return r.status, await r.json()
+                last = f"{r.status} {await r.text()}"
+        except (aiohttp.ClientError, TimeoutError) as e:
+            last = repr(e)
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{method} {url} still failing after a minute: {last}")
+
+
+async def test_through_throttling_and_lost_answers_every_event_arrives_and_no_group_early(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
+        http: aiohttp.ClientSession, consume: ConsumerFactory) -> None:
+    """Two replicas with events on, their storage throttled and losing answers (5% and
+    5%): every task's task-defined, task-pending, task-running and task-completed arrive,
+    each group of one is announced resolved, and a decision task's group only after its
+    last task's task-completed, though the decision task resolved first."""
+    consumer = await consume("primary.#")
+    replicas = [await make_server(
+        amqp_url=amqp_url, events_recovery_delay=2.0, tip_repair_delay=3.0,
+        storage=StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+        for _ in range(2)]
+    proxy.faults = Faults(busy=0.05, lost=0.05)
+    queue = "prov/faults-events"
+    singles = [slugid() for _ in range(40)]
+    decision, children = slugid(), [slugid() for _ in range(3)]
+    work = [(t, definition(queue)) for t in [*singles, decision]] + \
+           [(t, definition(queue, taskGroupId=decision)) for t in children]
+    limit = asyncio.Semaphore(8)
+
+    async def make(i: int, task_id: str, body: dict[str, Any]) -> None:
+        async with limit:
+            code, answer = await _until_answered(
+                http, "PUT", f"{replicas[i % 2].api}/task/{task_id}", body)
+            assert code == 200, answer
+
+    await asyncio.gather(*(make(i, t, b) for i, (t, b) in enumerate(work)))
+    claimed: dict[str, tuple[str, int]] = {}
+    while len(claimed) < len(work):
+        code, answer = await _until_answered(
+            http, "POST", f"{replicas[len(claimed) % 2].api}/claim-work/{quote(queue, safe='')}",
+            {"workerGroup": "wg", "workerId": "w", "tasks": 8})
+        assert code == 200, answer
+        for claim in answer["tasks"]:
+            claimed[claim["status"]["taskId"]] = (replicas[len(claimed) % 2].api, claim["runId"])
+    # The decision task resolves first, while its tasks still run.
+    for task_id in [decision, *children, *singles]:
+        api, run_id = claimed[task_id]
+        code, answer = await _until_answered(
+            http, "POST", f"{api}/task/{task_id}/runs/{run_id}/completed")
+        assert code == 200 or answer.get("code") == "RequestConflict", answer
+    proxy.faults = Faults()
+    counts = proxy.counts  # the faults happened (else this test proves nothing)
+    assert sum(v for k, v in counts.items() if k.endswith("busy")) > 0, counts
+    assert sum(v for k, v in counts.items() if k.endswith(("dropped", "timed out"))) > 0, counts
+
+    kinds = ("task-defined", "task-pending", "task-running", "task-completed")
+
+    def arrived(messages: list[Received]) -> bool:
+        seen = {(m.exchange, m.body.get("status", {}).get("taskId") or m.body["taskGroupId"])
+                for m in messages}
+        return all((k, t) in seen for k in kinds for t, _ in work) and \
+            all(("task-group-resolved", t) in seen for t in [*singles, decision])
+
+    messages = await consumer.wait_for(arrived, timeout=60)
+    announced = next(i for i, m in enumerate(messages) if m.exchange == "task-group-resolved"
+                     and m.body["taskGroupId"] == decision)
+    for child in children:
+        completed = next(i for i, m in enumerate(messages) if m.exchange == "task-completed"
+                         and m.body["status"]["taskId"] == child)
+        assert completed < announced, f"group {decision} announced before {child} completed"
