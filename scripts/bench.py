@@ -18,9 +18,10 @@ hands out point at the proxy too). Then, in phases (all by default):
   latency   claimWork wake-up: createTask answered -> claimWork answered, 1 and 8 waiting
   replicas  claimWork drain with two `azqueue serve` on the same storage, half the workers each
   idle      16 idle workers per mode, 10 s, no tasks: storage requests/s per idle worker
-  events    the claimwork lifecycle with events off and on in alternating rounds (--rounds):
-            events on is a second `azqueue serve` with AZQUEUE_AMQP_URL (--amqp, default
-            the local RabbitMQ), a consumer bound to task-completed before the first task;
+  events    the claimwork lifecycle with events off and on in alternating rounds (--rounds,
+            4), on two servers of its own with quiet resolvers (the main one stopped
+            meanwhile), one with AZQUEUE_AMQP_URL (--amqp, default the local RabbitMQ); a
+            consumer bound to task-completed before the first task;
             medians of each mode and of the rounds' on / off ratios, then reportCompleted
             sent -> task-completed received, one task at a time
 
