@@ -171,6 +171,14 @@ class Task:
     group_members: bool | None = None
 
     @property
+    def alone_in_group(self) -> bool | None:
+        """Whether this task is the only task of its group, as far as it knows: its group
+        is named after it and no other task has joined (None: it does not know)."""
+        if self.definition["taskGroupId"] != self.task_id:
+            return False
+        return None if self.group_members is None else not self.group_members
+
+    @property
     def task_queue_id(self) -> str:
         return str(self.definition["taskQueueId"])
 

@@ -84,7 +84,7 @@ class Changes:
                 # The events are a function of the change: published as written, from
                 # memory.
                 await self.outbox.finish(token, task_id, list(change.events),
-                                         alone=_alone(change.after))
+                                         alone=change.after.alone_in_group)
         except BaseException:
             self.cache.drop(task_id)
             raise
@@ -151,11 +151,3 @@ class Changes:
         if self.crash_after_commit:
             log.critical("AZQUEUE_TEST_CRASH_AFTER_COMMIT: exiting after a stored change")
             os._exit(70)
-
-
-def _alone(task: Task) -> bool | None:
-    """Whether ``task`` is the only task of its group, as far as the task knows: its
-    group is named after it and no other task has joined (None: it does not know)."""
-    if task.definition["taskGroupId"] != task.task_id:
-        return False
-    return None if task.group_members is None else not task.group_members

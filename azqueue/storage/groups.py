@@ -186,8 +186,8 @@ class GroupStore(TableStore):
 
     async def note_members(self, task_group_id: str) -> None:
         """Note in the group's record that a task other than its own joins it (before its
-        member row is written): read there (``joined``) by a resolution of the own task that
-does not know it from the task."""
+        member row is written): read there (``joined``) by a resolution of the own task
+        that does not know it from the task."""
         try:
             with translate(f"noting a member of group {task_group_id}"):
                 await self._table.update_entity({"PartitionKey": task_group_id, "RowKey": OWNER,
@@ -236,35 +236,31 @@ does not know it from the task."""
         except EntityNotFound:
             pass
 
-    async def expired_records(self, before: str, record: str = META) -> list[str]:
-        """The groups whose ``record`` (the sealed record unless told) has an ``expires``
-        before ``before`` (an ISO time in the API's form, which sorts as it compares): a
-        scan of the whole table."""
+    async def _expired(self, record: str, before: str, select: list[str]
+                       ) -> list[TableEntity]:
+        """The rows ``record`` of every group whose ``expires`` is before ``before`` (an ISO
+        time in the API's form, which sorts as it compares): a scan of the whole table."""
         with translate("looking for expired group records"):
-            return [str(r["PartitionKey"]) async for r in self._table.query_entities(
+            return [r async for r in self._table.query_entities(
                 "RowKey eq @record and expires lt @before",
-                parameters={"record": record, "before": before}, select=["PartitionKey"])]
+                parameters={"record": record, "before": before}, select=select)]
+
+    async def expired_records(self, before: str) -> list[str]:
+        """The groups whose sealed record has an ``expires`` before ``before``."""
+        return [str(r["PartitionKey"]) for r in await self._expired(META, before,
+                                                                    ["PartitionKey"])]
 
     async def expired_owners(self, before: str) -> list[tuple[str, bool]]:
-        """The groups whose schedulerId record has an ``expires`` before ``before`` (as in
-        ``expired_records``), each with whether the record notes a member."""
-        with translate("looking for expired group records"):
-            return [(str(r["PartitionKey"]), r.get("members") is True)
-                    async for r in self._table.query_entities(
-                        "RowKey eq @record and expires lt @before",
-                        parameters={"record": OWNER, "before": before},
-                        select=["PartitionKey", "members"])]
+        """The groups whose schedulerId record has an ``expires`` before ``before``, each
+        with whether the record notes a member."""
+        return [(str(r["PartitionKey"]), r.get("members") is True)
+                for r in await self._expired(OWNER, before, ["PartitionKey", "members"])]
 
     async def expired_announcements(self, before: str) -> list[tuple[str, str]]:
-        """The groups whose ``~announced`` row records an ``expires`` before ``before`` (an
-        ISO time as in ``expired_records``), each with the row's ETag: a scan of the whole
-        table."""
-        with translate("looking for expired group announcements"):
-            return [(str(r["PartitionKey"]), str(r.metadata["etag"]))
-                    async for r in self._table.query_entities(
-                        "RowKey eq @announced and expires lt @before",
-                        parameters={"announced": ANNOUNCED, "before": before},
-                        select=["PartitionKey"])]
+        """The groups whose ``~announced`` row records an ``expires`` before ``before``,
+        each with the row's ETag."""
+        return [(str(r["PartitionKey"]), str(r.metadata["etag"]))
+                for r in await self._expired(ANNOUNCED, before, ["PartitionKey"])]
 
     async def drop_announcement(self, task_group_id: str, etag: str) -> None:
         """Delete the group's ``~announced`` row unless it changed since it was read (a

@@ -150,11 +150,17 @@ class TaskStore(TableStore):
         """Note on the task that another task depends on it (a merge: it moves the ETag,
         so a concurrent ``modify`` of the task decides again and sees it)."""
         try:
-            with translate(f"marking task {task_id} as a dependency"):
-                await self._table.update_entity({"PartitionKey": task_id, "RowKey": ROW,
-                                                 "hasDependents": True}, mode=UpdateMode.MERGE)
+            await self._merge_flag(task_id, "hasDependents", f"marking task {task_id} as a "
+                                   "dependency")
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
+
+    async def _merge_flag(self, task_id: str, name: str, what: str) -> None:
+        """Merge property ``name`` = true into the task entity (EntityNotFound if there is
+        none): it moves the ETag, so a concurrent ``modify`` decides again and sees it."""
+        with translate(what):
+            await self._table.update_entity({"PartitionKey": task_id, "RowKey": ROW, name: True},
+                                            mode=UpdateMode.MERGE)
 
     async def note_group_member(self, task_group_id: str) -> None:
         """Note on the task the group is named after that another task joins the group
@@ -162,10 +168,8 @@ class TaskStore(TableStore):
         partition's ``members`` row says it, for an insert under way to find."""
         for _ in range(2):
             try:
-                with translate(f"noting a member of task group {task_group_id}"):
-                    await self._table.update_entity(
-                        {"PartitionKey": task_group_id, "RowKey": ROW, "groupMembers": True},
-                        mode=UpdateMode.MERGE)
+                await self._merge_flag(task_group_id, "groupMembers",
+                                       f"noting a member of task group {task_group_id}")
                 return
             except EntityNotFound:
                 pass
