@@ -28,7 +28,7 @@ Loop = Coroutine[Any, Any, None]
 # Each resolver's loop, or None when the deployment does not have what it needs.
 _LOOPS: dict[str, Callable[[Services, Settings, asyncio.Event], Loop | None]] = {
     "claims": lambda services, settings, stop: claims.run(
-        services.resolution, settings.claim_resolver_interval, stop),
+        services.resolution, services.index, settings.claim_resolver_interval, stop),
     "deadlines": lambda services, settings, stop: deadlines.run(
         services.resolution, settings.deadline_resolver_interval, stop),
     "dependencies": lambda services, settings, stop: dependencies.run(

@@ -59,11 +59,15 @@ class Settings:
     root_url: str = ""
     claim_timeout: float = 20 * 60
     sas_lifetime: float = 30 * 60
-    claim_resolver_interval: float = 1.0
+    claim_resolver_interval: float = 10.0
     deadline_resolver_interval: float = 5.0
-    # claimWork: how long a call waits for work, and how often it polls while waiting.
+    # claimWork: how long a call waits for work; how often a waiting task queue's queues
+    # are all looked at without a doorbell, and with one (a fallback for lost rings).
     claim_work_wait: float = 20.0
     claim_work_poll_interval: float = 2.0
+    claim_work_fallback_interval: float = 600.0
+    # Events off: how often a replica reads the doorbell table.
+    doorbell_interval: float = 1.0
     # Events: off without an AMQP URL.
     amqp_url: str = field(default="", repr=False)  # may hold the broker's password
     exchange_prefix: str = "exchange/taskcluster-queue/v1/"

@@ -187,7 +187,18 @@ SETTINGS: tuple[Setting, ...] = (
             meaning="seconds a claimWork call waits for work before answering `{tasks: []}`"),
     Setting("AZQUEUE_CLAIM_WORK_POLL_INTERVAL", "timing", field="claim_work_poll_interval",
             parse=_seconds,
-            meaning="seconds between a waiting claimWork call's polls of the Azure queues"),
+            meaning="seconds between a task queue's looks at all its Azure queues while claimWork "
+                    "callers or SAS workers wait and the doorbell cannot be relied on (the "
+                    "broker away, the doorbell table unreadable)"),
+    Setting("AZQUEUE_CLAIM_WORK_FALLBACK_INTERVAL", "timing",
+            field="claim_work_fallback_interval", parse=_seconds,
+            meaning="seconds between a task queue's looks at all its Azure queues while callers "
+                    "wait and the doorbell works (it wakes them when a tip is put): what catches "
+                    "a tip whose ring was lost"),
+    Setting("AZQUEUE_DOORBELL_INTERVAL", "timing", field="doorbell_interval", parse=_seconds,
+            meaning="with events off, seconds between a replica's reads of the doorbell table "
+                    "(one storage request each), how long a tip put on another replica may wait "
+                    "to wake a caller here"),
     Setting("AZQUEUE_AMQP_URL", "events", field="amqp_url", parse=_text,
             default="none (events off)", note="events off without it",
             meaning="RabbitMQ URL, e.g. `amqp://guest:guest@127.0.0.1:5672/`"),

@@ -72,6 +72,9 @@ class ClaimIndex:
         self._published: tuple[int, datetime] | None = None  # generation, when
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
+        # Set when a claim is noted or extended here (the claim resolver sleeps until the
+        # earliest takenUntil it knows of).
+        self.changed = asyncio.Event()
 
     def start(self) -> None:
         if self._loop is None:
@@ -84,6 +87,7 @@ class ClaimIndex:
         self._notes[(task_id, run_id)] = (
             timeutil.utcnow(), ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
         self.generation += 1
+        self.changed.set()
 
     def local(self) -> list[ClaimRecord]:
         """This process's claims not indexed yet."""
@@ -97,6 +101,7 @@ class ClaimIndex:
             self._notes[(task_id, run_id)] = (note[0], replace(note[1], taken_until=taken_until))
         elif self._may_be_indexed(started):
             await self.store.put(ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
+        self.changed.set()
 
     async def ended(self, task_id: str, run_id: int, started: datetime | None) -> None:
         """The run was resolved: forget its note, or delete its row if it may have one."""

@@ -241,6 +241,8 @@ class Claims:
                 except errors.StorageError as e:  # it reappears when its poll's hold ends
                     log.warning("could not give back the tip of %s that a quarantined worker "
                                 "presented: %s", task.task_id, e)
+                else:
+                    self.tips.visible(task)
             raise
 
     async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool,
@@ -333,6 +335,7 @@ class Claims:
         try:
             await self.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
                                       text=text)
+            self.tips.visible(task)
         except errors.StorageError as e:  # the tip reappears at takenUntil regardless
             log.warning("could not give task %s run %d its tip back: %s", task.task_id,
                         hold.run_id, e)
@@ -419,6 +422,7 @@ class Claims:
         except errors.Conflict:
             if held is not None and receipt:
                 await self.queues.release(held.queue_name, held.message_id, receipt)
+                self.tips.visible(stored.task)
             raise
         run = change.after.runs[run_id]
         assert run.taken_until is not None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue import errors
@@ -73,9 +73,18 @@ class Resolution:
 
     # -- resolver steps --------------------------------------------------------------
 
-    async def expired_claims(self) -> list[ClaimRecord]:
+    async def expired_claims(self) -> tuple[list[ClaimRecord], datetime | None]:
+        """The claim index rows whose ``takenUntil`` has passed, and the earliest
+        ``takenUntil`` of the others (None if there are none): one scan."""
         now = timeutil.utcnow()
-        return [r async for r in self.claim_store.expired(now)]
+        expired: list[ClaimRecord] = []
+        earliest: datetime | None = None
+        async for record in self.claim_store.every():
+            if record.taken_until < now:
+                expired.append(record)
+            elif earliest is None or record.taken_until < earliest:
+                earliest = record.taken_until
+        return expired, earliest
 
     async def expire_claim(self, record: ClaimRecord) -> bool:
         """Resolve the claim of ``record`` if it expired; True if this call resolved it."""

@@ -2,7 +2,8 @@
 
 ``Tips`` signs a tip for a task queue, taskId and runId, puts it in the pending queue of
 the task's priority, records its messageId on the task and offers it to a claimWork
-caller waiting in this process (``waiting``). What must exist for which task state, and
+caller waiting in this process (``waiting``); a tip nobody here takes, or one made
+visible again, rings the doorbell for the waiters of every replica (``doorbell``). What must exist for which task state, and
 why extra tips are harmless, is kept by this module together with ``changes`` (the
 writes and ``settle``), ``claims`` and ``repair``:
 
@@ -70,7 +71,7 @@ from datetime import timedelta
 
 from azqueue.model.task import Task
 from azqueue.model.tip import TipSigner
-from azqueue.service.hints import PendingHints
+from azqueue.service.doorbell import Doorbell
 from azqueue.service.waiting import Waiting
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import Message, PendingQueues, Queues
@@ -87,9 +88,9 @@ class Tips:
     signer: TipSigner
     queues: Queues
     pending: PendingQueues
-    hints: PendingHints
     tasks: TaskStore
     waiting: Waiting
+    doorbell: Doorbell
 
     async def put(self, task: Task, run_id: int) -> Message:
         """Put a tip for run ``run_id`` in the pending queue of the task's priority (made
@@ -98,7 +99,7 @@ class Tips:
         name = await self.pending.ensure(task.task_queue_id, task.priority)
         message = await self.queues.put(
             name, self.signer.tip(task.task_queue_id, task.task_id, run_id).encode())
-        self.hints.tip_visible(task.task_queue_id, task.priority)
+        self.doorbell.put(task.task_queue_id, task.priority)
         return message
 
     async def record(self, task: Task, message: Message, run_id: int) -> None:
@@ -128,8 +129,14 @@ class Tips:
 
     def hand_over(self, task: Task, message: Message) -> None:
         """Offer a tip of ``task`` just put (and recorded) to a claimWork caller waiting
-        in this process, if any."""
-        self.waiting.offer(task, message)
+        in this process, if any; if none takes it, ring the doorbell."""
+        if not self.waiting.offer(task, message):
+            self.visible(task)
+
+    def visible(self, task: Task) -> None:
+        """A tip of ``task`` became visible in its queue: wake whoever waits for it, here
+        and in the other replicas (``doorbell``)."""
+        self.doorbell.visible(task.task_queue_id, task.priority)
 
     async def queue(self, stored: Stored, run_id: int) -> None:
         """Put a tip for run ``run_id`` of a stored task and record its messageId, so that
@@ -152,8 +159,7 @@ class Tips:
         released = await self.queues.release(held.queue_name, held.message_id,
                                              held.pop_receipt)
         if released:
-            self.hints.tip_visible(task.task_queue_id, task.priority)
-            self.waiting.wake(task)
+            self.visible(task)
         return released
 
 

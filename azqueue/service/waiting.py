@@ -3,8 +3,10 @@
 ``workclaimer`` registers each claimWork call here while it waits, and keeps its task
 queue's poller state here. Whatever else puts a tip in this process (``tips``) offers
 the message to a caller waiting for its task queue, with its pop receipt, so that the
-caller claims it without a poll; whatever makes a tip visible again (``changes.settle``)
-wakes that task queue's poller. Neither needs to know about claimWork beyond this.
+caller claims it without a poll; whatever makes a tip visible and is not taken here
+rings the doorbell (``doorbell``), which marks the priorities rung as worth a look
+(``rung``) here and in the other replicas. Neither needs to know about claimWork beyond
+this.
 
 An entry is kept when its callers leave (it remembers when its queues were found
 empty), but at most ``MAX_TASK_QUEUES`` idle ones.
@@ -14,12 +16,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from azqueue.model.task import Task
 from azqueue.storage.queues import Message
 
 MAX_TASK_QUEUES = 10_000
+RANKS = frozenset(range(7))
 
 
 class Waiter:
@@ -59,11 +62,24 @@ class WaitingQueue:
         self.waiters: deque[Waiter] = deque()
         self.poller: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
-        self.start_rank = 0
-        self.recheck_at = 0.0
-        self.found_nothing_at = float("-inf")  # when a round from the top last found nothing
+        # The priorities (ranks) whose queues may hold visible tips: all at first, after a
+        # fallback interval and when the doorbell cannot be relied on; a rank leaves when
+        # a receive found its queue empty and nothing was rung meanwhile.
+        self.dirty: set[int] = set(RANKS)
+        self.rings = 0  # how many times rung: a ring during a receive keeps its rank dirty
+        self.all_looked_at = float("-inf")  # when every rank was last dirty at once
         # When tips hidden by a receive whose answer was lost should be visible again.
         self.hidden_until = float("-inf")
+
+    def rung(self, ranks: Iterable[int]) -> None:
+        """Tips may have become visible at these ranks: look there now."""
+        self.dirty.update(ranks)
+        self.rings += 1
+        self.wake.set()
+
+    def look_everywhere(self, now: float) -> None:
+        self.dirty.update(RANKS)
+        self.all_looked_at = now
 
     def demand(self) -> int:
         return sum(w.room for w in self.waiters)
@@ -95,14 +111,19 @@ class Waiting:
         tq = self._queues[task_queue_id] = WaitingQueue()
         return tq
 
-    def offer(self, task: Task, message: Message) -> None:
-        """A tip was just put for ``task``: hand it to a caller waiting here, if any."""
+    def offer(self, task: Task, message: Message) -> bool:
+        """A tip was just put for ``task``: hand it to a caller waiting here, if any;
+        whether one took it."""
         tq = self._queues.get(task.task_queue_id)
-        if tq is not None:
-            tq.hand(message)
+        return tq is not None and tq.hand(message)
 
-    def wake(self, task: Task) -> None:
-        """A tip of ``task`` became visible again: have the poller look now."""
-        tq = self._queues.get(task.task_queue_id)
+    def rung(self, task_queue_id: str, ranks: Iterable[int]) -> None:
+        """Tips of ``task_queue_id`` may have become visible at these ranks (priorities):
+        have its poller look there now."""
+        tq = self._queues.get(task_queue_id)
         if tq is not None:
-            tq.wake.set()
+            tq.rung(ranks)
+
+    def active(self) -> set[str]:
+        """The task queues that have callers waiting here."""
+        return {name for name, tq in self._queues.items() if tq.waiters}

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from azqueue import metrics
 from azqueue.config import Settings
+from azqueue.events.bells import BrokerBells
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
 from azqueue.model import credentials
@@ -33,6 +34,7 @@ from azqueue.service.claims import Claims
 from azqueue.service.counts import RunningClaims, TaskQueueCounts
 from azqueue.service.definitions import Definitions
 from azqueue.service.dependencies import Dependencies
+from azqueue.service.doorbell import Doorbell
 from azqueue.service.expiry import Expiry
 from azqueue.service.groupowner import GroupOwners
 from azqueue.service.groups import TaskGroups
@@ -48,6 +50,7 @@ from azqueue.service.waiting import Waiting
 from azqueue.service.workclaimer import WorkClaimer
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.bells import BellTable
 from azqueue.storage.claims import ClaimNotes, ClaimStore
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore
@@ -81,6 +84,7 @@ class Services:
     index: ClaimIndex
     changes: Changes
     tips: Tips
+    doorbell: Doorbell
     outbox: Outbox | None
 
 
@@ -96,9 +100,17 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     claim_timeout = timedelta(seconds=settings.claim_timeout)
     deadline_queue = account.queue_name("deadline")
     repair_delay = timedelta(seconds=settings.tip_repair_delay)
-    hints = PendingHints(queues, pending)
+    hints = PendingHints(queues, pending, settings.claim_work_fallback_interval)
     waiting = Waiting()
-    tips = Tips(signer, queues, pending, hints, tasks, waiting)
+    index = ClaimIndex(ClaimStore(account), ClaimNotes(account), tasks, claim_timeout)
+    doorbell = Doorbell(
+        waiting, hints, index.replica,
+        broker=BrokerBells(settings.amqp_url, settings.exchange_prefix,
+                           settings.storage.prefix, index.replica)
+        if settings.amqp_url else None,
+        table=None if settings.amqp_url else BellTable(account),
+        interval=settings.doorbell_interval)
+    tips = Tips(signer, queues, pending, tasks, waiting, doorbell)
     workerinfo = WorkerInfo(WorkerStore(account), TaskQueueStore(account))
 
     # Passing a resolution on schedules the tasks that wait for it, which is defining's
@@ -109,7 +121,6 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     dependencies = Dependencies(
         tasks, DependentStore(account), queues, account.queue_name("dependencies"),
         timedelta(seconds=settings.dependencies_recovery_delay), schedule)
-    index = ClaimIndex(ClaimStore(account), ClaimNotes(account), tasks, claim_timeout)
     changes = Changes(tasks, outbox, dependencies, cache, queues, tips, index,
                       settings.crash_after_commit)
     owners = GroupOwners(tasks, groups)
@@ -127,8 +138,10 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     return Services(
         definitions=definitions,
         claims=claims,
-        work=WorkClaimer(queues, pending, claims, workerinfo, waiting,
-                         settings.claim_work_wait, settings.claim_work_poll_interval),
+        work=WorkClaimer(queues, pending, claims, workerinfo, waiting, doorbell,
+                         wait=settings.claim_work_wait,
+                         poll_interval=settings.claim_work_poll_interval,
+                         fallback_interval=settings.claim_work_fallback_interval),
         resolution=Resolution(tasks, queues, cache, changes, index.store, deadline_queue,
                               repair),
         groups=TaskGroups(tasks, groups, owners, queues, account.queue_name("group-passes"),
@@ -139,7 +152,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
         counts=TaskQueueCounts(tasks, queues, pending, signer, cache,
                                RunningClaims(index)),
         workers=workerinfo,
-        task_urls=TaskUrls(pending, hints, timedelta(seconds=settings.sas_lifetime)),
+        task_urls=TaskUrls(pending, hints, doorbell, timedelta(seconds=settings.sas_lifetime)),
         artifacts=artifacts,
         expiry=Expiry(tasks, index.store, dependencies.dependents, groups, workerinfo,
                       artifacts),
@@ -148,6 +161,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
         index=index,
         changes=changes,
         tips=tips,
+        doorbell=doorbell,
         outbox=outbox)
 
 
@@ -161,10 +175,12 @@ async def _setup(services: Services) -> None:
     services.index.start()
     await services.artifacts.setup()
     await services.groups.setup()
+    await services.doorbell.start()
 
 
 async def _close(services: Services) -> None:
     """Index the claims still running, let in-flight bookkeeping finish (briefly)."""
+    await services.doorbell.close()
     await services.index.close()
     await services.workers.close()
     await services.dependencies.close()

@@ -10,12 +10,15 @@ claims expire, reclaim and retry like any other. Tips reach waiters two ways:
   queue; no poll at all.
 * **Polled**: while callers of a task queue wait, one poller per process receives as many
   tips as they want in total (at most 32 a request), highest priority first, and shares
-  them out in the order the callers came. With a backlog it polls again at once. It
-  starts at the priority where it last found tips for ``RECHECK`` seconds, rechecking the
-  higher queues after that: tips put by other replicas at a higher priority wait at most
-  that long behind a backlog below (tips put in this process are handed over). With
-  nothing found it polls every ``claim_work_poll_interval`` seconds, whatever the number
-  of callers: waiting costs seven receives per interval per task queue and process.
+  them out in the order the callers came. It looks only at the queues that may hold
+  visible tips (``WaitingQueue.dirty``): every queue when the first caller comes, then
+  a queue when the doorbell rings it (a tip put or made visible by any replica, see
+  ``doorbell``), and a queue stays on the list while it gives all that was asked of it.
+  With a backlog it polls again at once. While the doorbell covers the task queue, the
+  poller looks at every queue only once per ``claim_work_fallback_interval``, whatever
+  the number of callers: waiting costs almost nothing. While it does not (no broker and
+  no doorbell table, the broker away), it looks at every queue every
+  ``claim_work_poll_interval`` seconds, as if there were no doorbell.
   A receive whose answer was lost hides the tips it took for ``CLAIM_WORK_HOLD``; the
   poller looks again as soon as they reappear.
 
@@ -39,6 +42,7 @@ from azqueue import errors
 from azqueue.model.priority import ORDER
 from azqueue.model.tip import Tip
 from azqueue.service.claims import Claims, TipClaim
+from azqueue.service.doorbell import Doorbell
 from azqueue.service.waiting import Waiter, Waiting, WaitingQueue
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.queues import Message, PendingQueues, Queues
@@ -55,8 +59,6 @@ CLAIM_WORK_HOLD = timedelta(seconds=2)
 # After a receive whose answer may have been lost, look again this long after its tips
 # should have reappeared (Azure's clock and ours differ by a little).
 HIDDEN_MARGIN = 0.25
-# How long the poller starts below queues it found empty before looking at them again.
-RECHECK = 1.0
 # How often a waiting caller checks that its client is still connected.
 CONNECTED_CHECK = 1.0
 
@@ -66,16 +68,19 @@ class WorkClaimer:
     """claimWork for this process: waiting callers, one poller per task queue, hand-over.
 
     ``wait``: how long a call waits for work (``claim_work_wait``);
-    ``poll_interval``: how often a task queue's poller looks while nothing is found
-    (``claim_work_poll_interval``)."""
+    ``poll_interval``: how often a task queue's poller looks at every queue while the
+    doorbell does not cover it (``claim_work_poll_interval``); ``fallback_interval``:
+    how often while it does (``claim_work_fallback_interval``)."""
 
     queues: Queues
     pending: PendingQueues
     claims: Claims
     workerinfo: WorkerInfo
     waiting: Waiting
+    doorbell: Doorbell
     wait: float
     poll_interval: float
+    fallback_interval: float
 
     async def claim_work(self, task_queue_id: str, worker_group: str, worker_id: str,
                          count: int, connected: Callable[[], bool]) -> list[dict[str, Any]]:
@@ -83,11 +88,6 @@ class WorkClaimer:
         loop = asyncio.get_running_loop()
         end = loop.time() + self.wait
         info = self.workerinfo
-        if await info.quarantined_until(task_queue_id, worker_group, worker_id) is not None:
-            info.worker_active(task_queue_id, worker_group, worker_id)
-            while connected() and loop.time() < end:
-                await asyncio.sleep(min(CONNECTED_CHECK, end - loop.time()))
-            return []
         for priority in ORDER:
             await self.pending.ensure(task_queue_id, priority)
         tq = self.waiting.entry(task_queue_id)
@@ -95,6 +95,7 @@ class WorkClaimer:
         tq.waiters.append(waiter)
         self._poll(task_queue_id, tq)
         claims: list[dict[str, Any]] = []
+        quarantined = checked = False
         try:
             while not claims and connected():
                 remaining = end - loop.time()
@@ -103,6 +104,13 @@ class WorkClaimer:
                 handed = await waiter.take(min(remaining, CONNECTED_CHECK))
                 if not handed:
                     continue
+                if not checked:  # asked once there is work: a caller that waits asks nothing
+                    checked = True
+                    if await info.quarantined_until(task_queue_id, worker_group,
+                                                    worker_id) is not None:
+                        quarantined = True
+                        waiter.inbox = handed + waiter.inbox  # for the other callers
+                        break
                 waiter.busy = True
                 got = await asyncio.gather(*(self._claim(task_queue_id, worker_group,
                                                          worker_id, m) for m in handed))
@@ -114,58 +122,81 @@ class WorkClaimer:
         finally:
             tq.waiters.remove(waiter)
             for message in waiter.inbox:
-                await self._pass_on(tq, message)
+                await self._pass_on(task_queue_id, tq, message)
+        if quarantined:  # waits as long as a call finding no work, and gets none
+            info.worker_active(task_queue_id, worker_group, worker_id)
+            while connected() and loop.time() < end:
+                await asyncio.sleep(min(CONNECTED_CHECK, end - loop.time()))
+            return []
         info.worker_active(task_queue_id, worker_group, worker_id,
                            [(c["status"]["taskId"], c["runId"]) for c in claims])
         return claims
 
-    async def _pass_on(self, tq: WaitingQueue, message: Message) -> None:
+    async def _pass_on(self, task_queue_id: str, tq: WaitingQueue, message: Message) -> None:
         """A tip handed to a caller that no longer needs it: to another caller, or back."""
         if not tq.hand(message):
-            await self._release(message)
+            await self._release(task_queue_id, message)
 
-    async def _release(self, message: Message) -> None:
+    async def _release(self, task_queue_id: str, message: Message) -> None:
         try:
             await self.queues.release(message.queue_name, message.message_id,
                                       message.pop_receipt)
         except errors.StorageError as e:  # it becomes visible by itself when its hold ends
             log.warning("could not release message %s of %s: %s", message.message_id,
                         message.queue_name, e)
+            return
+        priority = next((p for p in ORDER
+                         if self.pending.name(task_queue_id, p) == message.queue_name), None)
+        self.doorbell.visible(task_queue_id, priority)
 
     # -- polling ---------------------------------------------------------------------
 
+    def _interval(self, task_queue_id: str) -> float:
+        """How long the poller may go without looking at every queue: the fallback while
+        the doorbell covers the task queue, else the poll interval."""
+        if self.doorbell.covers(task_queue_id):
+            return self.fallback_interval
+        return self.poll_interval
+
     def _poll(self, task_queue_id: str, tq: WaitingQueue) -> None:
-        """A caller came: start the poller, and have it look now unless it found nothing
-        less than a poll interval ago (tips put in this process since were handed over;
-        others wait for the next round, as they would for a caller already waiting). So
-        callers that come and go cost no more polls than one that stays."""
+        """A caller came: start the poller. It looks at once where tips may be (every
+        queue, unless the last look found them empty and the doorbell has covered the
+        task queue since), so callers that come and go cost no more polls than one that
+        stays."""
+        now = asyncio.get_running_loop().time()
+        if not self.doorbell.covers(task_queue_id) and \
+                now - tq.all_looked_at >= self.poll_interval:
+            tq.look_everywhere(now)
         if tq.poller is None:
             tq.poller = asyncio.create_task(self._poller(task_queue_id, tq),
                                             name=f"claimWork poller {task_queue_id}")
-        now = asyncio.get_running_loop().time()
-        if now - tq.found_nothing_at >= self.poll_interval:
-            tq.wake.set()
+        tq.wake.set()
 
     async def _poller(self, task_queue_id: str, tq: WaitingQueue) -> None:
-        interval = self.poll_interval
+        loop = asyncio.get_running_loop()
         try:
             while tq.waiters:
+                now = loop.time()
+                if now - tq.all_looked_at >= self._interval(task_queue_id):
+                    tq.look_everywhere(now)
+                if now >= tq.hidden_until > float("-inf"):
+                    tq.hidden_until = float("-inf")  # what a lost answer hid is back
+                    tq.look_everywhere(now)
+                tq.wake.clear()
                 demand = tq.demand()
                 found = 0
-                if demand > 0:
-                    tq.wake.clear()
+                if demand > 0 and tq.dirty:
                     try:
                         found = await self._receive(task_queue_id, tq, demand)
                     except errors.StorageError as e:
                         log.warning("claimWork could not poll %s: %s", task_queue_id, e)
                 if found:
                     continue
-                wait = interval
-                hidden = tq.hidden_until - asyncio.get_running_loop().time()
-                if hidden > 0:  # look again as soon as they reappear
-                    wait = min(wait, hidden)
+                wait = tq.all_looked_at + self._interval(task_queue_id) - loop.time()
+                if tq.hidden_until > float("-inf"):
+                    wait = min(wait, tq.hidden_until - loop.time())
                 try:
-                    await asyncio.wait_for(tq.wake.wait(), wait)
+                    await asyncio.wait_for(tq.wake.wait(), max(wait, 0.0))
                 except TimeoutError:
                     pass
         except Exception:
@@ -176,36 +207,30 @@ class WorkClaimer:
                 self._poll(task_queue_id, tq)
 
     async def _receive(self, task_queue_id: str, tq: WaitingQueue, demand: int) -> int:
-        """Receive up to ``demand`` tips, highest priority first, and share them out (all
-        at once, so that a caller gets what one round found)."""
-        now = asyncio.get_running_loop().time()
-        start = tq.start_rank if now < tq.recheck_at else 0
+        """Receive up to ``demand`` tips from the queues that may hold some, highest
+        priority first, and share them out (all at once, so that a caller gets what one
+        round found). A queue that gave fewer than asked for is empty now, unless a ring
+        came meanwhile."""
         found: list[Message] = []
         try:
-            for priority in ORDER[start:]:
+            for rank in sorted(tq.dirty):
+                priority = ORDER[rank]
                 name = self.pending.name(task_queue_id, priority)
+                rings = tq.rings
                 sent = asyncio.get_running_loop().time()
-                got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD,
-                                                      limit=min(demand - len(found), 32))
+                wanted = min(demand - len(found), 32)
+                got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD, limit=wanted)
                 if got.others_hidden:
                     tq.hidden_until = max(tq.hidden_until, sent + HIDDEN_MARGIN +
                                           CLAIM_WORK_HOLD.total_seconds())
-                messages = got.messages
-                if messages and not found:
-                    # The queues above were empty just now (or at the last recheck).
-                    if start == 0:
-                        tq.recheck_at = now + RECHECK
-                    tq.start_rank = priority.rank
-                found += messages
+                if len(got.messages) < wanted and tq.rings == rings:
+                    tq.dirty.discard(rank)
+                found += got.messages
                 if len(found) >= demand:
                     break
-            if not found:
-                if start == 0:
-                    tq.found_nothing_at = now
-                tq.start_rank = 0
         finally:  # what was received is claimed or given back, whatever failed after it
             for message in found:
-                await self._pass_on(tq, message)
+                await self._pass_on(task_queue_id, tq, message)
         return len(found)
 
     async def _claim(self, task_queue_id: str, worker_group: str, worker_id: str,
@@ -232,8 +257,8 @@ class WorkClaimer:
             # Not this caller's fault, and the claims already made are its own: give this
             # tip back and go on with the others.
             log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
-            await self._release(message)
+            await self._release(task_queue_id, message)
         except Exception:
             log.exception("claimWork could not claim %s/%d", tip.task_id, tip.run_id)
-            await self._release(message)
+            await self._release(task_queue_id, message)
         return None

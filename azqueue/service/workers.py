@@ -9,13 +9,15 @@ What is recorded, and how often (never on a request's path, never a write per cl
   ``lastDateActive`` and ``expires`` (``TASK_QUEUE_EXPIRY`` ahead).
 * A **worker** is recorded when it calls claimWork, claims a task or reclaims one: at once
   the first time this process sees it, then at most every ``WORKER_RECORD_INTERVAL``
-  seconds; the tasks it claimed meanwhile (``recentTasks``, the latest 20) are written
+  seconds while it claims tasks (``WORKER_IDLE_RECORD_INTERVAL`` while it only waits,
+  so that waiting costs next to nothing); the tasks it claimed meanwhile (``recentTasks``, the latest 20) are written
   once that interval has passed (``FLUSH_INTERVAL`` later at most), whether it calls again
   or not. Each write sets ``lastDateActive`` and
   ``expires`` (``WORKER_EXPIRY`` ahead, or later if declareWorker said so).
 * **Quarantine**: whether a worker is quarantined is read from a copy of the task queue's
   quarantined workers that is at most ``QUARANTINE_TTL`` seconds old (one query per task
-  queue and process per TTL, shared by every claim). quarantineWorker drops this process's
+  queue and process per TTL, shared by every claim; claimWork asks only once it has a
+  task to hand out, so a waiting worker asks nothing). quarantineWorker drops this process's
   copy, so it takes effect here at once and on other replicas within ``QUARANTINE_TTL``.
   ``quarantineUntil`` is compared with the clock at each check: a quarantine ends on time
   everywhere. If the query fails, claims go on with the last copy.
@@ -40,6 +42,8 @@ TASK_QUEUE_EXPIRY = timedelta(days=5)
 WORKER_EXPIRY = timedelta(days=1)
 TASK_QUEUE_RECORD_INTERVAL = 300.0
 WORKER_RECORD_INTERVAL = 30.0
+# A worker that claims nothing (it waits, at rest) is recorded this seldom.
+WORKER_IDLE_RECORD_INTERVAL = 600.0
 QUARANTINE_TTL = 10.0
 # How often the claims noted since a worker's last write are looked at.
 FLUSH_INTERVAL = 5.0
@@ -109,7 +113,8 @@ class WorkerInfo:
         now = asyncio.get_running_loop().time()
         last, pending = self._seen.get(key, (float("-inf"), []))
         pending = pending + list(claimed)
-        if now - last < WORKER_RECORD_INTERVAL:
+        interval = WORKER_RECORD_INTERVAL if pending else WORKER_IDLE_RECORD_INTERVAL
+        if now - last < interval:
             self._seen[key] = (last, pending)
             return
         if len(self._seen) >= MAX_REMEMBERED:

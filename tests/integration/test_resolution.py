@@ -173,8 +173,10 @@ async def test_a_resolver_that_lost_the_race_to_a_late_reclaim_leaves_its_receip
     [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
     code, _ = await sas.claim(http, server.api, message)
     assert code == 200
-    [listed] = await eventually(server.services.resolution.expired_claims,
-                                what="the claim listed expired")
+    async def expired() -> list[Any]:
+        return (await server.services.resolution.expired_claims())[0]
+
+    [listed] = await eventually(expired, what="the claim listed expired")
     code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
     assert code == 200, body
     assert await server.services.resolution.expire_claim(listed) is False

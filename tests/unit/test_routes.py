@@ -43,9 +43,10 @@ def test_a_table_that_declares_a_route_twice_is_refused() -> None:
     assert "ping" in str(info.value)
 
 
-def test_only_claim_work_long_polls() -> None:
-    """Its storage calls get the long poll's time on top of a request's budget."""
-    assert [r.name for r in ROUTES if r.long_poll] == ["claimWork"]
+def test_only_claim_work_and_poll_task_urls_long_poll() -> None:
+    """Their storage calls get the long poll's time on top of a request's budget
+    (pollTaskUrls waits with ``wait``)."""
+    assert sorted(r.name for r in ROUTES if r.long_poll) == ["claimWork", "pollTaskUrls"]
 
 
 def test_listings_declare_the_query_parameters_they_read() -> None:

@@ -13,20 +13,30 @@ from azqueue.api.auth import require
 from azqueue.api.routing import Call, Route, Routes
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.claims import TipClaim
+from azqueue.service.taskurls import MAX_WAIT
 
 routes = Routes()
 
 
 @routes.declare("GET", "/poll-task-url/<provisionerId>/<workerType>", "pollTaskUrls",
-                query=("pending",),
+                query=("pending", "wait"), long_poll=True,
                 scopes="queue:poll-task-urls:<provisionerId>/<workerType>")
 async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> Any:
     pending = call.query("pending") or "false"
     if pending not in ("true", "false"):
         raise errors.InputError(f"query parameter `pending` is {pending!r}; use true (also say "
                                 "which queues hold visible tips) or false")
+    wait_text = call.query("wait") or "0"
+    try:
+        wait = float(wait_text)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT or (wait and pending != "true"):
+        raise errors.InputError(f"query parameter `wait` is {wait_text!r}; give the seconds "
+                                f"(0 to {MAX_WAIT:.0f}) to wait for a visible tip, together "
+                                "with pending=true")
     return await call.services.task_urls.poll_task_urls(provisioner_id, worker_type,
-                                                        pending == "true")
+                                                        pending == "true", wait)
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask",

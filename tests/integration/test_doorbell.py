@@ -1,0 +1,154 @@
+"""Waiting is nearly free and still quick (docs/capacity.md, "At rest"): callers waiting on
+one replica are woken by the doorbell when a tip becomes visible on another, and make no
+request to the pending queues meanwhile. Without a broker the doorbell is a table every
+replica reads (``service.doorbell``); tests/events/test_doorbell.py runs the same with
+the broker's.
+
+Every test here turns the pollers' own looks off (``claim_work_poll_interval`` and the
+fallback at an hour): only a ring can wake a waiting caller before its wait ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from typing import Any
+
+import aiohttp
+
+from azqueue.config import StorageSettings
+from azqueue.devstorage import ACCOUNT, KEY
+from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
+from azqueue.testing.tasks import create, definition
+from tests.integration.test_claim_work import claim_work
+from tests.servers import Server, ServerFactory
+from tests.waiting import eventually, stays
+
+HOUR = 3600.0
+# Waiting callers wait this long: far longer than a ring takes, far shorter than a look
+# of the pollers' own (an hour).
+WAIT = 30.0
+DOORBELL = 0.2
+
+
+def quiet(**overrides: Any) -> dict[str, Any]:
+    """Settings of a replica whose pollers never look by themselves."""
+    return {"claim_work_poll_interval": HOUR, "claim_work_fallback_interval": HOUR,
+            "claim_work_wait": WAIT, "doorbell_interval": DOORBELL, **overrides}
+
+
+async def settled(server: Server, task_queue_id: str) -> None:
+    """Until the doorbell covers ``task_queue_id`` on ``server`` (every replica knows it
+    waits there), and the look that follows has been made."""
+    doorbell = server.services.doorbell
+    await eventually(lambda: doorbell.covers(task_queue_id), what="the doorbell to cover "
+                     f"{task_queue_id}", interval=0.1)
+    await asyncio.sleep(2 * DOORBELL + 1.5)  # past the look every replica's ear gets
+
+
+async def wakes_across_replicas(http: aiohttp.ClientSession, a: Server, b: Server,
+                                task_queue_id: str) -> None:
+    """A caller waiting on ``b`` gets a task created on ``a``, long before its wait ends."""
+    waiting = asyncio.create_task(claim_work(http, b, task_queue_id))
+    await settled(b, task_queue_id)
+    assert not waiting.done()
+    task_id = await create(http, a.api, definition(task_queue_id))
+    [claim] = await asyncio.wait_for(waiting, WAIT / 2)
+    assert claim["status"]["taskId"] == task_id
+
+
+async def test_a_task_created_on_one_replica_wakes_a_caller_waiting_on_another(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    a, b = await make_server(**quiet()), await make_server(**quiet())
+    await wakes_across_replicas(http, a, b, "prov/bell")
+
+
+async def test_a_claim_that_expires_on_one_replica_wakes_a_caller_waiting_on_another(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """The tip of an expired claim reappears by itself, which nobody rings: the claim
+    resolver of the replica that made the claim wakes at takenUntil, resolves the run and
+    rings its retry."""
+    a = await make_server(**quiet(claim_timeout=3.0))
+    b = await make_server(**quiet(claim_timeout=3.0, run_resolvers=False))
+    task_id = await create(http, a.api, definition("prov/expire"))
+    [first] = await claim_work(http, a, "prov/expire")
+    assert first["status"]["taskId"] == task_id and first["runId"] == 0
+    waiting = asyncio.create_task(claim_work(http, b, "prov/expire", worker_id="next"))
+    [retry] = await asyncio.wait_for(waiting, WAIT)
+    assert retry["status"]["taskId"] == task_id and retry["runId"] == 1
+    assert retry["status"]["runs"][0]["reasonResolved"] == "claim-expired"
+
+
+async def test_an_idle_sas_worker_waiting_on_one_replica_hears_of_a_task_created_on_another(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """pollTaskUrls with ``pending=true&wait=<s>``: an idle SAS worker waits for a visible
+    tip instead of asking again and again, and hears of one put by another replica."""
+    a, b = await make_server(**quiet()), await make_server(**quiet())
+    url = f"{b.api}/poll-task-url/prov/idle?pending=true&wait=20"
+
+    async def ask() -> dict[str, Any]:
+        async with http.get(url) as r:
+            assert r.status == 200, await r.text()
+            body: dict[str, Any] = await r.json()
+            return body
+
+    assert (await ask())["pending"]["queues"] == [False] * 7  # no ring for 20 s
+    await settled(b, "prov/idle")
+    asking = asyncio.create_task(ask())
+    await stays(asking.done, lambda done: not done, what="pollTaskUrls waiting", for_=0.5)
+    await create(http, a.api, definition("prov/idle", priority="high"))
+    answer = await asyncio.wait_for(asking, 15)
+    assert answer["pending"]["queues"] == [False, False, True] + [False] * 4
+    [message] = await sas.get_messages(http, answer["queues"][2]["signedPollUrl"], 1)
+    code, _ = await sas.claim(http, b.api, message)
+    assert code == 200
+
+
+async def test_poll_task_urls_refuses_a_wait_it_cannot_honour(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    server = await make_server()
+    for query in ("pending=true&wait=soon", "pending=true&wait=-1", "pending=true&wait=61",
+                  "wait=5"):
+        async with http.get(f"{server.api}/poll-task-url/prov/w?{query}") as r:
+            body = await r.json()
+            assert r.status == 400, (query, body)
+        assert body["code"] == "InputValidationError" and "`wait`" in body["message"], query
+
+
+async def test_callers_waiting_on_idle_task_queues_make_no_queue_requests(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession) -> None:
+    """Callers on five task queues on each of two replicas, nothing to do: once settled,
+    their waiting costs no request to the Azure queues at all (the doorbell table is read
+    once per interval per replica, whatever the number of task queues)."""
+    storage = StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix)
+    replicas = [await make_server(**quiet(storage=storage, run_resolvers=False))
+                for _ in range(2)]
+    queues = [f"prov/idle{i}" for i in range(5)]
+    waiting = [asyncio.create_task(claim_work(http, r, q, worker_id=f"w{n}"))
+               for n, r in enumerate(replicas) for q in queues]
+    for r in replicas:
+        for q in queues:
+            await settled(r, q)
+    before = proxy.counts.copy()
+    seconds = 5.0
+    await asyncio.sleep(seconds)
+    queue_requests = proxy.counts["queue forwarded"] - before["queue forwarded"]
+    table_requests = proxy.counts["table forwarded"] - before["table forwarded"]
+    assert queue_requests == 0
+    # The doorbell's reads, a few per second per replica, not per task queue.
+    assert table_requests <= 2 * (seconds / DOORBELL + 2)
+    assert not any(w.done() for w in waiting)
+    # A third replica, where nobody waits, creates a task: one of the two callers gets it.
+    creator = await make_server(**quiet(storage=storage, run_resolvers=False))
+    task_id = await create(http, creator.api, definition(queues[3]))
+    done, _ = await asyncio.wait([waiting[3], waiting[len(queues) + 3]], timeout=WAIT / 2,
+                                 return_when=asyncio.FIRST_COMPLETED)
+    [claim] = done.pop().result()
+    assert claim["status"]["taskId"] == task_id
+    for w in waiting:
+        w.cancel()
+    await asyncio.gather(*waiting, return_exceptions=True)
+
+
