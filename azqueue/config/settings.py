@@ -19,6 +19,7 @@ from azqueue.config.clients import MIN_ACCESS_TOKEN, Client, example_value, is_p
 from azqueue.config.storage import StorageSettings
 from azqueue.config.variables import SETTINGS, Setting, check_origins, read_in_order
 from azqueue.errors import ConfigError
+from azqueue.model.tip import TipForm
 
 T = TypeVar("T")
 
@@ -49,6 +50,8 @@ class Settings:
     tip_secrets: tuple[str, ...] = field(repr=False)
     # The root client (scope `*`); it also issues the credentials handed out with claims.
     root: Client
+    # What the signature of the tips put covers; `run` only beside releases that read no other.
+    tip_form: TipForm = TipForm.TASK_QUEUE
     clients: tuple[Client, ...] = ()
     anonymous_scopes: tuple[str, ...] = DEFAULT_ANONYMOUS_SCOPES
     host: str = "127.0.0.1"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from azqueue.config.clients import Client, load_clients
 from azqueue.errors import ConfigError
+from azqueue.model.tip import TipForm
 
 _ORIGIN_RE = re.compile(r"^https?://[^/?#\s,]+$")
 
@@ -58,6 +59,14 @@ def _scopes(name: str, raw: str) -> tuple[str, ...]:
 
 def _flag(name: str, raw: str) -> bool:
     return raw == "1"
+
+
+def _tip_form(name: str, raw: str) -> TipForm:
+    try:
+        return TipForm(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a tip form; write one of "
+                          f"{', '.join(f.value for f in TipForm)}") from None
 
 
 def check_origins(origins: tuple[str, ...]) -> None:
@@ -230,6 +239,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AZQUEUE_TIP_REPAIR_DELAY", "timing", field="tip_repair_delay", parse=_seconds,
             meaning="seconds after which a pending run whose tip went missing gets a new one "
                     f"(see {_FAILURES})"),
+    Setting("AZQUEUE_TIP_FORM", "upgrades", field="tip_form", parse=_tip_form,
+            note="run: beside replicas of 6bb8ea3 or earlier",
+            meaning="what the signature of the tips this replica puts covers: `task-queue` "
+                    "(the task queue, taskId and runId) or `run` (the taskId and runId alone, "
+                    "all that releases up to 6bb8ea3 check); both are claimed. Set `run` only "
+                    "while replicas of such a release serve beside this one (see "
+                    "[Upgrades](upgrades.md))"),
     Setting("AZQUEUE_UPLOAD_READ_TIMEOUT", "uploads", field="upload_read_timeout",
             parse=_seconds, note="seconds a putUrl PUT may send nothing",
             meaning="seconds a PUT to an `s3` artifact's `putUrl` may send nothing before it is "
@@ -252,7 +268,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 # The order from_env reads in, so that its error lines keep theirs.
 _PHASES: tuple[Callable[[str, str], object], ...] = (
-    _text, _flag, _seconds, _port, _clients_file, _origins, _scopes)
+    _text, _flag, _seconds, _port, _clients_file, _origins, _scopes, _tip_form)
 
 
 def read_in_order() -> list[Setting]:

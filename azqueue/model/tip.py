@@ -6,11 +6,13 @@ stops a worker from claiming runs it never received, by accident or on purpose, 
 binds the tip to the task queue it was issued for: a tip that reaches another task
 queue's pending queue (a refused createTask naming another tenant's taskId puts one there
 for a moment) verifies against no task but one of that queue, so it is claimable only
-where its task lives. Tips signed by earlier releases (over ``<taskId>/<runId>``) still
-verify, for the tips queued before an upgrade; every claim checks the task's queue
-itself, so they bind nothing less in practice (see docs/threat-model.md). Several secrets
-may be configured: the first signs, every one verifies, so a secret can be rotated by
-adding the new one first and dropping the old one once the tips signed with it are gone.
+where its task lives. Tips signed over ``<taskId>/<runId>`` alone (``TipForm.RUN``: the
+form of earlier releases, which read no other) still verify, and are signed so while
+replicas of such a release serve beside this one (``AZQUEUE_TIP_FORM=run``); every claim
+checks the task's queue itself, so they bind nothing less in practice (see
+docs/threat-model.md and docs/operating/upgrades.md). Several secrets may be configured:
+the first signs, every one verifies, so a secret can be rotated by adding the new one
+first and dropping the old one once the tips signed with it are gone.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import base64
 import binascii
 import json
 from dataclasses import dataclass
+from enum import StrEnum
 
 from azqueue.model import jsontext
 from azqueue.model.signing import Macs
@@ -46,15 +49,26 @@ class Tip:
             raise ValueError(f"not a tip: {e}") from None
 
 
-class TipSigner:
-    """Signs tips with the newest secret and verifies them with any of them."""
+class TipForm(StrEnum):
+    """What the signature of the tips a replica puts covers; both verify everywhere."""
 
-    def __init__(self, secrets: tuple[str, ...]) -> None:
+    TASK_QUEUE = "task-queue"  # <taskQueueId>/<taskId>/<runId>
+    RUN = "run"  # <taskId>/<runId>: all that releases before the task queue's was covered read
+
+
+class TipSigner:
+    """Signs tips with the newest secret, in ``form``, and verifies them with any of the
+    secrets, in either form."""
+
+    def __init__(self, secrets: tuple[str, ...], form: TipForm = TipForm.TASK_QUEUE) -> None:
         if not secrets:
             raise ValueError("at least one tip secret is needed")
         self._macs = Macs(tuple(s.encode() for s in secrets))
+        self.form = form
 
     def sign(self, task_queue_id: str, task_id: str, run_id: int) -> str:
+        if self.form is TipForm.RUN:
+            return self._macs.sign(f"{task_id}/{run_id}".encode())
         return self._macs.sign(f"{task_queue_id}/{task_id}/{run_id}".encode())
 
     def tip(self, task_queue_id: str, task_id: str, run_id: int) -> Tip:

@@ -41,8 +41,10 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   that message is touched. A rewrite keeps the messageId, so the record holds for
   ``r + 1`` too.
 * A tip is claimable only in its task's own task queue: its signature covers the task
-  queue it was put for, claimWork claims only tasks of the task queue it polled, and
-  claimTask checks the caller's scopes for the task's queue on the task's first read. So
+  queue it was put for (unless the signer's form is ``TipForm.RUN``, for replicas of
+  earlier releases serving beside this one), claimWork claims only tasks of the task
+  queue it polled, and claimTask checks the caller's scopes for the task's queue on the
+  task's first read (these two whatever the form). So
   the tip a refused createTask put in the queue it named (it is dropped, but a poll may
   take it first) serves nobody there, and the poller's refused claim deletes it.
 * A pending run's tip is counted once, however long it waits: the tip last put for it

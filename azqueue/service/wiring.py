@@ -23,7 +23,7 @@ from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import Publisher
 from azqueue.model import credentials
 from azqueue.model.task import Task
-from azqueue.model.tip import TipSigner
+from azqueue.model.tip import TipForm, TipSigner
 from azqueue.model.upload import UploadSigner
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.batch import BatchReads
@@ -95,7 +95,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     queues = Queues(account)
     pending = PendingQueues(account, queues)
     groups = GroupStore(account)
-    signer = TipSigner(settings.tip_secrets)
+    signer = TipSigner(settings.tip_secrets, settings.tip_form)
     cache = TaskCache()
     claim_timeout = timedelta(seconds=settings.claim_timeout)
     deadline_queue = account.queue_name("deadline")
@@ -205,6 +205,10 @@ async def open_services(settings: Settings) -> AsyncIterator[Services]:
             log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
         services = build(settings, account, outbox)
         await _setup(services)
+        if settings.tip_form is TipForm.RUN:
+            log.warning("AZQUEUE_TIP_FORM=run: tips are signed over the taskId and runId "
+                        "alone, for replicas of releases up to 6bb8ea3 serving beside this "
+                        "one; remove it once none does (docs/operating/upgrades.md)")
         if account.uses_identity:
             log.warning("storage: signed in with azure-identity, no account key: pollTaskUrls "
                         "cannot sign queue SAS URLs and answers 503 (Azure has no "

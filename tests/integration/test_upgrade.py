@@ -1,5 +1,5 @@
 """A rolling upgrade loses nothing: the previous release serves a deployment, then this one
-takes over its storage.
+takes over its storage; and while both serve, each claims what the other created.
 
 The previous release runs from its source in git (``PREVIOUS``, the last commit before the
 tips' signature covered the task queue; move it forward when a release changes what is
@@ -8,13 +8,19 @@ tasks, a worker claims two of them through it (one with claimWork, one through i
 URLs) and makes an artifact; then it stops and this release serves the same storage: the
 claims made before are reclaimed and completed with the credentials the previous release
 issued, the tasks still pending are claimed through the tips the previous release put
-(signed over the run alone), and the artifact is read.
+(signed over the run alone), and the artifact is read. Then both serve one storage prefix
+at once, this release with the tip form the previous one reads (``AZQUEUE_TIP_FORM=run``,
+for as long as ``PREVIOUS`` predates the signature over the task queue): a task created on
+either is claimed through the other by the first claimWork call, long before any tip
+repair, a claim made through one is reclaimed and reported through the other, and a task
+of a group made on one waits for its dependency made on the other.
 """
 
 from __future__ import annotations
 
 import io
 import subprocess
+import time
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -24,6 +30,7 @@ import pytest
 import taskcluster.aio
 
 from azqueue.devstorage import Azurite, free_port
+from azqueue.model.tip import TipForm
 from azqueue.testing import sas
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.tasks import definition, slugid
@@ -35,8 +42,10 @@ REPOSITORY = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-0123456789abcdef"  # the tip secret of tests/serving.py and make_server
 
 
-def _previous_release(into: Path) -> Path:
-    """The ``azqueue`` package of ``PREVIOUS``, extracted under ``into``."""
+@pytest.fixture
+def previous_release(tmp_path: Path) -> Path:
+    """The ``azqueue`` package of ``PREVIOUS``, extracted under ``tmp_path``."""
+    into = tmp_path
     try:
         archive = subprocess.run(["git", "-C", str(REPOSITORY), "archive", PREVIOUS, "azqueue"],
                                  check=True, capture_output=True).stdout
@@ -58,12 +67,11 @@ def _queue(root_url: str, credentials: dict[str, Any] | None = None) -> taskclus
 @pytest.mark.slow
 async def test_the_previous_releases_tasks_claims_and_artifacts_carry_over(
         azurite: Azurite, storage_prefix: str, make_server: ServerFactory,
-        tmp_path: Path) -> None:
-    release = _previous_release(tmp_path)
+        previous_release: Path) -> None:
     port = free_port()
     old_url = f"http://127.0.0.1:{port}"
     ids = {name: slugid() for name in ("claimed", "polled", "pending", "sas_pending")}
-    async with serve(azurite, storage_prefix, "", port, release=release):
+    async with serve(azurite, storage_prefix, "", port, release=previous_release):
         old = _queue(old_url)
         for name, task_id in ids.items():
             queue = "prov/sas" if name in ("polled", "sas_pending") else "prov/upgrade"
@@ -115,3 +123,61 @@ async def test_the_previous_releases_tasks_claims_and_artifacts_carry_over(
         async with anonymous.get(f"{new.api}/task/{ids['claimed']}/runs/0/artifacts/public/out.txt")\
                 as r:
             assert r.status == 200 and await r.read() == b"made before the upgrade\n"
+
+
+async def _claim_one(through: taskcluster.aio.Queue, task_queue_id: str,
+                     worker_id: str) -> dict[str, Any]:
+    """The one task the first claimWork call through ``through`` hands out (it waits at most
+    its 20 s; a tip it cannot use would leave the run to tip repair, minutes later)."""
+    got = await through.claimWork(task_queue_id, {"tasks": 1, "workerGroup": "both",
+                                                  "workerId": worker_id})
+    assert got["tasks"], f"{task_queue_id}: claimWork handed out nothing"
+    [claim] = got["tasks"]
+    return claim
+
+
+@pytest.mark.slow
+async def test_both_releases_serving_at_once_claim_what_the_other_created(
+        azurite: Azurite, storage_prefix: str, make_server: ServerFactory,
+        previous_release: Path) -> None:
+    port = free_port()
+    new_server = await make_server(tip_secrets=(SECRET,), tip_form=TipForm.RUN)
+    async with serve(azurite, storage_prefix, "", port, release=previous_release):
+        old, new = _queue(f"http://127.0.0.1:{port}"), _queue(new_server.root_url)
+        made_old, made_new, dependency, dependent = (slugid() for _ in range(4))
+        await old.createTask(made_old, definition("prov/made-old"))
+        await new.createTask(made_new, definition("prov/made-new"))
+        await old.createTask(dependency, definition("prov/dependency", taskGroupId=dependency))
+        await new.createTask(dependent, definition("prov/dependent", taskGroupId=dependency,
+                                                   dependencies=[dependency]))
+        # Each task is claimed through the release that did not create it, reclaimed
+        # through the one that did, and completed through the other again.
+        waits = {}
+        for task_id, task_queue_id, claimer, other in (
+                (made_old, "prov/made-old", new, old), (made_new, "prov/made-new", old, new)):
+            began = time.monotonic()
+            claim = await _claim_one(claimer, task_queue_id, "cross")
+            waits[task_queue_id] = time.monotonic() - began
+            assert claim["status"]["taskId"] == task_id
+            again = await _queue(other.options["rootUrl"], claim["credentials"]).reclaimTask(
+                task_id, "0")
+            done = await _queue(claimer.options["rootUrl"], again["credentials"]).reportCompleted(
+                task_id, "0")
+            assert done["status"]["state"] == "completed"
+        # The group made on the previous release holds this release's task, which waits for
+        # its dependency there; completing that through this release schedules it, and the
+        # previous release claims it.
+        listed = {t["status"]["taskId"] for t in (await old.listTaskGroup(dependency))["tasks"]}
+        assert listed == {dependency, dependent}
+        assert (await old.status(dependent))["status"]["state"] == "unscheduled"
+        claim = await _claim_one(old, "prov/dependency", "dependency")
+        await _queue(new.options["rootUrl"], claim["credentials"]).reportCompleted(dependency, "0")
+        began = time.monotonic()
+        claim = await _claim_one(old, "prov/dependent", "dependent")
+        waits["prov/dependent"] = time.monotonic() - began
+        assert claim["status"]["taskId"] == dependent
+        done = await _queue(new.options["rootUrl"], claim["credentials"]).reportCompleted(
+            dependent, "0")
+        assert done["status"]["state"] == "completed"
+        print("claimed through the other release after (s):",
+              {q: round(w, 2) for q, w in waits.items()})

@@ -4,7 +4,9 @@ The attacker knows a pending task's taskId (taskIds are not secret: anonymous ca
 list them) and holds every scope of its own task queue ``att/pool``: it re-creates the
 victim's taskId in its own queue over and over (each attempt is refused 409) while
 polling its own queue, through claimWork and through its SAS poll URLs. Nothing it
-receives may let it claim the victim's run, and the victim's worker must still get it.
+receives may let it claim the victim's run, and the victim's worker must still get it,
+whatever the tips' form (``AZQUEUE_TIP_FORM=run`` leaves the task queue out of their
+signature during a rollout from earlier releases: the claims' own checks still hold).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import Client
+from azqueue.model.tip import TipForm
 from azqueue.testing import sas
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.tasks import definition, slugid
@@ -70,9 +73,10 @@ def root_queue(tenants: Server) -> taskcluster.aio.Queue:
     return _client(tenants, ROOT)
 
 
-@pytest.fixture
-async def tenants(make_server: ServerFactory) -> Server:
-    return await make_server(clients=(ATTACKER,), anonymous_scopes=(), claim_work_wait=1.0)
+@pytest.fixture(params=list(TipForm), ids=str)
+async def tenants(request: pytest.FixtureRequest, make_server: ServerFactory) -> Server:
+    return await make_server(clients=(ATTACKER,), anonymous_scopes=(), claim_work_wait=1.0,
+                             tip_form=request.param)
 
 
 async def test_claim_work_never_hands_a_tenant_another_queues_task(

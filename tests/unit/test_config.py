@@ -74,16 +74,18 @@ def test_variables_override_the_defaults() -> None:
     settings = Settings.from_env({
         **_REQUIRED, "AZQUEUE_HOST": "0.0.0.0", "AZQUEUE_PORT": "9000", "AZQUEUE_CLAIM_TIMEOUT": "60",
         "AZQUEUE_EXPIRY_INTERVAL": "0.5", "AZQUEUE_STORAGE_PREFIX": "other",
-        "AZQUEUE_ANONYMOUS_SCOPES": ""})
+        "AZQUEUE_ANONYMOUS_SCOPES": "", "AZQUEUE_TIP_FORM": "run"})
     assert (settings.host, settings.port, settings.claim_timeout) == ("0.0.0.0", 9000, 60.0)
     assert settings.expiry_interval == 0.5 and settings.storage.prefix == "other"
     assert settings.anonymous_scopes == ()
+    assert settings.tip_form == "run" and Settings.from_env(_REQUIRED).tip_form == "task-queue"
 
 
 @pytest.mark.parametrize(("variable", "value", "says"), [
     ("AZQUEUE_PORT", "http", "is not a port number"),
     ("AZQUEUE_CLAIM_TIMEOUT", "20m", "is not a number of seconds"),
     ("AZQUEUE_SAS_LIFETIME", "-1", "must be greater than zero"),
+    ("AZQUEUE_TIP_FORM", "old", "is not a tip form; write one of task-queue, run"),
 ])
 def test_malformed_variables_are_named(variable: str, value: str, says: str) -> None:
     with pytest.raises(ConfigError) as info:

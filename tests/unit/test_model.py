@@ -12,7 +12,7 @@ from azqueue.model import timeutil
 from azqueue.model.definition import normalize
 from azqueue.model.task import ReasonResolved, RunState
 from azqueue.model.signing import Macs
-from azqueue.model.tip import Tip, TipSigner
+from azqueue.model.tip import Tip, TipForm, TipSigner
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC)
 TIMEOUT = timedelta(minutes=20)
@@ -120,6 +120,17 @@ def test_tips_signed_by_earlier_releases_still_verify() -> None:
     earlier = Macs((secret.encode(),)).sign(b"T/0")
     assert TipSigner((secret,)).verify("any/queue", "T", 0, earlier)
     assert not TipSigner((secret,)).verify("any/queue", "T", 1, earlier)
+
+
+def test_tips_signed_over_the_run_alone_verify_where_earlier_releases_verify_them() -> None:
+    """``TipForm.RUN`` signs ``<taskId>/<runId>``, all that earlier releases check, and this
+    release verifies such a tip for any task queue (a claim checks the task's queue)."""
+    secret = "secret-0123456789abcdef"
+    tip = TipSigner((secret,), TipForm.RUN).tip("tenant-a/pool", "T", 0)
+    assert Macs((secret.encode(),)).verify(b"T/0", tip.signature)
+    assert TipSigner((secret,)).verify("tenant-a/pool", "T", 0, tip.signature)
+    bound = TipSigner((secret,)).tip("tenant-a/pool", "T", 0)
+    assert not Macs((secret.encode(),)).verify(b"T/0", bound.signature)
 
 
 def test_tips_sign_with_the_newest_secret_and_verify_with_all() -> None:
