@@ -95,6 +95,12 @@ def on_change(listener: ChangeListener) -> None:
         _listeners.append(listener)
 
 
+def off_change(listener: ChangeListener) -> None:
+    """Stop calling ``listener`` (given to ``on_change``)."""
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
 def count_change(before: Task | None, after: Task) -> None:
     """Count the run transitions between ``before`` (None: a new task) and ``after``, time
     the runs claimed or resolved, remember the task queue for sampling and tell the
