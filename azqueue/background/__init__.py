@@ -20,7 +20,7 @@ async def every(interval: float, step: Callable[[], Awaitable[object]], stop: as
     A failing step is retried at the next interval; the loop only ends on stop. An outage
     of storage or broker is logged in one line, anything else with its traceback.
     """
-    metrics.resolver_started(name)
+    metrics.resolver_started(name, interval)
     while not stop.is_set():
         try:
             handled = await step()
