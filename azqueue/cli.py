@@ -98,11 +98,16 @@ def _task_queue(value: str) -> str:
 
 
 def _task_id(value: str) -> str:
-    if not SLUGID.fullmatch(value):
+    if SLUGID.fullmatch(value):
+        return value
+    if re.fullmatch(r"[A-Za-z0-9_-]{22}", value):
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a taskId: a taskId is 22 characters of A-Z a-z 0-9 _ - (a v4 "
-            "slugid), as `azqueue task create` and `azqueue task list` print them")
-    return value
+            f"{value!r} is not a taskId: it has 22 characters of A-Z a-z 0-9 _ -, but it is "
+            "not a v4 slugid (a random UUID, as `azqueue task create` and `azqueue task "
+            "list` print them)")
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a taskId: a taskId is 22 characters of A-Z a-z 0-9 _ - (a v4 "
+        "slugid), as `azqueue task create` and `azqueue task list` print them")
 
 
 def _when(value: str) -> datetime.timedelta | datetime.datetime:

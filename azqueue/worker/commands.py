@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import difflib
 import getpass
 import json
 import logging
@@ -98,7 +99,13 @@ def explain(error: TaskclusterFailure, root_url: str) -> str:
     body = getattr(error, "body", None)
     status = client.status_of(error)
     if isinstance(body, dict) and body.get("code"):
-        return client.describe(error)
+        # The message's first line whole: a 403's names the scopes the call needs.
+        lines = str(body.get("message", "")).strip().splitlines()
+        text = f"{status} {body['code']}: {lines[0] if lines else ''}"
+        if status in (401, 403) and not os.environ.get("TASKCLUSTER_CLIENT_ID"):
+            text += (" (no credentials are set: set TASKCLUSTER_CLIENT_ID and "
+                     "TASKCLUSTER_ACCESS_TOKEN, as `azqueue dev` prints them)")
+        return text
     return (f"{root_url} answered {status or 'something unexpected'}, not as an azqueue "
             "(Taskcluster) queue does; TASKCLUSTER_ROOT_URL must be the rootUrl that "
             "`azqueue dev` prints, without /api/queue/v1")
@@ -178,8 +185,11 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     command = args.task_command
     if command == "create":
         task_id = slugid.nice()
-        queue.createTask(task_id, task_definition(args))
-        print(task_id)
+        definition = task_definition(args)
+        queue.createTask(task_id, definition)
+        print(task_id, flush=True)
+        if hint := _unattended(queue, definition["taskQueueId"]):
+            print(f"azqueue: {hint}", file=sys.stderr)
         return OK
     if command == "rerun":
         _print_status(queue.rerunTask(args.task_id)["status"], args.json)
@@ -206,6 +216,32 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
         return _print_listing(args, queue)
     _print_status(queue.cancelTask(args.task_id)["status"], args.json)
     return OK
+
+
+# At most this many pages of listTaskQueues are read for the names a typo may have meant.
+MAX_NAME_PAGES = 5
+
+
+def _unattended(queue: taskcluster.Queue, task_queue_id: str) -> str | None:
+    """What to say when no worker has asked ``task_queue_id`` for work lately (a typo in
+    its name leaves a task waiting forever): which known task queues it may have meant.
+    None when a worker has, or when the queue does not offer the listings."""
+    provisioner_id, worker_type = task_queue_id.split("/", 1)
+    try:
+        # listWorkers lists a worker until a day after it last asked for work.
+        if any(page["workers"] for page in _pages(queue.listWorkers, provisioner_id,
+                                                  worker_type)):
+            return None
+        known: list[str] = []
+        for _, page in zip(range(MAX_NAME_PAGES), _pages(queue.listTaskQueues)):
+            known += [q["taskQueueId"] for q in page["taskQueues"]]
+    except TaskclusterFailure:
+        return None
+    meant = difflib.get_close_matches(task_queue_id, [k for k in known if k != task_queue_id],
+                                      n=3, cutoff=0.7)
+    return (f"no worker has asked {task_queue_id} for work in the last day: the task waits "
+            "until one does (`azqueue worker --task-queue " + task_queue_id + "`)"
+            + (f"; did you mean {' or '.join(meant)}?" if meant else ""))
 
 
 def task_definition(args: argparse.Namespace) -> dict[str, Any]:

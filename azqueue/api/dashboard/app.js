@@ -311,6 +311,7 @@ function action(label, run, attrs) {
   const out = el("span", { class: "result", role: "status" });
   const button = el("button", { type: "button", ...(attrs || {}) }, label);
   button.addEventListener("click", async () => {
+    if (attrs && attrs["data-confirm"] && !window.confirm(attrs["data-confirm"])) return;
     button.disabled = true;
     out.className = "result";
     out.textContent = "…";
@@ -336,7 +337,9 @@ function taskActions(taskId, s, priority) {
     // A definition's "normal" is the lowest.
     select.value = PRIORITIES.includes(priority) ? priority : PRIORITIES[PRIORITIES.length - 1];
     return el("div", { class: "actions" },
-      action("cancel", () => api(`/task/${enc(taskId)}/cancel`, "POST", {}), { name: "cancel" }),
+      action("cancel", () => api(`/task/${enc(taskId)}/cancel`, "POST", {}), { name: "cancel",
+        "data-confirm": `Cancel task ${taskId}? Its run resolves exception (canceled) and ` +
+          "its worker stops it." }),
       action("rerun", () => api(`/task/${enc(taskId)}/rerun`, "POST", {}), { name: "rerun" }),
       select,
       action("change priority", () => api(`/task/${enc(taskId)}/priority`, "POST",
@@ -742,7 +745,7 @@ function showSignedIn() {
   document.getElementById("signed-as").textContent = creds ? `signed in as ${creds.clientId}` : "";
 }
 
-document.getElementById("signin").addEventListener("submit", (event) => {
+document.getElementById("signin").addEventListener("submit", async (event) => {
   event.preventDefault();
   const client = document.getElementById("signin-client");
   const clientId = client.value.trim();
@@ -756,10 +759,17 @@ document.getElementById("signin").addEventListener("submit", (event) => {
     problem.textContent = "Give a clientId (letters, digits and !@/:.+|_-) and its accessToken.";
   } else {
     sessionStorage.setItem(CREDENTIALS, JSON.stringify({ clientId, accessToken: token.value }));
-    token.value = client.value = "";
-    showSignedIn();
-    render();
-    return;
+    // A signed request the server authenticates: a wrong accessToken answers 401 here.
+    const checked = await attempt(RECENT);
+    if (checked.error && checked.error.startsWith("401")) {
+      sessionStorage.removeItem(CREDENTIALS);
+      problem.textContent = `The queue refused these credentials (${checked.error}).`;
+    } else {
+      token.value = client.value = "";
+      showSignedIn();
+      render();
+      return;
+    }
   }
   problem.hidden = false;
 });
