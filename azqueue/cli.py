@@ -38,6 +38,8 @@ RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events", "groups"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_MAX_RUN_TIME = 3600
 DEFAULT_DEADLINE = "1h"
+# The states `task list --task-queue` lists (azqueue.worker.commands lists each).
+LISTED_STATES = ("pending", "running", "unscheduled", "resolved")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 CLIENT_VARIABLES = """\
@@ -96,11 +98,16 @@ def _task_queue(value: str) -> str:
 
 
 def _task_id(value: str) -> str:
-    if not SLUGID.fullmatch(value):
+    if SLUGID.fullmatch(value):
+        return value
+    if re.fullmatch(r"[A-Za-z0-9_-]{22}", value):
         raise argparse.ArgumentTypeError(
-            f"{value!r} is not a taskId: a taskId is 22 characters of A-Z a-z 0-9 _ - (a v4 "
-            "slugid), as `azqueue task create` and `azqueue task list` print them")
-    return value
+            f"{value!r} is not a taskId: it has 22 characters of A-Z a-z 0-9 _ -, but it is "
+            "not a v4 slugid (a random UUID, as `azqueue task create` and `azqueue task "
+            "list` print them)")
+    raise argparse.ArgumentTypeError(
+        f"{value!r} is not a taskId: a taskId is 22 characters of A-Z a-z 0-9 _ - (a v4 "
+        "slugid), as `azqueue task create` and `azqueue task list` print them")
 
 
 def _when(value: str) -> datetime.timedelta | datetime.datetime:
@@ -330,13 +337,19 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
 
     listing = tsub.add_parser(
         "list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
-        help="list the tasks of a task group, or a task queue's pending tasks",
-        description="List the tasks of a task group (--group), or the pending tasks of a "
-                    "task queue (--task-queue; needs a queue that offers listPendingTasks).")
+        help="list the tasks of a task group, or a task queue's tasks by state",
+        description="List the tasks of a task group (--group), or a task queue's tasks "
+                    "(--task-queue) in a state (--state): pending (listPendingTasks), running "
+                    "(listClaimedTasks), or "
+                    "unscheduled or resolved lately (the server's recent changes, "
+                    "as the dashboard lists them).")
     which = listing.add_mutually_exclusive_group(required=True)
     which.add_argument("--group", metavar="TASK_GROUP_ID", type=_task_id, help="a taskGroupId")
     which.add_argument("--task-queue", metavar="PROV/TYPE", type=_task_queue,
                        help="a task queue (provisionerId/workerType)")
+    listing.add_argument("--state", choices=LISTED_STATES,
+                         help="with --task-queue: the tasks to list (default: pending)")
+    listing.set_defaults(check=functools.partial(_check_list, listing))
     listing.add_argument("--json", action="store_true", help="print JSON lines, one per task")
 
 
@@ -367,6 +380,12 @@ def _check_create(create: argparse.ArgumentParser, args: argparse.Namespace) -> 
     for pair in args.env:
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", pair, re.DOTALL):
             create.error(f"--env {pair} is not NAME=VALUE; write e.g. --env DEBUG=1")
+
+
+def _check_list(listing: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.group is not None and args.state is not None:
+        listing.error("--state lists a task queue's tasks: give it with --task-queue, not "
+                      "--group (which lists every task of the group, whatever its state)")
 
 
 def _queue_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:

@@ -59,7 +59,8 @@ EVENTS = Counter("azqueue_events_published", "Task events confirmed by the broke
                  ["exchange"])
 PENDING_SECONDS = Histogram(
     "azqueue_task_pending_seconds", "Time a run waited, from pending (scheduled) until a "
-    "worker claimed it, observed at the claim", buckets=DURATION_BUCKETS)
+    "worker claimed it, observed at the claim, by task queue", ["task_queue"],
+    buckets=DURATION_BUCKETS)
 RUN_SECONDS = Histogram(
     "azqueue_run_seconds", "Time a run took from its claim until it was resolved, by "
     "resolution (reasonResolved: completed, failed, canceled, claim-expired, ...)",
@@ -95,6 +96,12 @@ def on_change(listener: ChangeListener) -> None:
         _listeners.append(listener)
 
 
+def off_change(listener: ChangeListener) -> None:
+    """Stop calling ``listener`` (given to ``on_change``)."""
+    if listener in _listeners:
+        _listeners.remove(listener)
+
+
 def count_change(before: Task | None, after: Task) -> None:
     """Count the run transitions between ``before`` (None: a new task) and ``after``, time
     the runs claimed or resolved, remember the task queue for sampling and tell the
@@ -110,7 +117,8 @@ def count_change(before: Task | None, after: Task) -> None:
         elif state == "running":
             reason = ""
             if run.started is not None:
-                PENDING_SECONDS.observe(max(0.0, (run.started - run.scheduled).total_seconds()))
+                PENDING_SECONDS.labels(after.task_queue_id).observe(
+                    max(0.0, (run.started - run.scheduled).total_seconds()))
         else:
             reason = run.reason_resolved.value if run.reason_resolved is not None else ""
             if run.started is not None and run.resolved is not None:
@@ -148,23 +156,33 @@ def resolver_pass(name: str, ok: bool, items: object = None) -> None:
 class _ResolverLag(Collector):
     """``azqueue_resolver_lag_seconds``: how long ago each resolver last finished a pass
     without failing (since the process started, if never): it grows while a resolver is
-    stuck or failing, and stays near its interval while it keeps up."""
+    stuck or failing, and stays below its interval (jittered up to 1.2 times) plus a
+    pass's time while it keeps up; ``azqueue_resolver_interval_seconds``: that interval,
+    so that an alert can compare each resolver's lag with its own."""
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "azqueue_resolver_lag_seconds", "Seconds since the resolver's last successful pass "
             "(since the process started, if none yet)", labels=["resolver"])
         now = time.time()
-        for name in sorted(set(_last_ok) | set(_registered_resolvers)):
+        for name in sorted(set(_last_ok) | set(_intervals)):
             family.add_metric([name], now - _last_ok.get(name, _started))
         yield family
+        intervals = GaugeMetricFamily(
+            "azqueue_resolver_interval_seconds", "Seconds between a resolver's passes, as "
+            "configured (each wait is jittered between 0.8 and 1.2 times it)",
+            labels=["resolver"])
+        for name, interval in sorted(_intervals.items()):
+            intervals.add_metric([name], interval)
+        yield intervals
 
 
-_registered_resolvers: set[str] = set()
+# resolver name -> its interval in seconds
+_intervals: dict[str, float] = {}
 
 
-def resolver_started(name: str) -> None:
-    _registered_resolvers.add(resolver_name(name))
+def resolver_started(name: str, interval: float) -> None:
+    _intervals[resolver_name(name)] = interval
 
 
 class _StorageRequests(Collector):
@@ -214,9 +232,9 @@ class _Pending(Collector):
 
     A queue's approximate count includes tips that became stale (their run was claimed
     or resolved through another tip) and tips held invisible by a claim: it is an upper
-    bound of the pending runs, good for trends and alerts, not an exact count. The claim
-    index holds a run once it has run ``min(30 s, claimTimeout / 2)``: shorter runs are
-    not counted as running."""
+    bound of the pending runs, good for trends and alerts, not an exact count. The running
+    runs are those taskQueueCounts counts (the claim index and every replica's notes of
+    its younger claims, ``service.claimindex``)."""
 
     def __init__(self) -> None:
         self._queues: OrderedDict[str, None] = OrderedDict()
@@ -240,7 +258,7 @@ class _Pending(Collector):
             full = time.monotonic() - self._sampled_at >= SAMPLE_INTERVAL
             sampled = {name for name, _ in self._counts}
             names = [name for name in self._queues if full or name not in sampled]
-            if not names and not full:
+            if not names and not full and (outbox is None or self._outbox is not None):
                 return
             results = await asyncio.gather(*(pending(name) for name in names),
                                            return_exceptions=True)
@@ -256,10 +274,11 @@ class _Pending(Collector):
                                         if k in self._queues}
                 runs.update({name: n for name, n in zip(names, found) if isinstance(n, int)})
                 self._running = runs
-            if not full:
-                return
-            self._sampled_at = time.monotonic()
-            if outbox is not None:
+            if full:
+                self._sampled_at = time.monotonic()
+            # The outbox with every full sample, and until it was sampled once (a server
+            # whose events came on after a sample of task queues alone).
+            if outbox is not None and (full or self._outbox is None):
                 try:
                     self._outbox = await outbox()
                 except Exception:  # noqa: BLE001 - a sample is skipped, never fatal
@@ -274,8 +293,9 @@ class _Pending(Collector):
             tips.add_metric([name, priority], n)
         yield tips
         running = GaugeMetricFamily(
-            "azqueue_runs_running", "Runs of a task queue claimed and running (those running "
-            "for more than min(30 s, claimTimeout / 2): the claim index), sampled",
+            "azqueue_runs_running", "Runs of a task queue claimed and running, as "
+            "taskQueueCounts' claimedTasks counts them (a claim counts within about 2 s on "
+            "whichever replica made it), sampled",
             labels=["task_queue"])
         for name, n in sorted(self._running.items()):
             running.add_metric([name], n)

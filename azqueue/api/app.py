@@ -1,7 +1,8 @@
 """The aiohttp application and the lifecycles it owns.
 
-Cleanup contexts run in registration order and are torn down in reverse: the storage
-account and the services on it first (``service.wiring``), then the background
+Cleanup contexts run in registration order and are torn down in reverse: the dashboard's
+recent changes first (listening to the task exchanges before any change is made), the
+storage account and the services on it (``service.wiring``), then the background
 resolvers.
 
 The API's route table is the endpoint modules' tables, put together here (``ROUTES``).
@@ -31,6 +32,13 @@ MAX_BODY = 2 * 1024 * 1024
 # Every endpoint of the API (a request goes to the first route that has its method and path).
 ROUTES: list[Route] = [*meta.ROUTES, *tasks.ROUTES, *groups.ROUTES, *claims.ROUTES,
                        *artifacts.ROUTES, *workers.ROUTES, *counts.ROUTES]
+
+
+async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
+    settings = app[SETTINGS_KEY]
+    async with dashboard.recent_changes(settings.amqp_url, settings.exchange_prefix) as recent:
+        app[dashboard.RECENT_KEY] = recent
+        yield
 
 
 async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -96,6 +104,7 @@ def create_app(settings: Settings) -> web.Application:
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
+    app.cleanup_ctx.append(_recent_ctx)
     app.cleanup_ctx.append(_service_ctx)
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener_ctx)

@@ -39,7 +39,7 @@ async def every(interval: float, step: Callable[[], Awaitable[object]], stop: as
 
     A failing step is retried at the next interval; the loop only ends on stop.
     """
-    metrics.resolver_started(name)
+    metrics.resolver_started(name, interval)
     while not stop.is_set():
         await one_pass(step, name, interval)
         try:

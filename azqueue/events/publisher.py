@@ -37,6 +37,29 @@ START_RETRY = 2.0
 BROKER_ERRORS = (AMQPError, ChannelInvalidStateError, OSError, TimeoutError)
 
 
+async def connect(url: str) -> AbstractRobustConnection:
+    """A robust connection to the broker at ``url`` (as aio_pika.connect_robust makes, but
+    one that fails is closed here: left to the garbage collector, it schedules its own
+    close on a loop that may be gone by then)."""
+    connection = aio_pika.RobustConnection(make_url(url, reconnect_interval=RECONNECT_INTERVAL),
+                                           reconnect_interval=RECONNECT_INTERVAL)
+    try:
+        await connection.connect(timeout=CONNECT_TIMEOUT)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await connection.close()
+        raise
+    return connection
+
+
+async def declare_exchanges(channel: AbstractRobustChannel, prefix: str,
+                            names: tuple[str, ...] = EXCHANGES) -> dict[str, AbstractExchange]:
+    """The topic exchanges ``<prefix><name>``, declared durable (as Taskcluster's are)."""
+    return {name: await channel.declare_exchange(f"{prefix}{name}", aio_pika.ExchangeType.TOPIC,
+                                                 durable=True)
+            for name in names}
+
+
 class Publisher:
     """Connects on first use and reconnects by itself (aio-pika's robust connection)."""
 
@@ -88,26 +111,15 @@ class Publisher:
         """
         async with self._lock:
             if self._channel is None:
-                # As aio_pika.connect_robust does, but a connection that fails is closed
-                # here: left to the garbage collector, it schedules its own close on a
-                # loop that may be gone by then.
-                connection = aio_pika.RobustConnection(
-                    make_url(self._url, reconnect_interval=RECONNECT_INTERVAL),
-                    reconnect_interval=RECONNECT_INTERVAL)
                 try:
-                    await connection.connect(timeout=CONNECT_TIMEOUT)
+                    connection = await connect(self._url)
                 except BaseException:
                     self._failed_at = time.monotonic()
-                    with contextlib.suppress(Exception):
-                        await connection.close()
                     raise
                 try:
                     channel = await connection.channel(publisher_confirms=True)
                     assert isinstance(channel, AbstractRobustChannel)
-                    self._exchanges = {
-                        name: await channel.declare_exchange(
-                            f"{self._prefix}{name}", aio_pika.ExchangeType.TOPIC, durable=True)
-                        for name in EXCHANGES}
+                    self._exchanges = await declare_exchanges(channel, self._prefix)
                 except BaseException:
                     await connection.close()
                     raise

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime
+import difflib
 import getpass
 import json
 import logging
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import aiohttp
+import mohawk
 import slugid
 import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
@@ -97,7 +99,13 @@ def explain(error: TaskclusterFailure, root_url: str) -> str:
     body = getattr(error, "body", None)
     status = client.status_of(error)
     if isinstance(body, dict) and body.get("code"):
-        return client.describe(error)
+        # The message's first line whole: a 403's names the scopes the call needs.
+        lines = str(body.get("message", "")).strip().splitlines()
+        text = f"{status} {body['code']}: {lines[0] if lines else ''}"
+        if status in (401, 403) and not os.environ.get("TASKCLUSTER_CLIENT_ID"):
+            text += (" (no credentials are set: set TASKCLUSTER_CLIENT_ID and "
+                     "TASKCLUSTER_ACCESS_TOKEN, as `azqueue dev` prints them)")
+        return text
     return (f"{root_url} answered {status or 'something unexpected'}, not as an azqueue "
             "(Taskcluster) queue does; TASKCLUSTER_ROOT_URL must be the rootUrl that "
             "`azqueue dev` prints, without /api/queue/v1")
@@ -177,8 +185,11 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     command = args.task_command
     if command == "create":
         task_id = slugid.nice()
-        queue.createTask(task_id, task_definition(args))
-        print(task_id)
+        definition = task_definition(args)
+        queue.createTask(task_id, definition)
+        print(task_id, flush=True)
+        if hint := _unattended(queue, definition["taskQueueId"]):
+            print(f"azqueue: {hint}", file=sys.stderr)
         return OK
     if command == "rerun":
         _print_status(queue.rerunTask(args.task_id)["status"], args.json)
@@ -205,6 +216,32 @@ def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
         return _print_listing(args, queue)
     _print_status(queue.cancelTask(args.task_id)["status"], args.json)
     return OK
+
+
+# At most this many pages of listTaskQueues are read for the names a typo may have meant.
+MAX_NAME_PAGES = 5
+
+
+def _unattended(queue: taskcluster.Queue, task_queue_id: str) -> str | None:
+    """What to say when no worker has asked ``task_queue_id`` for work lately (a typo in
+    its name leaves a task waiting forever): which known task queues it may have meant.
+    None when a worker has, or when the queue does not offer the listings."""
+    provisioner_id, worker_type = task_queue_id.split("/", 1)
+    try:
+        # listWorkers lists a worker until a day after it last asked for work.
+        if any(page["workers"] for page in _pages(queue.listWorkers, provisioner_id,
+                                                  worker_type)):
+            return None
+        known: list[str] = []
+        for _, page in zip(range(MAX_NAME_PAGES), _pages(queue.listTaskQueues)):
+            known += [q["taskQueueId"] for q in page["taskQueues"]]
+    except TaskclusterFailure:
+        return None
+    meant = difflib.get_close_matches(task_queue_id, [k for k in known if k != task_queue_id],
+                                      n=3, cutoff=0.7)
+    return (f"no worker has asked {task_queue_id} for work in the last day: the task waits "
+            "until one does (`azqueue worker --task-queue " + task_queue_id + "`)"
+            + (f"; did you mean {' or '.join(meant)}?" if meant else ""))
 
 
 def task_definition(args: argparse.Namespace) -> dict[str, Any]:
@@ -406,6 +443,36 @@ def _print_listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
         raise
 
 
+def _recent(queue: taskcluster.Queue, task_queue_id: str) -> dict[str, Any]:
+    """``GET /dashboard/recent?taskQueueId=``: the task queue's tasks the server heard of
+    lately (not an API method of the official client: signed here as it signs)."""
+    root_url = queue.options["rootUrl"]
+    url = f"{root_url}/dashboard/recent?" + urllib.parse.urlencode(
+        {"taskQueueId": task_queue_id}, safe="/")  # as aiohttp sends it: signed as sent
+    headers = {}
+    credentials = queue.options.get("credentials")
+    if credentials:
+        sender = mohawk.Sender({"id": credentials["clientId"], "key": credentials["accessToken"],
+                                "algorithm": "sha256"}, url, "GET",
+                               always_hash_content=False, ext=queue.makeHawkExt() or None)
+        headers["Authorization"] = sender.request_header
+
+    async def get() -> tuple[int, str]:
+        async with aiohttp.ClientSession() as session, session.get(
+                url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as r:
+            return r.status, await r.text()
+
+    try:
+        status, text = asyncio.run(get())
+    except (aiohttp.ClientError, TimeoutError) as e:
+        raise _unreachable(root_url, e) from None
+    if status != 200:
+        raise CommandError(f"task list: the recent changes answered "
+                           f"{client.error_answer(status, text)}")
+    answer: dict[str, Any] = json.loads(text)
+    return answer
+
+
 def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     items: Iterator[dict[str, Any]]
     line: Callable[[dict[str, Any]], str]
@@ -425,12 +492,25 @@ def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
         items = (t for page in _pages(queue.listTaskGroup, args.group) for t in page["tasks"])
         line = lambda t: (f"{t['status']['taskId']}  {t['status']['state']:<11} "  # noqa: E731
                           f"{t['task']['metadata']['name']}")
-    else:
+    elif args.state in (None, "pending"):
         items = (t for page in _pages(queue.listPendingTasks, args.task_queue)
                  for t in page["tasks"])
         line = lambda t: (f"{t['taskId']}  run {t.get('runId', '-')}  pending since "  # noqa: E731
                           f"{t.get('inserted', '-')}  "
                           f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
+    elif args.state == "running":
+        items = (t for page in _pages(queue.listClaimedTasks, args.task_queue)
+                 for t in page["tasks"])
+        line = lambda t: (f"{t['taskId']}  run {t.get('runId', '-')}  running since "  # noqa: E731
+                          f"{t.get('claimed') or '-'}  on {t['workerGroup']}/{t['workerId']}  "
+                          f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
+    else:
+        recent = _recent(queue, args.task_queue)
+        print(f"azqueue: tasks {args.state} lately, {recent['note']}", file=sys.stderr)
+        items = iter([t for t in recent["tasks"] if t["state"] == args.state or (
+            args.state == "resolved" and t["state"] in RESOLVED_STATES)])
+        line = lambda t: (f"{t['taskId']}  {t['state']:<11} "  # noqa: E731
+                          f"{t.get('resolved') or t['changed']}  {t['name']}")
     for item in items:
         print(json.dumps(item) if args.json else line(item), flush=True)
     return OK

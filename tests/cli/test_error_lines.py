@@ -59,12 +59,30 @@ async def test_a_root_url_without_a_scheme_is_named(server: Server) -> None:
 
 async def test_a_malformed_task_id_is_named_as_such() -> None:
     for argv in (("task", "status", "abc"), ("task", "log", "not/a/task"),
-                 ("task", "rerun", "0" * 22)):
+                 ("task", "rerun", "0" * 22), ("task", "status", "A" * 22)):
         done = await azqueue(*argv, env={**os.environ, "TASKCLUSTER_ROOT_URL": "http://x.invalid"})
         assert done.returncode == 2
         error = one_line_error(done)
-        assert f"{argv[-1]!r} is not a taskId: a taskId is 22 characters" in error, error
+        if len(argv[-1]) == 22:  # of the right characters: what is wrong is the kind
+            assert f"{argv[-1]!r} is not a taskId: it has 22 characters of A-Z a-z 0-9 _ -, " \
+                   "but it is not a v4 slugid" in error, error
+        else:
+            assert f"{argv[-1]!r} is not a taskId: a taskId is 22 characters" in error, error
         assert "slugid" not in error.split("taskId:")[0], error
+
+
+async def test_a_refusal_without_credentials_is_whole_and_says_which_to_set(
+        server: Server) -> None:
+    env = {k: v for k, v in cli_env(server).items()
+           if k not in ("TASKCLUSTER_CLIENT_ID", "TASKCLUSTER_ACCESS_TOKEN")}
+    done = await azqueue("task", "create", "--task-queue", "prov/no-credentials", "--", "true",
+                         env=env)
+    assert done.returncode == 1
+    error = one_line_error(done)
+    assert "403 InsufficientScopes: " in error, error
+    assert "queue:create-task:lowest:prov/no-credentials" in error, error
+    assert error.endswith("(no credentials are set: set TASKCLUSTER_CLIENT_ID and "
+                          "TASKCLUSTER_ACCESS_TOKEN, as `azqueue dev` prints them)"), error
 
 
 async def test_every_wrong_setting_is_named_at_once_each_with_its_variable(

@@ -17,6 +17,7 @@ import pytest
 
 from azqueue import __version__
 from azqueue.cli import WAIT_EXIT_CODES, parser
+from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root, azqueue
 from tests.servers import Server, ServerFactory
@@ -202,3 +203,35 @@ def test_resolve_offers_exactly_the_resolvers_there_are() -> None:
     from azqueue.cli import RESOLVERS
 
     assert sorted(RESOLVERS) == sorted(resolvers.NAMES)
+
+
+async def test_task_list_of_a_task_queue_by_state(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """`task list --task-queue Q --state running|unscheduled|resolved` lists the task
+    queue's running runs, its tasks waiting on dependencies and those resolved lately."""
+    queue = "prov/by-state"
+    done, failed, claimed, blocker = [await create(http, server.api, definition(queue))
+                                      for _ in range(4)]
+    waiting = await create(http, server.api, definition(queue, dependencies=[blocker]))
+    for task_id in (done, failed, claimed):
+        code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/claim",
+                                    {"workerGroup": "wg", "workerId": "w1"})
+        assert code == 200, body
+    for task_id, outcome in ((done, "completed"), (failed, "failed")):
+        code, body = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/{outcome}")
+        assert code == 200, body
+
+    async def listed(state: str) -> dict[str, str]:
+        done_ = await as_root(server, "task", "list", "--task-queue", queue, "--state", state)
+        assert done_.returncode == 0, done_.stderr
+        return {line.split()[0]: line for line in done_.stdout.splitlines()}
+
+    running_ = await listed("running")
+    assert set(running_) == {claimed} and "on wg/w1" in running_[claimed]
+    assert set(await listed("unscheduled")) == {waiting}
+    resolved = await listed("resolved")
+    assert set(resolved) == {done, failed}
+    assert resolved[done].split()[1] == "completed" and resolved[failed].split()[1] == "failed"
+    assert set(await listed("pending")) == {blocker}
+    mixed = await as_root(server, "task", "list", "--group", blocker, "--state", "running")
+    assert mixed.returncode == 2 and "with --task-queue" in mixed.stderr

@@ -13,9 +13,11 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.model.identifiers import SLUGID
 from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.cli.helpers import as_root, one_line_error
 from tests.servers import Server
+from tests.waiting import eventually
 from tests.worker.helpers import running, shell_worker, wait_status
 
 
@@ -140,3 +142,27 @@ async def test_what_create_cannot_use_is_one_line_saying_why(
         error = one_line_error(done)
         assert expected in error, (extra, error)
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+async def test_create_for_a_task_queue_no_worker_asked_says_so_and_what_was_meant(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """A typo in the task queue leaves the task waiting forever: stderr says that no worker
+    asked that task queue for work, and names the task queues it may have meant; a task
+    queue a worker asks says nothing."""
+    async with running(shell_worker(server, "typo/hello", "w")):
+        async def asked() -> list[str]:
+            async with http.get(f"{server.api}/provisioners/typo/worker-types/hello/workers"
+                                ) as r:
+                return [w["workerId"] for w in (await r.json())["workers"]]
+
+        await eventually(asked, what="the worker recorded as asking typo/hello")
+        quiet = await as_root(server, "task", "create", "--task-queue", "typo/hello", "--",
+                              "true")
+        typo = await as_root(server, "task", "create", "--task-queue", "typo/helo", "--", "true")
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+    assert typo.returncode == 0, typo.stderr
+    assert SLUGID.fullmatch(typo.stdout.strip())
+    assert typo.stderr == (
+        "azqueue: no worker has asked typo/helo for work in the last day: the task waits "
+        "until one does (`azqueue worker --task-queue typo/helo`); did you mean "
+        "typo/hello?\n")

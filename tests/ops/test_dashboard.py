@@ -276,14 +276,31 @@ OPERATOR = Client("operator", "operator-access-token-0123456789abcd", (
     *VIEWER.scopes, "queue:cancel-task:*"))
 
 
-async def sign_in(driver: Any, client: Client) -> None:
-    for field, text in (("signin-client", client.client_id), ("signin-token", client.access_token)):
+async def _submit_sign_in(driver: Any, client_id: str, access_token: str) -> None:
+    for field, text in (("signin-client", client_id), ("signin-token", access_token)):
         element = await asyncio.to_thread(driver.find_element, "id", field)
+        await asyncio.to_thread(element.clear)
         await asyncio.to_thread(element.send_keys, text)
     button = await asyncio.to_thread(driver.find_element, "css selector", "#signin button")
     await asyncio.to_thread(button.click)
+
+
+async def sign_in(driver: Any, client: Client) -> None:
+    await _submit_sign_in(driver, client.client_id, client.access_token)
     await until(driver, lambda d: text_of("#signed-as")(d) == f"signed in as {client.client_id}",
                 "signed in")
+
+
+async def test_signing_in_with_a_wrong_token_says_so_and_stays_signed_out(
+        make_server: Any, browser: Any) -> None:
+    server = await make_server(clients=(VIEWER,))
+    await asyncio.to_thread(browser.get, f"{server.root_url}/")
+    await _submit_sign_in(browser, VIEWER.client_id, "not-the-viewer-access-token-at-all")
+    error = await until(browser, lambda d: d.find_element("id", "signin-error").is_displayed()
+                        and text_of("#signin-error")(d), "the sign-in error")
+    assert error.startswith("The queue refused these credentials (401"), error
+    assert await asyncio.to_thread(text_of("#signed-as"), browser) == ""
+    await sign_in(browser, VIEWER)
 
 
 async def test_a_signed_in_operator_cancels_a_running_task_and_others_cannot(
@@ -300,10 +317,15 @@ async def test_a_signed_in_operator_cancels_a_running_task_and_others_cannot(
     assert not await asyncio.to_thread(browser.find_elements, "css selector",
                                        'button[name="cancel"]')
 
-    async def cancel() -> str:
+    async def cancel(confirm: bool = True) -> str:
         button = await until(browser, lambda d: d.find_element(
             "css selector", 'button[name="cancel"]'), "the cancel button")
         await asyncio.to_thread(button.click)
+        question = await until(browser, lambda d: d.switch_to.alert, "the confirmation")
+        assert f"Cancel task {task_id}?" in question.text
+        await asyncio.to_thread(question.accept if confirm else question.dismiss)
+        if not confirm:
+            return ""
         return await until(browser, lambda d: (t := text_of(".actions .result")(d)) != "…" and t,
                            "the answer to cancel")
 
@@ -323,6 +345,8 @@ async def test_a_signed_in_operator_cancels_a_running_task_and_others_cannot(
     signout = await asyncio.to_thread(browser.find_element, "id", "signout")
     await asyncio.to_thread(signout.click)
     await sign_in(browser, OPERATOR)
+    await cancel(confirm=False)
+    assert (await status(http, server.api, task_id))["state"] == "running"
     await cancel()
     await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="exception"]'),
                 "the canceled task")

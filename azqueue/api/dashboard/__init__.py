@@ -1,8 +1,8 @@
 """The web dashboard: static files served at ``/`` that read the queue's own API in the
 browser, anonymously (the server's anonymous scopes) or, once the operator signs in, with
 Hawk-signed requests and the scopes of the client they signed in as; and
-``GET /dashboard/recent``, what this process changed lately (``recent``), which the API
-has no listing of.
+``GET /dashboard/recent``, the changes heard of lately (``recent``: every replica's with
+events on, this process's with events off), which the API has no listing of.
 
 The page carries the model's names it shows (``MODEL``: the priorities, the task states,
 those that are resolved) as data, in a ``<script type="application/json">`` block the
@@ -16,13 +16,16 @@ the recent changes as ``dashboardRecent``.
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from importlib import resources
 
 from aiohttp import web
 
-from azqueue import errors
-from azqueue.api.dashboard.recent import RECENT, Entry
+from azqueue import errors, metrics
+from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
+from azqueue.events.listener import Listener
 from azqueue.model import scopes, timeutil
 from azqueue.model.identifiers import TASK_QUEUE_ID
 from azqueue.model.priority import ORDER
@@ -38,7 +41,7 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",
 }
-RECENT_NOTE = "recent on this replica"
+RECENT_KEY = web.AppKey("recent", RecentChanges)
 # What index.html's data block holds, highest priority first.
 MODEL = {"priorities": [p.value for p in ORDER], "states": [s.value for s in TaskState],
          "resolved": [s.value for s in RESOLVED_STATES]}
@@ -71,10 +74,11 @@ async def recent(request: web.Request) -> web.Response:
     def visible(entry: Entry) -> bool:
         return scopes.satisfies(caller.scopes, f"queue:status:{entry['taskId']}")
 
-    view = RECENT.view(task_queue_id, visible)
+    changes = request.app[RECENT_KEY]
+    view = changes.view(task_queue_id, visible)
     view["tasks"], view["failures"] = (
         [_named(caller.scopes, e) for e in view[kind]] for kind in ("tasks", "failures"))
-    return web.json_response({"note": RECENT_NOTE, **view},
+    return web.json_response({"note": changes.note, **view},
                              headers={"Cache-Control": "no-store"})
 
 
@@ -82,6 +86,25 @@ def _named(held: tuple[str, ...], entry: Entry) -> Entry:
     if entry["name"] and not scopes.satisfies(held, f"queue:get-task:{entry['taskId']}"):
         return {**entry, "name": ""}
     return entry
+
+
+@asynccontextmanager
+async def recent_changes(amqp_url: str | None, exchange_prefix: str
+                         ) -> AsyncIterator[RecentChanges]:
+    """The recent changes of a server, heard from the task exchanges with events on
+    (``amqp_url``), from this process's own changes with events off."""
+    changes = RecentChanges(hearing=bool(amqp_url))
+    metrics.on_change(changes.record)
+    listener = None
+    try:
+        if amqp_url:
+            listener = Listener(amqp_url, exchange_prefix, TASK_EXCHANGES, changes.hear)
+            await listener.start()
+        yield changes
+    finally:
+        if listener is not None:
+            await listener.close()
+        metrics.off_change(changes.record)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

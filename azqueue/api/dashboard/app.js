@@ -24,6 +24,10 @@ const BACKLOG = "azqueue.backlog";
 const BACKLOG_KEEP_MS = 30 * 60 * 1000;
 const BACKLOG_MAX_POINTS = 600;
 const THROUGHPUT_MINUTES = 30;
+// Names the recent lists lack (tasks another replica made) are read from the definitions,
+// at most this many per refresh, and kept for the page's life (a definition never changes).
+const MAX_NAMES_READ = 20;
+const names = new Map();
 // The task states, those resolved, and the priorities (highest first), as the server's
 // model names them: a data block of the page (azqueue/api/dashboard/__init__.py).
 const MODEL = JSON.parse(document.getElementById("model").textContent);
@@ -307,6 +311,7 @@ function action(label, run, attrs) {
   const out = el("span", { class: "result", role: "status" });
   const button = el("button", { type: "button", ...(attrs || {}) }, label);
   button.addEventListener("click", async () => {
+    if (attrs && attrs["data-confirm"] && !window.confirm(attrs["data-confirm"])) return;
     button.disabled = true;
     out.className = "result";
     out.textContent = "…";
@@ -332,7 +337,9 @@ function taskActions(taskId, s, priority) {
     // A definition's "normal" is the lowest.
     select.value = PRIORITIES.includes(priority) ? priority : PRIORITIES[PRIORITIES.length - 1];
     return el("div", { class: "actions" },
-      action("cancel", () => api(`/task/${enc(taskId)}/cancel`, "POST", {}), { name: "cancel" }),
+      action("cancel", () => api(`/task/${enc(taskId)}/cancel`, "POST", {}), { name: "cancel",
+        "data-confirm": `Cancel task ${taskId}? Its run resolves exception (canceled) and ` +
+          "its worker stops it." }),
       action("rerun", () => api(`/task/${enc(taskId)}/rerun`, "POST", {}), { name: "rerun" }),
       select,
       action("change priority", () => api(`/task/${enc(taskId)}/priority`, "POST",
@@ -355,6 +362,22 @@ function quarantineAction(provisionerId, workerType, w) {
 
 // -- views ------------------------------------------------------------------------------
 
+// The recent lists' tasks with their names: those the server did not give, from their
+// definitions (a name the caller may not read stays empty).
+async function withNames(recent) {
+  if (!recent.value) return recent;
+  const { tasks, failures } = recent.value;
+  const missing = [...new Set([...failures, ...tasks].filter((t) => !t.name && !names.has(t.taskId))
+    .map((t) => t.taskId))].slice(0, MAX_NAMES_READ);
+  const read = await Promise.all(missing.map((taskId) => optional(`/task/${enc(taskId)}`)));
+  missing.forEach((taskId, i) => {
+    const meta = read[i].value && read[i].value.metadata;
+    names.set(taskId, meta ? meta.name : "");
+  });
+  const named = (t) => (t.name ? t : { ...t, name: names.get(t.taskId) || "" });
+  return { value: { ...recent.value, tasks: tasks.map(named), failures: failures.map(named) } };
+}
+
 function recentLists(recent) {
   const out = [];
   if (recent.error) return [failure(`Cannot read recent changes (${recent.error}).`)];
@@ -373,7 +396,7 @@ function recentLists(recent) {
 async function overview() {
   const out = [el("h1", {}, "Task queues")];
   const [listed, recent] = await Promise.all([optional("/task-queues?limit=100"),
-    attempt(RECENT)]);
+    attempt(RECENT).then(withNames)]);
   let history = {};
   if (listed.error) {
     out.push(failure(`Cannot list task queues (${listed.error}).`));
@@ -407,7 +430,7 @@ async function queuePage(taskQueueId) {
   const [counts, pending, claimed, workers, recent] = await Promise.all([
     optional(`${path}/counts`), optional(`${path}/pending?limit=50`),
     optional(`${path}/claimed?limit=50`), optional(`${workersPath}?limit=50`),
-    attempt(`${RECENT}?taskQueueId=${enc(taskQueueId)}`),
+    attempt(`${RECENT}?taskQueueId=${enc(taskQueueId)}`).then(withNames),
   ]);
   const out = [el("h1", {}, `Task queue ${taskQueueId}`)];
   const pendingTasks = pending.value ? (pending.value.tasks || []) : [];
@@ -426,6 +449,13 @@ async function queuePage(taskQueueId) {
     "waiting"], [...pendingTasks].sort((a, b) => (a.inserted < b.inserted ? -1 : 1)).map((t) => [
     taskLink(t.taskId), t.runId ?? "", t.task && t.task.metadata ? t.task.metadata.name : "",
     t.task ? t.task.priority : "", since(t.inserted)]), { class: "pending" }));
+  // The API lists no unscheduled tasks: those heard of lately are in the recent changes.
+  const unscheduled = recent.value ? recent.value.tasks.filter((t) => t.state === "unscheduled")
+    : [];
+  out.push(el("h2", {}, `Unscheduled, waiting on dependencies (${recent.value ?
+    recent.value.note : "recent changes unreadable"})`));
+  out.push(table(["task", "name", "since"], unscheduled.map((t) => [taskLink(t.taskId), t.name,
+    when(t.changed)]), { class: "unscheduled" }));
   // listClaimedTasks lists runs once they have run a while (the claim index); runs this
   // replica saw claimed since are added from its recent changes.
   const running = claimed.value ? (claimed.value.tasks || []) : [];
@@ -715,7 +745,7 @@ function showSignedIn() {
   document.getElementById("signed-as").textContent = creds ? `signed in as ${creds.clientId}` : "";
 }
 
-document.getElementById("signin").addEventListener("submit", (event) => {
+document.getElementById("signin").addEventListener("submit", async (event) => {
   event.preventDefault();
   const client = document.getElementById("signin-client");
   const clientId = client.value.trim();
@@ -729,10 +759,17 @@ document.getElementById("signin").addEventListener("submit", (event) => {
     problem.textContent = "Give a clientId (letters, digits and !@/:.+|_-) and its accessToken.";
   } else {
     sessionStorage.setItem(CREDENTIALS, JSON.stringify({ clientId, accessToken: token.value }));
-    token.value = client.value = "";
-    showSignedIn();
-    render();
-    return;
+    // A signed request the server authenticates: a wrong accessToken answers 401 here.
+    const checked = await attempt(RECENT);
+    if (checked.error && checked.error.startsWith("401")) {
+      sessionStorage.removeItem(CREDENTIALS);
+      problem.textContent = `The queue refused these credentials (${checked.error}).`;
+    } else {
+      token.value = client.value = "";
+      showSignedIn();
+      render();
+      return;
+    }
   }
   problem.hidden = false;
 });

@@ -1,15 +1,24 @@
-"""What the dashboard lists without an ID to start from: the tasks this process changed
-lately, their failures, and the runs it resolved per minute.
+"""What the dashboard lists without an ID to start from: the tasks changed lately, their
+failures, and the runs resolved per minute.
 
 The queue's API has no listing of recent or failed tasks, and storage keeps none that a
-read could use without scanning: so each process remembers, in memory and bounded, the
-changes it stores itself (fed by ``metrics.on_change``, on the change's path, with no
-storage request). A deployment of several replicas has one such memory each: the page
-says "recent on this replica". A restart forgets it.
+read could use without scanning: so each server remembers, in memory and bounded, the
+changes it hears of, with no storage request:
+
+- with events on, every replica's: the task exchanges' messages (``hear``, fed by an
+  ``azqueue.events.listener.Listener``), which every replica publishes, so every replica
+  shows the same lists (``EVERY_REPLICA``), from the moment it started;
+- with events off, only the changes this process stores itself (``record``, fed by
+  ``metrics.on_change``): the page says "recent on this replica" (``THIS_REPLICA``).
+
+A restart forgets. A task's name is not in its messages: it is shown where this process
+stored or changed the task (``record`` notes it either way), and the page reads the
+others' from their definitions.
 
 Bounds: ``MAX_QUEUES`` task queues (those changed most recently), each with its latest
 ``PER_QUEUE`` tasks and its latest ``FAILURES_PER_QUEUE`` failed or exception tasks (one
-entry per task, its newest state), and ``MINUTES`` minutes of resolutions by state.
+entry per task, its newest state), ``MINUTES`` minutes of resolutions by state, and the
+names of the latest ``MAX_NAMES`` tasks.
 """
 
 from __future__ import annotations
@@ -20,7 +29,6 @@ from datetime import UTC, datetime
 from collections import Counter, OrderedDict
 from typing import Any
 
-from azqueue import metrics
 from azqueue.model import timeutil
 from azqueue.model.task import RESOLVED_STATES, Task
 
@@ -29,6 +37,12 @@ PER_QUEUE = 100
 FAILURES_PER_QUEUE = 50
 MINUTES = 60
 FAILED = ("failed", "exception")
+MAX_NAMES = 5000
+# The exchanges whose messages carry a task's status structure.
+TASK_EXCHANGES = ("task-defined", "task-pending", "task-running", "task-completed",
+                  "task-failed", "task-exception")
+EVERY_REPLICA = "recent on every replica"
+THIS_REPLICA = "recent on this replica"
 
 Entry = dict[str, Any]
 
@@ -41,9 +55,10 @@ class _Queue:
         self.minutes: OrderedDict[int, Counter[str]] = OrderedDict()
 
 
-def _remember(entries: OrderedDict[str, Entry], entry: Entry, bound: int) -> None:
-    entries[entry["taskId"]] = entry
-    entries.move_to_end(entry["taskId"])
+def _remember(entries: OrderedDict[str, Any], key: str, value: Any, bound: int) -> None:
+    """Put ``key`` last in ``entries``, and drop the oldest beyond ``bound``."""
+    entries[key] = value
+    entries.move_to_end(key)
     while len(entries) > bound:
         entries.popitem(last=False)
 
@@ -54,42 +69,73 @@ def _resolved_at(minutes: OrderedDict[int, Counter[str]], minute: int, state: st
         minutes.popitem(last=False)
 
 
-class RecentChanges:
-    """The changes this process stored lately, by task queue."""
+def _progress(entry: Entry) -> tuple[int, int]:
+    """How far a task has come: its runs, then its last run's state."""
+    run_id = entry["runId"]
+    state = entry["state"]
+    return (-1 if run_id is None else run_id,
+            3 if state in RESOLVED_STATES else {"pending": 1, "running": 2}.get(state, 0))
 
-    def __init__(self) -> None:
+
+def _entry(status: dict[str, Any], name: str) -> Entry:
+    """What the lists show of a task, from its status structure."""
+    runs = status["runs"]
+    run: dict[str, Any] = runs[-1] if runs else {}
+    return {
+        "taskId": status["taskId"], "taskGroupId": status["taskGroupId"],
+        "taskQueueId": status["taskQueueId"], "name": name, "state": status["state"],
+        "runId": run.get("runId"), "reasonCreated": run.get("reasonCreated"),
+        "reasonResolved": run.get("reasonResolved"), "workerGroup": run.get("workerGroup"),
+        "workerId": run.get("workerId"), "scheduled": run.get("scheduled"),
+        "started": run.get("started"), "resolved": run.get("resolved"),
+        "changed": timeutil.fmt(timeutil.utcnow())}
+
+
+class RecentChanges:
+    """The changes heard of lately, by task queue. ``hearing``: events are on, and the
+    lists come from ``hear`` only (``record`` then only notes names)."""
+
+    def __init__(self, hearing: bool = False) -> None:
+        self.hearing = hearing
         self._queues: OrderedDict[str, _Queue] = OrderedDict()
         self._minutes: OrderedDict[int, Counter[str]] = OrderedDict()
+        self._names: OrderedDict[str, str] = OrderedDict()
+
+    @property
+    def note(self) -> str:
+        return EVERY_REPLICA if self.hearing else THIS_REPLICA
 
     def record(self, before: Task | None, after: Task) -> None:
-        """A ``metrics.on_change`` listener: remember ``after``'s newest state."""
-        run = after.last_run
-        if run is None:
-            return
-        name = after.task_queue_id
+        """A ``metrics.on_change`` listener: note ``after``'s name and, events off,
+        remember its newest state."""
+        name = (after.definition.get("metadata") or {}).get("name", "")
+        if name:
+            _remember(self._names, after.task_id, name, MAX_NAMES)
+        if not self.hearing:
+            self._add(after.status())
+
+    def hear(self, exchange: str, payload: dict[str, Any]) -> None:
+        """A ``Listener``'s handler: remember the newest state a task message carries."""
+        if exchange in TASK_EXCHANGES:
+            self._add(payload["status"])
+
+    def _add(self, status: dict[str, Any]) -> None:
+        name = status["taskQueueId"]
         queue = self._queues.get(name)
         if queue is None:
             queue = self._queues[name] = _Queue()
         self._queues.move_to_end(name)
         while len(self._queues) > MAX_QUEUES:
             self._queues.popitem(last=False)
-        metadata = after.definition.get("metadata") or {}
-        entry: Entry = {
-            "taskId": after.task_id, "taskGroupId": after.definition.get("taskGroupId"),
-            "taskQueueId": name, "name": metadata.get("name", ""), "state": str(after.state),
-            "runId": run.run_id, "reasonCreated": run.reason_created.value,
-            "reasonResolved": run.reason_resolved.value if run.reason_resolved else None,
-            "workerGroup": run.worker_group, "workerId": run.worker_id,
-            "scheduled": timeutil.fmt(run.scheduled),
-            "started": timeutil.fmt(run.started) if run.started else None,
-            "resolved": timeutil.fmt(run.resolved) if run.resolved else None,
-            "changed": timeutil.fmt(timeutil.utcnow())}
-        _remember(queue.tasks, entry, PER_QUEUE)
+        entry = _entry(status, self._names.get(status["taskId"], ""))
+        known = queue.tasks.get(entry["taskId"])
+        if known is not None and _progress(known) > _progress(entry):
+            return  # a message that arrived late (recovered, or from a slower replica)
+        was = (known["runId"], known["state"]) if known is not None else None
+        _remember(queue.tasks, entry["taskId"], entry, PER_QUEUE)
         if entry["state"] in FAILED:
-            _remember(queue.failures, entry, FAILURES_PER_QUEUE)
-        was = before.runs[run.run_id].state.value \
-            if before is not None and run.run_id < len(before.runs) else None
-        if entry["state"] in RESOLVED_STATES and was != entry["state"]:
+            _remember(queue.failures, entry["taskId"], entry, FAILURES_PER_QUEUE)
+        if entry["state"] in RESOLVED_STATES and was != (entry["runId"], entry["state"]):
             minute = int(time.time() // 60)
             _resolved_at(queue.minutes, minute, entry["state"])
             _resolved_at(self._minutes, minute, entry["state"])
@@ -119,6 +165,3 @@ class RecentChanges:
                             **{state: counts.get(state, 0) for state in RESOLVED_STATES}}
                            for minute, counts in minutes.items() if minute > now - MINUTES]}
 
-
-RECENT = RecentChanges()
-metrics.on_change(RECENT.record)
