@@ -68,7 +68,7 @@ def _next_local(index: ClaimIndex) -> float | None:
 
 async def run(resolution: Resolution, index: ClaimIndex, interval: float,
               stop: asyncio.Event) -> None:
-    metrics.resolver_started(NAME)
+    metrics.resolver_started(NAME, interval)
     loop = asyncio.get_running_loop()
     while not stop.is_set():
         index.changed.clear()
