@@ -206,12 +206,11 @@ class Doorbell:
             if seen is not None and seen[0] == etag:
                 continue
             before = seen[1] if seen is not None else {}
-            newer = {rank for rank, at in ring.rung.items() if at > before.get(rank, 0.0)}
+            # Changed, not later: the clocks of the replicas that rang may differ.
+            rung = {rank for rank, at in ring.rung.items() if at != before.get(rank)}
             self._seen[ring.task_queue_id] = (etag, dict(ring.rung))
-            if newer and seen is not None:
-                heard[ring.task_queue_id] = newer
-            elif newer and hear:  # a task queue rung for the first time since we started
-                heard[ring.task_queue_id] = newer
+            if rung and hear:
+                heard[ring.task_queue_id] = rung
         self._note_ears(changes.ears)
         if hear and heard:
             self.heard(heard)
