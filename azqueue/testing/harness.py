@@ -23,7 +23,7 @@ from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.worker import client
 from azqueue.worker.client import Credentials
 from azqueue.worker.config import WorkerConfig
-from azqueue.worker.run import Handler
+from azqueue.worker.run import Handler, check_handler
 from azqueue.worker.worker import Worker
 
 if TYPE_CHECKING:
@@ -149,6 +149,7 @@ class QueueWorker:
                  worker_id: str = "worker-1") -> None:
         if mode not in ("claimwork", "claim-work", "sas"):
             raise ValueError(f"mode must be 'claimwork' or 'sas', not {mode!r}")
+        check_handler(handler)
         self._loop = loop
         self.server = server
         self.handler = handler
