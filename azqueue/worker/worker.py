@@ -280,7 +280,7 @@ class Worker:
             except client.EXPECTED as e:  # the queue went away under the handler
                 status = client.status_of(e)
                 reason = "internal-error" if status and status < 500 else "intermittent-task"
-                log.warning("task %s/%d: the handler's request failed: %s", run.task_id,
+                log.warning("task %s/%d: the handler could not reach the queue or storage: %s", run.task_id,
                             run.run_id, client.describe(e))
                 outcome = ("exception", reason)
                 why = f"exception ({reason}): {type(e).__name__}: {client.describe(e)}"
