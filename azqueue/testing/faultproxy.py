@@ -33,6 +33,7 @@ storage behind took, to match with what the clients saw.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import random
 import time
@@ -221,7 +222,7 @@ class FaultProxy:
             assert self._session is not None
             started = asyncio.get_running_loop().time()
             async with self._session.request(
-                    request.method, url, headers=headers, data=body if body else None,
+                    request.method, url, headers=headers, data=io.BytesIO(body) if body else None,
                     skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type",
                                        "Accept")) as answer:
                 content = await answer.read()

@@ -6,6 +6,7 @@ they block; ``azqueue.testing.pytest_plugin`` makes fixtures of them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.worker import client
 from azqueue.worker.client import Credentials
 from azqueue.worker.config import WorkerConfig
-from azqueue.worker.run import Handler
+from azqueue.worker.run import Handler, check_handler
 from azqueue.worker.worker import Worker
 
 if TYPE_CHECKING:
@@ -44,16 +45,24 @@ def new_prefix() -> str:
     return "t" + uuid.uuid4().hex[:12]
 
 
-def server_settings(connection_string: str, prefix: str, amqp_url: str = "") -> Settings:
+def server_settings(connection_string: str, prefix: str, amqp_url: str = "",
+                    **overrides: Any) -> Settings:
     """Settings of a throwaway server on its own port: a fresh root client (scope ``*``)
     and tip secret, claimWork answering within ``CLAIM_WORK_WAIT`` seconds, events on
-    only with ``amqp_url``."""
-    return Settings(
+    only with ``amqp_url``; ``overrides`` sets fields of ``Settings`` by name (TypeError
+    naming the known ones for any other)."""
+    known = {f.name for f in dataclasses.fields(Settings)} - {"storage", "root", "host", "port"}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise TypeError(f"unknown azqueue setting(s) {', '.join(unknown)}; the settings a test "
+                        f"may set: {', '.join(sorted(known))}")
+    settings = Settings(
         storage=StorageSettings(connection_string, prefix),
         tip_secrets=(secrets.token_urlsafe(24),),
         root=Client(ROOT_CLIENT_ID, secrets.token_urlsafe(24), ("*",)),
         host="127.0.0.1", port=free_port(), amqp_url=amqp_url,
         claim_work_wait=CLAIM_WORK_WAIT, claim_work_poll_interval=CLAIM_WORK_POLL_INTERVAL)
+    return dataclasses.replace(settings, **overrides)
 
 
 @dataclass
@@ -149,6 +158,7 @@ class QueueWorker:
                  worker_id: str = "worker-1") -> None:
         if mode not in ("claimwork", "claim-work", "sas"):
             raise ValueError(f"mode must be 'claimwork' or 'sas', not {mode!r}")
+        check_handler(handler)
         self._loop = loop
         self.server = server
         self.handler = handler

@@ -14,6 +14,8 @@ work:
   .drain_async()``) runs it until no task of the task queue is pending or running.
 * ``azure_storage_faults``: the server's storage behind a proxy that injects ServerBusy
   and lost answers on demand.
+* ``@pytest.mark.azqueue(claim_timeout=5, ...)``: settings of ``azqueue_server`` for one
+  test, any field of ``azqueue.config.Settings`` by name.
 
 The server, the workers and the proxy run on an event loop in a thread of their own, so
 synchronous tests use them as asyncio tests do (handlers run on that loop). With
@@ -47,6 +49,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "session, and print where they are")
     parser.addini("azqueue_events", "AMQP URL azqueue_server publishes events to (default: "
                   "events off)", default="")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "azqueue(**settings): settings of azqueue_server for "
+                            "this test, e.g. claim_timeout=5 (seconds)")
 
 
 @pytest.fixture(scope="session")
@@ -94,7 +101,10 @@ def azqueue_server(request: pytest.FixtureRequest, _azqueue_loop: BackgroundLoop
         faults: StorageFaults = request.getfixturevalue("azure_storage_faults")
         connection_string = faults.connection_string
     amqp_url = config.getoption("azqueue_events") or str(config.getini("azqueue_events"))
-    settings = server_settings(connection_string, new_prefix(), amqp_url)
+    overrides: dict[str, Any] = {}
+    for marker in reversed(list(request.node.iter_markers("azqueue"))):
+        overrides.update(marker.kwargs)
+    settings = server_settings(connection_string, new_prefix(), amqp_url, **overrides)
     server = _azqueue_loop.run(AzqueueServer.start(settings))
     yield server
     keep = bool(config.getoption("azqueue_keep"))

@@ -14,20 +14,23 @@ if TYPE_CHECKING:
         IntermittentTask,
         MalformedPayload,
         QueueRefused,
+        RequestFailed,
         ResourceUnavailable,
         TaskFailed,
+        WorkerError,
     )
     from azqueue.worker.config import WorkerConfig
     from azqueue.worker.run import TaskRun
     from azqueue.worker.worker import Worker, WorkerState
 
 _WHERE = {"Credentials": "client", "IntermittentTask": "errors", "MalformedPayload": "errors",
-          "QueueRefused": "errors", "ResourceUnavailable": "errors", "TaskFailed": "errors",
+          "QueueRefused": "errors", "RequestFailed": "errors", "ResourceUnavailable": "errors", "TaskFailed": "errors",
           "TaskRun": "run", "Worker": "worker", "WorkerConfig": "config",
-          "WorkerState": "worker"}
+          "WorkerError": "errors", "WorkerState": "worker"}
 
-__all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "QueueRefused", "ResourceUnavailable",
-           "TaskFailed", "TaskRun", "Worker", "WorkerConfig", "WorkerState"]
+__all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "QueueRefused", "RequestFailed",
+           "ResourceUnavailable", "TaskFailed", "TaskRun", "Worker", "WorkerConfig",
+           "WorkerError", "WorkerState"]
 
 
 def __getattr__(name: str) -> Any:

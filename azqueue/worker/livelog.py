@@ -12,11 +12,14 @@ Azure except the two queue calls:
    Blocks (``PUT <putUrl>&comp=appendblock``) of at most ``CHUNK`` bytes read from the
    file, never more: memory stays bounded whatever the log's size. A quiet command costs
    no request.
-3. Each Append Block carries ``x-ms-blob-condition-appendpos: <offset>``. After a failed
-   append (an error answer, or none) the next attempt sends the very same bytes at the
-   same offset: a ``412 AppendPositionConditionNotMet`` then means that the failed one
-   was applied after all, so the offset moves past it and no byte is ever written twice.
-   (The putUrl has no read permission, so the blob's length is not read instead.)
+3. Each Append Block carries ``x-ms-blob-condition-appendpos: <offset>`` and is sent
+   again after Azure's routine failures (``azqueue.worker.retry``: 500, 503, timeouts,
+   dropped connections, with a bounded backoff). An attempt may have been applied
+   whatever answer follows it, so until an append succeeds every attempt sends the very
+   same bytes at the same offset: a ``412 AppendPositionConditionNotMet`` then means that
+   an earlier one was applied after all, so the offset moves past it and no byte is ever
+   written twice. (The putUrl has no read permission, so the blob's length is not read
+   instead.)
 4. The putUrl lives 30 minutes: ``createArtifact`` with the same definition is asked
    again ``REFRESH_MARGIN`` before it expires (or after a 403), for a fresh one.
 5. Readers of the resolved run get the log as it was last finished, whatever is written
@@ -24,9 +27,11 @@ Azure except the two queue calls:
    once the rest is appended (``close()``), and every ``FINISH_EVERY`` while appends go
    on, so a run resolved by someone else (cancelTask, its deadline) keeps most of its log.
 
-Failures while the command runs are logged as warnings and retried at the next tick:
-a run never fails because one append failed. ``close()`` appends the rest and raises
-if the log cannot be written whole then.
+Failures while the command runs, once the retries of one append are used up, are logged
+as warnings and tried again at the next tick: a run never fails because one append
+failed. ``close()`` appends the rest and raises ``LogNotWritten`` (the run then ends
+``intermittent-task``) if the log cannot be written whole then. ``append()`` adds bytes
+that are in no file (the reason a run failed, ``azqueue.worker.runlog``) after the rest.
 """
 
 from __future__ import annotations
@@ -37,9 +42,9 @@ import io
 import logging
 import os
 from datetime import UTC, datetime, timedelta
-import aiohttp
 
-from azqueue.worker import client
+from azqueue.worker import client, retry
+from azqueue.worker.errors import LogNotWritten, RequestFailed
 from azqueue.worker.run import TaskRun
 
 log = logging.getLogger(__name__)
@@ -49,12 +54,8 @@ REFRESH_MARGIN = timedelta(minutes=5)
 FINISH_EVERY = timedelta(minutes=1)
 # The pauses between the last tries to append the rest of a log, once the command ended.
 FINAL_PAUSES = (1.0, 3.0)
-REQUEST_TIMEOUT = aiohttp.ClientTimeout(total=120, sock_connect=30)
 
-
-class LogNotWritten(Exception):
-    """An append or the creation of the log was refused or got no answer."""
-
+__all__ = ["LiveLog", "LogNotWritten"]
 
 class LiveLog:
     """Streams the file open as ``fd`` to the artifact ``name`` of ``run`` (see the module
@@ -80,6 +81,7 @@ class LiveLog:
     async def start(self) -> None:
         """Create the artifact and its empty blob, and finish it; a failure is a warning
         (the next tick tries again)."""
+        self.run.log_appender = self.append
         with contextlib.suppress(LogNotWritten):
             await self._create()
 
@@ -97,6 +99,17 @@ class LiveLog:
 
     def stop(self) -> None:
         self._stop.set()
+
+    async def append(self, data: bytes) -> None:
+        """Append ``data``, bytes that are in no file, after the whole file once
+        ``close()`` has appended it, and finish the log again; ``LogNotWritten`` if it
+        cannot be done."""
+        if self._doubt:
+            raise LogNotWritten(f"{self.name}: the file's last append is still unsettled")
+        await self._create(final=True)
+        for start in range(0, len(data), CHUNK):
+            await self._append(data[start:start + CHUNK], final=True)
+        await self._finish_again()
 
     async def close(self) -> None:
         """Append the rest of the file and finish the log again, tried once more after each
@@ -138,16 +151,16 @@ class LiveLog:
         if self._created:
             return
         try:
-            async with self.run.session.put(
-                    self._put_url, data=b"", headers={**self._headers, "If-None-Match": "*"},
-                    timeout=REQUEST_TIMEOUT) as r:
-                if r.status not in (201, 409):
-                    raise self._fail(f"creating the log blob answered {r.status}: "
-                                     f"{_error(r, await r.text())}", final)
+            answer = await retry.send(self.run.session, "PUT", self._put_url,
+                                      "creating the log blob",
+                                      headers={**self._headers, "If-None-Match": "*"},
+                                      body=lambda: io.BytesIO(b""))
+            if answer.status not in (201, 409):
+                raise self._fail(f"creating the log blob answered {answer.status}: "
+                                 f"{answer.code}", final)
             await self.run.queue.finishArtifact(self.run.task_id, self.run.run_id, self.name, {})
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise self._fail(f"creating the log blob failed: {e or type(e).__name__}",
-                             final) from None
+        except RequestFailed as e:
+            raise self._fail(str(e), final) from None
         except client.EXPECTED as e:
             raise self._fail(f"finishArtifact failed: {client.describe(e)}", final) from None
         self._created = True
@@ -181,40 +194,28 @@ class LiveLog:
                             self.run.task_id, self.run.run_id, e)
 
     async def _append(self, data: bytes, final: bool) -> None:
-        retry = self._doubt > 0
-        self._doubt = len(data)  # until an answer says otherwise
+        """Append ``data`` at ``offset``, sent again after Azure's routine failures
+        (``azqueue.worker.retry``). Any attempt may have been applied whatever the answer
+        that follows it (the HTTP client itself sends a PUT again after a dropped
+        connection), so ``_doubt`` holds the length of ``data`` until an answer settles
+        it: the next attempt, in this call or a later one, sends the very same bytes at
+        the same offset, and 412 ``AppendPositionConditionNotMet`` then means they are
+        there (nobody else appends to this blob)."""
+        self._doubt = len(data)
+        what = f"appending {len(data)} bytes at {self.offset}"
         try:
-            async with self.run.session.put(
-                    self._put_url + "&comp=appendblock", data=io.BytesIO(data),
-                    timeout=REQUEST_TIMEOUT,
-                    headers={"x-ms-blob-condition-appendpos": str(self.offset)}) as r:
-                if r.status == 201:
-                    self.offset += len(data)
-                    self.appends += 1
-                    self._doubt = 0
-                    return
-                text = await r.text()
-        except (aiohttp.ClientError, TimeoutError) as e:
-            raise self._fail(f"appending {len(data)} bytes at {self.offset} got no answer "
-                             f"({e or type(e).__name__})", final) from None
-        code = r.headers.get("x-ms-error-code", "")
-        if r.status == 412 and code == "AppendPositionConditionNotMet" and retry:
-            # These bytes at this offset failed before, and were applied after all.
+            answer = await retry.send(
+                self.run.session, "PUT", self._put_url + "&comp=appendblock", what,
+                headers={"x-ms-blob-condition-appendpos": str(self.offset)},
+                body=lambda: io.BytesIO(data))
+        except RequestFailed as e:
+            raise self._fail(str(e), final) from None
+        if answer.status == 201 or (answer.status == 412
+                                    and answer.code == "AppendPositionConditionNotMet"):
             self.offset += len(data)
             self.appends += 1
             self._doubt = 0
             return
-        if 400 <= r.status < 500 and not retry:
-            # Refused: nothing was applied. (A retry's refusal, say a 403 of an expired
-            # putUrl, leaves the doubt about the attempt before it as it was.)
-            self._doubt = 0
-        if r.status in (401, 403):
+        if answer.status in (401, 403):
             self._expires = datetime.min.replace(tzinfo=UTC)  # ask for a fresh putUrl
-        raise self._fail(f"appending {len(data)} bytes at {self.offset} answered {r.status}: "
-                         f"{_error(r, text)}", final)
-
-
-def _error(answer: aiohttp.ClientResponse, text: str) -> str:
-    """Azure's error code, else the start of the answer."""
-    return answer.headers.get("x-ms-error-code") or " ".join(text.split())[:200]
-
+        raise self._fail(f"{what} answered {answer.status}: {answer.code}", final)

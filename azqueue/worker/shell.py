@@ -36,14 +36,14 @@ import tempfile
 from collections.abc import Callable
 from typing import Any
 
-from azqueue.worker.errors import InternalError, MalformedPayload, TaskFailed
+from azqueue.worker.errors import MalformedPayload, TaskFailed
 from azqueue.worker.livelog import LiveLog, LogNotWritten
-from azqueue.worker.run import TaskRun
+# The log it streams is the run's log, where the worker writes why a run failed.
+from azqueue.worker.run import LOG_ARTIFACT as LOG_ARTIFACT
+from azqueue.worker.run import LOG_CONTENT_TYPE, TaskRun
 
 log = logging.getLogger(__name__)
 
-LOG_ARTIFACT = "public/logs/live.log"
-LOG_CONTENT_TYPE = "text/plain; charset=utf-8"
 DEFAULT_MAX_RUN_TIME = 3600
 MAX_RUN_TIME = 86400
 INHERITED = ("PATH", "HOME", "LANG", "TZ")
@@ -141,14 +141,11 @@ async def _run_in(run: TaskRun, scratch: str) -> None:
 
 
 async def _close(live: LiveLog, streamer: asyncio.Future[None]) -> None:
-    """Stop the streamer and append the rest of the log; InternalError if it cannot be
-    written."""
+    """Stop the streamer and append the rest of the log; ``LogNotWritten`` (the run ends
+    ``intermittent-task``) if it cannot be written."""
     live.stop()
     await streamer
-    try:
-        await live.close()
-    except LogNotWritten as e:
-        raise InternalError(f"the log could not be written: {e}") from None
+    await live.close()
 
 
 async def _close_canceled(run: TaskRun, live: LiveLog, streamer: asyncio.Future[None]) -> None:
@@ -157,7 +154,7 @@ async def _close_canceled(run: TaskRun, live: LiveLog, streamer: asyncio.Future[
     if it cannot be written."""
     try:
         await _close(live, streamer)
-    except InternalError as e:
+    except LogNotWritten as e:
         log.warning("task %s/%d: %s", run.task_id, run.run_id, e)
 
 

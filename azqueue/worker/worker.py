@@ -50,7 +50,7 @@ from azqueue.worker import client, errors
 from azqueue.worker.claimwork import ClaimWorkSource
 from azqueue.worker.client import Credentials
 from azqueue.worker.config import WorkerConfig
-from azqueue.worker.run import Handler, TaskRun
+from azqueue.worker.run import Handler, TaskRun, check_handler
 from azqueue.worker.sas import SasSource
 
 # ``WorkerConfig``, ``TaskRun`` and ``Handler`` live in modules of their own and are
@@ -79,9 +79,11 @@ class Worker:
     docstring for the rules it follows).
 
     :param config: the ``WorkerConfig``.
-    :param handler: an async function of a ``TaskRun``; returning reports the run
-        completed, raising one of ``azqueue.worker.errors`` reports that outcome, and any
-        other exception reports exception ``internal-error``.
+    :param handler: an async function of a ``TaskRun`` (anything else is refused here
+        with a TypeError); returning reports the run completed, raising one of
+        ``azqueue.worker.errors`` reports that outcome, and any other exception reports
+        exception ``internal-error`` (``intermittent-task`` for a request to the queue
+        that still failed after its retries).
 
     ``completed`` counts the runs reported completed; ``requests`` counts the requests
     made to get work (``azqueue.worker.sas.REQUEST_KINDS``, and ``"claimWork"``), and
@@ -94,6 +96,7 @@ class Worker:
     """
 
     def __init__(self, config: WorkerConfig, handler: Handler) -> None:
+        check_handler(handler)
         self.config = config
         self.handler = handler
         self.state = WorkerState.READY
@@ -245,13 +248,19 @@ class Worker:
         self._running[task] = run
         task.add_done_callback(lambda t: self._running.pop(t, None))
 
+    async def _call(self, run: TaskRun) -> None:
+        """The handler, called in the run's own task: whatever it raises, even before it
+        returns a coroutine, is the run's outcome."""
+        await self.handler(run)
+
     async def _run(self, run: TaskRun) -> None:
-        handler = asyncio.ensure_future(self.handler(run))
+        handler = asyncio.ensure_future(self._call(run))
         reclaimer = asyncio.ensure_future(self._reclaim(run, handler))
         watcher = asyncio.ensure_future(self._watch(run, handler))
         if self._shutdown:  # claimed while a forced stop was under way: hand it back
             handler.cancel()
         outcome: tuple[str, str] | None = None
+        why = ""  # written at the end of the run's log
         try:
             try:
                 await asyncio.shield(handler)
@@ -264,25 +273,29 @@ class Worker:
                     return
                 outcome = ("exception", "worker-shutdown")
             except errors.TaskFailed as e:
-                outcome = ("failed", str(e))
+                outcome, why = ("failed", str(e)), f"failed: {e}"
             except errors.TaskException as e:
                 log.info("task %s/%d: %s: %s", run.task_id, run.run_id, e.reason, e)
-                outcome = ("exception", e.reason)
+                outcome, why = ("exception", e.reason), f"exception ({e.reason}): {e}"
             except client.EXPECTED as e:  # the queue went away under the handler
-                log.warning("task %s/%d: the handler could not reach the queue: %s",
-                            run.task_id, run.run_id, client.describe(e))
-                outcome = ("exception", "internal-error")
-            except Exception:
+                status = client.status_of(e)
+                reason = "internal-error" if status and status < 500 else "intermittent-task"
+                log.warning("task %s/%d: the handler could not reach the queue or storage: %s", run.task_id,
+                            run.run_id, client.describe(e))
+                outcome = ("exception", reason)
+                why = f"exception ({reason}): {type(e).__name__}: {client.describe(e)}"
+            except Exception as e:
                 log.exception("task %s/%d: the handler failed (a worker bug)", run.task_id,
                               run.run_id)
                 outcome = ("exception", "internal-error")
+                why = f"exception (internal-error): {type(e).__name__}: {e}"
         finally:
             reclaimer.cancel()
             watcher.cancel()
             try:
                 if outcome is not None and not run.lost:
                     # A forced stop must not cancel a report that is already due.
-                    report = asyncio.ensure_future(self._report(run, *outcome))
+                    report = asyncio.ensure_future(self._end(run, why, *outcome))
                     try:
                         await asyncio.shield(report)
                     except asyncio.CancelledError:
@@ -291,6 +304,16 @@ class Worker:
             finally:
                 await _cancel(reclaimer, f"task {run.task_id}/{run.run_id}: reclaiming")
                 await _cancel(watcher, f"task {run.task_id}/{run.run_id}: watching")
+
+    async def _end(self, run: TaskRun, why: str, state: str, reason: str) -> None:
+        """Write why the run ended at the end of its log, then report it."""
+        if why:
+            try:
+                await run.end_log(f"the run ended {why}")
+            except Exception:  # a bug: the run is reported all the same
+                log.error("task %s/%d: writing why it ended failed unexpectedly", run.task_id,
+                          run.run_id, exc_info=True)
+        await self._report(run, state, reason)
 
     async def _reclaim(self, run: TaskRun, handler: asyncio.Future[None]) -> None:
         while not handler.done():

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+import urllib.request
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -140,3 +142,56 @@ def test_drain_gives_up_after_its_timeout_saying_what_is_left(azqueue_server, az
         azqueue_worker(QUEUE, handler).drain(timeout=2)
     run = queue.status(task_id)["status"]["runs"][0]
     assert (run["state"], run["reasonResolved"]) == ("exception", "worker-shutdown")
+
+
+def test_a_plain_function_handler_is_refused_naming_it(azqueue_worker):
+    def build(run):
+        pass
+
+    with pytest.raises(TypeError, match="the handler .*build is not an async function"):
+        azqueue_worker(QUEUE, build)
+
+
+def test_artifacts_arrive_through_throttling_and_a_lost_put(azqueue_server, azqueue_worker,
+                                                            azure_storage_faults):
+    queue = azqueue_server.queue()
+    ids = [create(queue, f"artifact {i}") for i in range(4)]
+
+    async def handler(run: TaskRun) -> None:
+        await run.upload_artifact("public/out.txt", run.payload["command"].encode(),
+                                  "text/plain")
+
+    azure_storage_faults.set(busy=0.3)
+    azure_storage_faults.once("PUT", "-artifacts/", "timed out")
+    azqueue_worker(QUEUE, handler).drain(timeout=120)
+    azure_storage_faults.clear()
+    assert [state(queue, i) for i in ids] == ["completed"] * 4
+    for i, task_id in enumerate(ids):
+        url = queue.buildUrl("getArtifact", task_id, 0, "public/out.txt")
+        assert urllib.request.urlopen(url).read() == f"artifact {i}".encode()
+
+
+def test_the_reason_a_run_failed_is_at_the_end_of_its_log(azqueue_server, azqueue_worker):
+    queue = azqueue_server.queue()
+    task_id = create(queue, "add")
+
+    async def handler(run: TaskRun) -> None:
+        raise TaskFailed("a and b must be numbers")
+
+    azqueue_worker(QUEUE, handler).drain()
+    url = queue.buildUrl("getArtifact", task_id, 0, "public/logs/live.log")
+    log = urllib.request.urlopen(url).read().decode()
+    assert log.endswith("the run ended failed: a and b must be numbers\n"), log
+
+
+@pytest.mark.azqueue(claim_timeout=3)
+def test_a_claim_expires_in_seconds_with_the_marker(azqueue_server):
+    queue = azqueue_server.queue()
+    task_id = create(queue, "abandoned")
+    claims = queue.claimWork(QUEUE, {"workerGroup": "g", "workerId": "gone", "tasks": 1})
+    assert [c["status"]["taskId"] for c in claims["tasks"]] == [task_id]
+    deadline = time.monotonic() + 60
+    while (run := queue.status(task_id)["status"]["runs"][0])["state"] == "running":
+        assert time.monotonic() < deadline, "the claim did not expire within 60 s"
+        time.sleep(0.5)
+    assert (run["state"], run["reasonResolved"]) == ("exception", "claim-expired")

@@ -41,6 +41,10 @@ async def running(*workers: Worker) -> AsyncIterator[list[asyncio.Task[None]]]:
         await asyncio.gather(*tasks)
 
 
+async def does_nothing(run: object) -> None:
+    """A handler that completes its run at once."""
+
+
 def shell_worker(server: Server, queue: str, worker_id: str, **overrides: Any) -> Worker:
     return Worker(config(server, queue, worker_id, **overrides), shell.run_command)
 

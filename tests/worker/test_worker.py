@@ -31,6 +31,7 @@ from tests.worker.helpers import (
     alive,
     cli_env,
     config,
+    does_nothing,
     finish,
     log_of,
     running,
@@ -248,7 +249,7 @@ async def test_stop_returns_promptly_while_the_queue_is_empty(
     """The SDK's worker (docs/workers/sdk.md): 'an event loop whose blocking lease has a timeout so stop is
     prompt'; here every wait is bounded, even claimWork's 20-second long poll."""
     server = await make_server()
-    worker = Worker(config(server, "prov/idle", "idle", mode=mode), lambda run: asyncio.sleep(0))
+    worker = Worker(config(server, "prov/idle", "idle", mode=mode), does_nothing)
     started = asyncio.ensure_future(worker.start())
     # Waiting: a claimWork call is under way, or a pass found nothing (the second pass
     # asks the queue for its sample after the first one's sleep).
@@ -283,8 +284,11 @@ async def test_claims_that_arrive_during_a_forced_stop_are_handed_back(
                 return claims
             return source
 
+    async def sleeps_30_s(run: object) -> None:
+        await asyncio.sleep(30)
+
     worker = StoppedMidPass(config(server, "prov/late", "late", mode="sas", capacity=3),
-                            lambda run: asyncio.sleep(30))
+                            sleeps_30_s)
     await asyncio.wait_for(worker.start(), 10)
     for task_id in tasks:
         s = await status(http, server.api, task_id)
@@ -337,7 +341,7 @@ async def test_expected_failures_are_logged_in_a_line_and_others_with_their_trac
 
     caplog.set_level(logging.WARNING, logger="azqueue.worker")
     worker = Flaky(config(server, "prov/flaky", "w", mode="sas", idle_sleep=0.05),
-                   lambda run: asyncio.sleep(0))
+                   does_nothing)
     async with running(worker):
         await wait_status(http, server, task_id, lambda s: s["state"] == "completed")
     logged = [r for r in caplog.records if "getting work failed" in r.getMessage()]
