@@ -24,6 +24,11 @@ hands out point at the proxy too). Then, in phases (all by default):
             consumer bound to task-completed before the first task;
             medians of each mode and of the rounds' on / off ratios, then reportCompleted
             sent -> task-completed received, one task at a time
+  rest      at rest, events off and on, two replicas of their own: storage requests/s with
+            nobody waiting, and with a claimWork caller on each replica for each of
+            --rest-queues (20) task queues; the wake-up of a caller (and of a SAS worker's
+            pollTaskUrls?pending=true&wait) waiting on one replica by a task created on the
+            other, and on the same one (--wake-rounds, 12, seconds apart)
 
 and prints a summary with the performance goals next to the measured values. Workers run in
 a child process (scripts/bench_workers.py); CPU times come from /proc.
@@ -70,7 +75,7 @@ from azqueue.testing.tasks import call
 
 SCRIPTS = Path(__file__).resolve().parent
 PHASES = ("steps", "celery", "create", "sas", "claimwork", "latency", "replicas", "idle",
-          "events")
+          "events", "rest")
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 PYTHON = sys.executable
 
@@ -816,6 +821,149 @@ async def phase_idle(b: Bench) -> None:
         b.summary[f"idle {mode}"] = per
 
 
+# -- phase: at rest -------------------------------------------------------------------------
+
+async def waiting_callers(http: aiohttp.ClientSession, api: str, queue: str, worker_id: str,
+                          stop: asyncio.Event, claimed: dict[str, float]) -> None:
+    """A claimWork caller that calls again as soon as it is answered, noting when each
+    task it got was answered, and completing it."""
+    url = f"{api}/claim-work/{queue.replace('/', '%2F')}"
+    while not stop.is_set():
+        body = await call(http, "POST", url, {"workerGroup": "bench", "workerId": worker_id,
+                                               "tasks": 1})
+        at = time.perf_counter()
+        for claim in body["tasks"]:
+            claimed[claim["status"]["taskId"]] = at
+            await call(http, "POST", f"{api}/task/{claim['status']['taskId']}/runs/"
+                                     f"{claim['runId']}/completed", {})
+
+
+async def wake_rounds(http: aiohttp.ClientSession, creator: Server, waiter: Server,
+                      queue: str, rounds: int) -> list[float]:
+    """createTask answered on ``creator`` -> claimWork answered on ``waiter``, seconds, one
+    task per round, rounds 2-4 s apart so that pollers settle between them."""
+    stop = asyncio.Event()
+    claimed: dict[str, float] = {}
+    caller = asyncio.create_task(waiting_callers(http, waiter.api, queue, "wake", stop, claimed))
+    out: list[float] = []
+    try:
+        await asyncio.sleep(4.0)  # the doorbell covers the queue (ears are read by then)
+        for _ in range(rounds):
+            await asyncio.sleep(2.0 + 2.0 * (len(out) % 3) / 2)
+            task_id = await create_task(http, creator.api, queue)
+            created = time.perf_counter()
+            while task_id not in claimed:
+                if time.perf_counter() > created + 60.0:
+                    raise BenchError(f"task {task_id} reached no caller within 60 s")
+                await asyncio.sleep(0.002)
+            out.append(claimed[task_id] - created)
+    finally:
+        stop.set()
+        caller.cancel()
+        await asyncio.gather(caller, return_exceptions=True)
+    return out
+
+
+async def sas_wake_rounds(http: aiohttp.ClientSession, creator: Server, waiter: Server,
+                          queue: str, rounds: int) -> list[float]:
+    """createTask answered on ``creator`` -> pollTaskUrls?pending=true&wait=20 answered with a
+    visible tip on ``waiter`` (how an idle SDK SAS worker waits), seconds."""
+    provisioner, worker_type = queue.split("/")
+    url = f"{waiter.api}/poll-task-url/{provisioner}/{worker_type}?pending=true&wait=20"
+    out: list[float] = []
+    await call(http, "GET", url.replace("&wait=20", ""))
+    await asyncio.sleep(4.0)
+    for _ in range(rounds):
+        await asyncio.sleep(2.0 + 2.0 * (len(out) % 3) / 2)
+        asking = asyncio.create_task(call(http, "GET", url))
+        await asyncio.sleep(0.3)
+        await create_task(http, creator.api, queue)
+        created = time.perf_counter()
+        answer = await asking
+        while not any(answer["pending"]["queues"]):
+            answer = await call(http, "GET", url)
+        out.append(time.perf_counter() - created)
+        urls = answer["queues"][6]["signedPollUrl"]
+        for message in await get_messages(http, urls, 32):
+            await claim_message(http, waiter.api, message)
+    return out
+
+
+async def phase_rest(b: Bench) -> None:
+    """At rest, with events off and on: two replicas of their own (default resolvers),
+    storage requests/s with nobody waiting and with claimWork callers waiting on
+    ``--rest-queues`` task queues on each replica; then the wake-up of a caller waiting on
+    one replica by a task created on the other, and on the same one."""
+    amqp = b.args.amqp or DEFAULT_AMQP
+    n, seconds, rounds = b.args.rest_queues, b.args.rest_seconds, b.args.wake_rounds
+    print(f"\n== rest: two replicas, {n} task queues with a claimWork caller waiting on each "
+          f"replica, {seconds:.0f} s per figure; wake-up over {rounds} rounds ==")
+    await b.stop_server("server", b.main)
+    b.server = None
+    try:
+        for mode in ("off", "on"):
+            extra = ({"AZQUEUE_AMQP_URL": amqp,
+                      "AZQUEUE_EXCHANGE_PREFIX": f"bench-{secrets.token_hex(4)}/"}
+                     if mode == "on" else {})
+            await rest_mode(b, mode, n, seconds, rounds, extra)
+    finally:
+        await restart_main(b)
+
+
+async def rest_mode(b: Bench, mode: str, n: int, seconds: float, rounds: int,
+                    extra: dict[str, str]) -> None:
+    a = await b.start_server(f"rest-{mode}-a", **extra)
+    z = await b.start_server(f"rest-{mode}-b", **extra)
+    stop = asyncio.Event()
+    callers: list[asyncio.Task[None]] = []
+    try:
+        async with signed_session(4 * n + 20) as http:
+            await asyncio.sleep(5.0)  # past start-up
+            before = b.mark()
+            await asyncio.sleep(seconds)
+            idle = b.span(before, b.mark())
+            claimed: dict[str, float] = {}
+            for i in range(n):
+                for name, server in (("a", a), ("b", z)):
+                    callers.append(asyncio.create_task(waiting_callers(
+                        http, server.api, f"bench/rest{i}", f"{name}{i}", stop, claimed)))
+            # Past the callers' first answers (AZQUEUE_CLAIM_WORK_WAIT, 20 s): each first
+            # sight of a worker and a task queue is recorded once, then rarely.
+            await asyncio.sleep(25.0)
+            before = b.mark()
+            await asyncio.sleep(seconds)
+            busy = b.span(before, b.mark())
+            cross = await wake_rounds(http, a, z, "bench/wake-cross", rounds)
+            same = await wake_rounds(http, a, a, "bench/wake-same", rounds)
+            sas_cross = await sas_wake_rounds(http, a, z, "bench/wake-sas", rounds)
+    finally:
+        stop.set()
+        for c in callers:
+            c.cancel()
+        await asyncio.gather(*callers, return_exceptions=True)
+        await b.stop_server(f"rest-{mode}-a", a)
+        await b.stop_server(f"rest-{mode}-b", z)
+    resting = idle.requests() / idle.seconds
+    waiting = busy.requests() / busy.seconds
+    per_queue = (waiting - resting) / n
+    print(f"  events {mode}: {resting:.2f} storage requests/s with nobody waiting "
+          f"({resting / 2:.2f} per replica), {waiting:.2f} with {n} task queues waiting: "
+          f"{per_queue:.4f} per waiting task queue")
+    print(f"    by kind, waiting: " + ", ".join(
+        f"{h.service} {h.kind} {c / busy.seconds:.2f}/s"
+        for h, c in busy.counts.most_common(6)))
+    for label, values in (("another replica", cross), ("the same replica", same),
+                          ("another replica, SAS pollTaskUrls?wait", sas_cross)):
+        print(f"    wake-up, task created on {label}: p50 {percentile(values, 50):.3f} s, "
+              f"max {max(values):.3f} s")
+    s = b.summary
+    s[f"rest {mode} idle per replica"] = resting / 2
+    s[f"rest {mode} per queue"] = per_queue
+    s[f"rest {mode} wake cross max"] = max(cross)
+    s[f"rest {mode} wake same max"] = max(same)
+    s[f"rest {mode} wake sas max"] = max(sas_cross)
+
+
 # -- summary -------------------------------------------------------------------------------
 
 @dataclass(frozen=True, slots=True)
@@ -875,6 +1023,17 @@ GOALS = (
          lambda v: v >= 0.8, "x"),
     Goal("events on / off: server CPU / lifecycle", "<= 1.5x", _get("events/off lifecycle cpu"),
          lambda v: v <= 1.5, "x"),
+    *(goal for mode, cross in (("off", 2.0), ("on", 0.5)) for goal in (
+        Goal(f"at rest, events {mode}: storage requests/s per replica, nobody waiting", "<= 2",
+             _get(f"rest {mode} idle per replica"), lambda v: v <= 2),
+        Goal(f"at rest, events {mode}: added per waiting task queue (two replicas)", "<= 0.05",
+             _get(f"rest {mode} per queue"), lambda v: v <= 0.05, " req/s"),
+        Goal(f"wake-up, events {mode}: created on another replica, worst", f"<= {cross} s",
+             _get(f"rest {mode} wake cross max"), lambda v, c=cross: v <= c, " s"),
+        Goal(f"wake-up, events {mode}: SAS worker, created on another replica, worst",
+             f"<= {cross} s", _get(f"rest {mode} wake sas max"), lambda v, c=cross: v <= c, " s"),
+        Goal(f"wake-up, events {mode}: created on the same replica, worst", "<= 0.1 s",
+             _get(f"rest {mode} wake same max"), lambda v: v <= 0.1, " s"))),
 )
 
 FIGURES = (
@@ -926,7 +1085,7 @@ def print_summary(b: Bench) -> None:
 RUNNERS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "steps": phase_steps, "celery": phase_celery, "create": phase_create, "sas": phase_sas,
     "claimwork": phase_claimwork, "latency": phase_latency, "replicas": phase_replicas,
-    "idle": phase_idle, "events": phase_events}
+    "idle": phase_idle, "events": phase_events, "rest": phase_rest}
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -980,6 +1139,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--latency-tasks", type=int, default=50,
                         help="tasks per claimWork latency scenario (50)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
+    parser.add_argument("--rest-queues", type=int, default=20,
+                        help="task queues with a caller waiting on each replica (rest, 20)")
+    parser.add_argument("--rest-seconds", type=float, default=30.0,
+                        help="seconds each at-rest figure is counted over (rest, 30)")
+    parser.add_argument("--wake-rounds", type=int, default=12,
+                        help="tasks of each wake-up figure, one at a time (rest, 12)")
     parser.add_argument("--rounds", type=int, default=4,
                         help="rounds of the events phase, each a drain with events off and one "
                              "with events on, the first of a round off, the next on, and so on "

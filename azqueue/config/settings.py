@@ -68,14 +68,14 @@ class Settings:
     # are all looked at without a doorbell, and with one (a fallback for lost rings).
     claim_work_wait: float = 20.0
     claim_work_poll_interval: float = 2.0
-    claim_work_fallback_interval: float = 600.0
+    claim_work_fallback_interval: float = 3600.0
     # Events off: how often a replica reads the doorbell table.
     doorbell_interval: float = 1.0
     # Events: off without an AMQP URL.
     amqp_url: str = field(default="", repr=False)  # may hold the broker's password
     exchange_prefix: str = "exchange/taskcluster-queue/v1/"
     events_recovery_delay: float = 30.0
-    events_resolver_interval: float = 2.0
+    events_resolver_interval: float = 5.0
     # Dependencies: when a resolution that its process did not pass on is recovered.
     dependencies_recovery_delay: float = 30.0
     dependency_resolver_interval: float = 5.0

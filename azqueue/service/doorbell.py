@@ -52,7 +52,7 @@ ALL = frozenset(p.rank for p in ORDER)
 # After a ring, the next batch waits this long, so bursts cost a ring per batch.
 RING_PAUSE = 0.2
 # How long an ear holds; it is rewritten when less than half of it is left.
-EAR_LIFE = timedelta(minutes=20)
+EAR_LIFE = timedelta(hours=1)
 # A ring that failed is tried again after this long (with the next batch).
 RETRY_PAUSE = 1.0
 # How many reads of the doorbell table may fail in a row before it is not trusted.
@@ -158,9 +158,11 @@ class Doorbell:
         self._tasks.append(asyncio.create_task(self._ringer(), name="doorbell ringer"))
 
     def _everything_may_have_changed(self) -> None:
-        """Rings may have been lost while the broker was away: every waiter looks again."""
-        for task_queue_id in self.waiting.active() | self.hints.active():
-            self._wake(task_queue_id, ALL)
+        """Rings may have been lost while the broker was away: every waiter looks again,
+        and so does the next caller of a task queue nobody waits on now."""
+        self.waiting.rung_everywhere()
+        for task_queue_id in self.hints.sampled():
+            self.hints.look_again(task_queue_id)
 
     async def _ringer(self) -> None:
         while not self._stopping:

@@ -78,7 +78,6 @@ class PendingHints:
         self._samples: OrderedDict[str, Sample] = OrderedDict()
         self._refreshing: dict[str, asyncio.Future[Sample | None]] = {}
         self._marks: dict[str, set[int]] = {}  # tips made visible during a refresh
-        self._asked: OrderedDict[str, float] = OrderedDict()  # when a worker last asked
         self._visible: dict[str, asyncio.Event] = {}  # set when a tip is marked visible
         self._too_early: set[str] = set()  # refreshes under way when told to look again
 
@@ -86,10 +85,6 @@ class PendingHints:
         """A sample whose flags are current (see the class); None if storage could not
         say. ``covered``: whether the doorbell covers the task queue."""
         now = asyncio.get_running_loop().time()
-        self._asked[task_queue_id] = now
-        self._asked.move_to_end(task_queue_id)
-        while len(self._asked) > MAX_SAMPLES:
-            self._asked.popitem(last=False)
         known = self._samples.get(task_queue_id)
         ranks = self._stale(known, now, covered)
         if not ranks:
@@ -122,10 +117,9 @@ class PendingHints:
             return False
         return True
 
-    def active(self) -> set[str]:
-        """The task queues whose sample a worker asked for in the last ``fallback``."""
-        now = asyncio.get_running_loop().time()
-        return {tq for tq, at in self._asked.items() if now - at < self.fallback}
+    def sampled(self) -> list[str]:
+        """The task queues this process keeps a sample of."""
+        return list(self._samples)
 
     def tip_visible(self, task_queue_id: str, priority: Priority) -> None:
         """This process put a tip, or made one visible, or was rung that another did: the

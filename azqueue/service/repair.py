@@ -111,6 +111,8 @@ class Repair:
             if await self.tips.still_waiting(stored):
                 log.debug("task %s: run %d pending for %.0fs, its tip untouched in its queue",
                           task.task_id, last.run_id, (now - last.scheduled).total_seconds())
+                # Nobody took it: if its ring was lost, the waiters hear of it now.
+                self.tips.visible(task)
             else:
                 log.info("task %s: run %d pending for %.0fs and its tip was received since it "
                          "was put (or is not known): queuing another in case it was lost",

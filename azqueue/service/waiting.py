@@ -124,6 +124,7 @@ class Waiting:
         if tq is not None:
             tq.rung(ranks)
 
-    def active(self) -> set[str]:
-        """The task queues that have callers waiting here."""
-        return {name for name, tq in self._queues.items() if tq.waiters}
+    def rung_everywhere(self) -> None:
+        """Rings may have been missed: every task queue's poller looks everywhere next."""
+        for tq in self._queues.values():
+            tq.rung(RANKS)

@@ -5,11 +5,12 @@ What is recorded, and how often (never on a request's path, never a write per cl
 
 * A **task queue** (and its provisioner) becomes known when a task is created for it or a
   worker asks it for work: one write (a transaction of two rows) at once, then at most one
-  every ``TASK_QUEUE_RECORD_INTERVAL`` seconds per task queue and process. Each write sets
+  every ``TASK_QUEUE_RECORD_INTERVAL`` seconds per task queue and process while tasks are
+  created and claimed (``IDLE_RECORD_INTERVAL`` while its workers only wait). Each write sets
   ``lastDateActive`` and ``expires`` (``TASK_QUEUE_EXPIRY`` ahead).
 * A **worker** is recorded when it calls claimWork, claims a task or reclaims one: at once
   the first time this process sees it, then at most every ``WORKER_RECORD_INTERVAL``
-  seconds while it claims tasks (``WORKER_IDLE_RECORD_INTERVAL`` while it only waits,
+  seconds while it claims tasks (``IDLE_RECORD_INTERVAL`` while it only waits,
   so that waiting costs next to nothing); the tasks it claimed meanwhile (``recentTasks``, the latest 20) are written
   once that interval has passed (``FLUSH_INTERVAL`` later at most), whether it calls again
   or not. Each write sets ``lastDateActive`` and
@@ -42,8 +43,9 @@ TASK_QUEUE_EXPIRY = timedelta(days=5)
 WORKER_EXPIRY = timedelta(days=1)
 TASK_QUEUE_RECORD_INTERVAL = 300.0
 WORKER_RECORD_INTERVAL = 30.0
-# A worker that claims nothing (it waits, at rest) is recorded this seldom.
-WORKER_IDLE_RECORD_INTERVAL = 600.0
+# A worker that claims nothing (it waits, at rest), and a task queue whose workers claim
+# nothing, are recorded this seldom.
+IDLE_RECORD_INTERVAL = 1800.0
 QUARANTINE_TTL = 10.0
 # How often the claims noted since a worker's last write are looked at.
 FLUSH_INTERVAL = 5.0
@@ -94,11 +96,12 @@ class WorkerInfo:
 
     # -- bookkeeping -----------------------------------------------------------------
 
-    def task_queue_active(self, task_queue_id: str) -> None:
-        """A task was created for the task queue, or a worker asked it for work."""
+    def task_queue_active(self, task_queue_id: str, idle: bool = False) -> None:
+        """A task was created for the task queue, or a worker asked it for work (``idle``:
+        and got none)."""
         now = asyncio.get_running_loop().time()
         last = self._queues_written.get(task_queue_id, float("-inf"))
-        if now - last < TASK_QUEUE_RECORD_INTERVAL:
+        if now - last < (IDLE_RECORD_INTERVAL if idle else TASK_QUEUE_RECORD_INTERVAL):
             return
         if len(self._queues_written) >= MAX_REMEMBERED:
             self._forget(self._queues_written, now - TASK_QUEUE_RECORD_INTERVAL)
@@ -108,12 +111,12 @@ class WorkerInfo:
     def worker_active(self, task_queue_id: str, worker_group: str, worker_id: str,
                       claimed: Sequence[tuple[str, int]] = ()) -> None:
         """The worker called (claimWork, claimTask, reclaimTask) and claimed ``claimed``."""
-        self.task_queue_active(task_queue_id)
+        self.task_queue_active(task_queue_id, idle=not claimed)
         key = (task_queue_id, worker_group, worker_id)
         now = asyncio.get_running_loop().time()
         last, pending = self._seen.get(key, (float("-inf"), []))
         pending = pending + list(claimed)
-        interval = WORKER_RECORD_INTERVAL if pending else WORKER_IDLE_RECORD_INTERVAL
+        interval = WORKER_RECORD_INTERVAL if pending else IDLE_RECORD_INTERVAL
         if now - last < interval:
             self._seen[key] = (last, pending)
             return

@@ -109,13 +109,17 @@ def queue(root_url: str, credentials: Credentials | None,
 
 async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
                          credentials: Credentials | None, task_queue_id: str,
-                         pending: bool = False) -> dict[str, Any]:
+                         pending: bool = False, wait: float = 0.0) -> dict[str, Any]:
     """``{expires, queues: [{signedPollUrl, signedDeleteUrl}, ...]}``, highest priority
     first, and with ``pending`` the queue's ``pending: {sampled, queues: [bool, ...], ages: [seconds, ...]}``
-    when it gave one (left out if malformed); ``QueueUnavailable`` saying why otherwise."""
+    when it gave one (left out if malformed); ``QueueUnavailable`` saying why otherwise.
+    With ``wait`` (and ``pending``), the queue answers once a queue holds a visible tip, or
+    after that many seconds."""
     url = f"{root_url.rstrip('/')}/api/queue/v1/poll-task-url/{task_queue_id}"
     if pending:
         url += "?pending=true"
+        if wait > 0:
+            url += f"&wait={wait:g}"
     headers = {}
     if credentials is not None:
         ext = queue(root_url, credentials).makeHawkExt()

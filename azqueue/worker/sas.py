@@ -36,7 +36,13 @@ reordering the queues:
   seven times, and an idle pass polls nothing at all. A tip put meanwhile by another
   replica of the queue waits at most that age longer; without an answer (the queue
   unreachable, or one that does not sample) the pass polls all seven queues.
-* **Idle backoff.** After the *k*-th empty pass in a row the worker sleeps
+* **Waiting for a tip.** When the sample says that no queue holds a visible tip, the
+  next pass asks pollTaskUrls to wait for one (``&wait=20``): the queue answers as soon as
+  any replica puts or rings a tip for the task queue (see docs/capacity.md, "At rest"),
+  so an idle worker wakes within moments at no storage request and one request to the
+  queue per 20 s. A queue that cannot wait (an earlier release) answers 400, after which
+  the worker sleeps between passes as below.
+* **Idle backoff.** Otherwise, after the *k*-th empty pass in a row the worker sleeps
   ``min(idle_sleep * 2 ** (k - 1), max_idle_sleep)`` seconds, times a random factor
   between 0.75 and 1.25 so that workers do not poll in step: "a second or so" after the
   first empty pass (docs/workers/sas.md), growing to ``max_idle_sleep`` on average. Finding
@@ -70,6 +76,8 @@ from azqueue.worker import client
 log = logging.getLogger(__name__)
 
 MAX_MESSAGES = 32
+# How long an idle worker asks pollTaskUrls to wait for a visible tip (seconds).
+LONG_POLL = 20.0
 DEQUEUE_ALERT = 10
 REFRESH_BEFORE = timedelta(minutes=2)
 # Answers to claimTask after which the message is deleted: the task does not exist, is
@@ -163,6 +171,9 @@ class SasSource:
         self._recheck_at = 0.0  # time.monotonic() at which to poll from the top again
         self.empty_passes = 0  # empty passes in a row
         self._emptied: dict[int, float] = {}  # queue -> when its last empty poll started
+        # Idle, ask pollTaskUrls to wait for a tip (a queue that cannot turns it off).
+        self.long_poll = hints
+        self._nothing_pending = False  # the last sample said no queue holds a visible tip
 
     async def _queues(self) -> list[dict[str, str]]:
         if self._urls is None or datetime.now(UTC) + REFRESH_BEFORE >= self._expires:
@@ -172,16 +183,24 @@ class SasSource:
             self._expires = client.parse_time(self._urls["expires"])
         return list(self._urls["queues"])
 
-    async def _pass(self) -> list[tuple[int, dict[str, str]]]:
+    async def _pass(self, wait: float = 0.0) -> list[tuple[int, dict[str, str]]]:
         """The queues a pass from the top polls: those the queue's sample says hold
-        visible tips (fresh URLs with it), or all of them without a sample."""
+        visible tips (fresh URLs with it), or all of them without a sample. With ``wait``,
+        the queue is asked to answer once a queue holds one (or after ``wait`` seconds)."""
+        self._nothing_pending = False
         if self.hints:
             self.requests[POLL_TASK_URLS] += 1
             try:
                 urls = await client.poll_task_urls(self.session, self.root_url,
                                                    self.credentials, self.task_queue_id,
-                                                   pending=True)
+                                                   pending=True, wait=wait)
             except client.EXPECTED as e:
+                if wait and client.status_of(e) == 400:
+                    # A queue that does not wait (an earlier release): sleep between passes.
+                    log.info("pollTaskUrls does not wait here (%s); sleeping between idle "
+                             "passes instead", e)
+                    self.long_poll = False
+                    return await self._pass()
                 if 400 <= (client.status_of(e) or 0) < 500:
                     raise  # refused: as when the URLs themselves are refused
                 log.debug("no sample of %s's queues (%s): polling them all",
@@ -192,6 +211,7 @@ class SasSource:
                     # A queue this worker found empty after the sample was taken is
                     # skipped too: the worker knows better.
                     now, pending = time.monotonic(), urls["pending"]
+                    self._nothing_pending = not any(pending["queues"])
                     return [(i, q) for i, q in enumerate(urls["queues"])
                             if pending["queues"][i]
                             and self._emptied.get(i, -math.inf) < now - pending["ages"][i]]
@@ -212,7 +232,16 @@ class SasSource:
         # skipping those the queue saw empty just now.
         self._sticky = None
         self._recheck_at = time.monotonic() + self.priority_recheck
-        for index, q in await self._pass():
+        wait = LONG_POLL if self.long_poll and self._nothing_pending else 0.0
+        passing = asyncio.ensure_future(self._pass(wait))
+        stopping = asyncio.ensure_future(stop.wait())
+        await asyncio.wait({passing, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not passing.done():  # stopped while the queue waited for a tip
+            passing.cancel()
+            await asyncio.gather(passing, return_exceptions=True)
+            return []
+        for index, q in passing.result():
             if stop.is_set():
                 return []
             messages = await self._poll(q, wanted, index)
@@ -223,6 +252,8 @@ class SasSource:
         # "If at end of the array, the worker should sleep a second or so, and start
         # polling from the start of the list" (docs/workers/sas.md); longer while nothing comes.
         self.empty_passes += 1
+        if self.long_poll and self._nothing_pending:
+            return []  # the next pass waits in pollTaskUrls for a tip, at no storage request
         delay = idle_delay(self.empty_passes, self.idle_sleep, self.max_idle_sleep,
                            random.uniform(0.75, 1.25))
         log.debug("%s: empty pass %d in a row, sleeping %.1f s; requests so far: %s",

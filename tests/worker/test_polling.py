@@ -222,3 +222,30 @@ async def test_a_queue_the_worker_found_empty_after_the_sample_is_not_polled_aga
             assert len(await source.get(1, stop)) == 1
         assert await source.get(1, stop) == []
     assert (source.requests[POLL], source.requests[EMPTY_POLL]) == (3, 1)
+
+
+async def test_an_idle_sas_worker_waits_in_poll_task_urls_and_wakes_for_another_replicas_task(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """An idle SAS worker asks pollTaskUrls to wait for a tip instead of sleeping between
+    passes (docs/capacity.md, "At rest"): with sleeps of an hour between idle passes and
+    no looks of the replicas' own, it still runs a task created on another replica within
+    moments, and polls no Azure queue while it waits."""
+    from tests.integration.test_doorbell import quiet, settled
+
+    a, b = await make_server(**quiet()), await make_server(**quiet())
+    queue = "prov/sasidle"
+    done = asyncio.Event()
+
+    async def handler(run: TaskRun) -> None:
+        done.set()
+
+    worker = Worker(config(b, queue, "w", mode="sas", idle_sleep=3600, max_idle_sleep=3600),
+                    handler)
+    async with running(worker):
+        await eventually(lambda: worker.requests["pollTaskUrls"] >= 2,
+                         what="the worker waiting in pollTaskUrls")
+        await settled(b, queue)
+        polls = worker.requests[POLL]
+        await create(http, a.api, definition(queue))
+        await asyncio.wait_for(done.wait(), 30)
+    assert worker.requests[POLL] == polls + 1  # the poll that found the task
