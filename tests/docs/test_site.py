@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from azqueue.config.variables import SETTINGS
 from azqueue.devstorage import free_port
 from tests.browser import browser  # noqa: F401 - the fixture
 from tests.docs.test_readme_quickstart import README, quickstart_blocks
@@ -160,3 +161,11 @@ async def test_pages_draw_their_diagrams_asking_nothing_of_other_hosts(
     urls += await asyncio.to_thread(requested, browser)
     assert urls and all(u.startswith((served, "data:", "blob:")) for u in urls), [
         u for u in urls if not u.startswith((served, "data:", "blob:"))]
+
+
+def test_the_operating_pages_name_only_variables_that_exist() -> None:
+    """Every ``AZQUEUE_*`` the pages of *Operating it* name is a setting of the server."""
+    known = {s.variable for s in SETTINGS}
+    named = {(page.name, v) for page in (Path(CHECKOUT) / "docs" / "operating").glob("*.md")
+             for v in re.findall(r"\bAZQUEUE_[A-Z_]*[A-Z]\b", page.read_text())}
+    assert {(page, v) for page, v in named if v not in known} == set()
