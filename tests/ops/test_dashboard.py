@@ -3,13 +3,11 @@ driven by Selenium): pages load, show what the test created, follow its state ch
 escape what they show, lead to tasks without their IDs, draw their charts, act for an
 operator signed in with the scopes for it (and only then), and log no console errors.
 
-Skipped when Chromium is missing, except under CI (``scripts/bootstrap --test`` installs
-it there)."""
+Skipped when Chromium is missing, except under CI (``tests/browser.py``)."""
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 from pathlib import Path
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -24,43 +22,14 @@ from azqueue.devstorage import Azurite
 from azqueue.model.priority import ORDER
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition, slugid, status
-from tests.servers import IN_CI, Server
+from tests.browser import browser  # noqa: F401 - the fixture
+from tests.servers import Server
 from tests.waiting import eventually
 from tests.worker.helpers import running, shell_worker
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HOSTILE = '<img src=x onerror="window.__injected = true">'
 
 pytestmark = pytest.mark.browser
-
-
-@pytest.fixture
-async def browser() -> AsyncIterator[Any]:
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        if IN_CI:
-            raise
-        pytest.skip("selenium is not installed (the test extra)")
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        if IN_CI:
-            pytest.fail("Chromium and ChromeDriver are missing: scripts/bootstrap --test "
-                        "installs Debian's chromium and chromium-driver")
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu",
-                     "--disable-dev-shm-usage", "--window-size=1280,900"):
-        options.add_argument(argument)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = await asyncio.to_thread(webdriver.Chrome, options=options,
-                                     service=Service(CHROMEDRIVER))
-    try:
-        yield driver
-    finally:
-        await asyncio.to_thread(driver.quit)
 
 
 async def until(driver: Any, check: Callable[[Any], Any], what: str, timeout: float = 30) -> Any:
