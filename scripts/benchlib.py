@@ -105,10 +105,11 @@ class Hit:
 
 
 # The background resolvers' periodic reads (deadline, dependency and event triggers, the
-# scan of the claim index): a cost per replica and second, not per task.
+# scan of the claim index, the doorbell table with events off): a cost per replica and
+# second, not per task.
 BACKGROUND = re.compile(r"^/[^/]+/[a-z0-9]+-(deadline|dependencies|events|events-leases)"
                         r"/messages\?"
-                        r"|^/[^/]+/[a-z0-9]+claims\(\)")
+                        r"|^/[^/]+/[a-z0-9]+(claims|doorbell)\(\)")
 
 
 def classify(label: str, head: bytes) -> tuple[str, str, str]:
