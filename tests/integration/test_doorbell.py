@@ -80,6 +80,31 @@ async def test_a_claim_that_expires_on_one_replica_wakes_a_caller_waiting_on_ano
     assert retry["status"]["runs"][0]["reasonResolved"] == "claim-expired"
 
 
+async def test_a_dependency_resolved_and_a_rerun_on_one_replica_wake_a_caller_on_another(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """Tips that no createTask puts ring too: the dependent scheduled when its dependency
+    completes, and the new run of a rerun task."""
+    a, b = await make_server(**quiet()), await make_server(**quiet())
+    dependency = await create(http, a.api, definition("prov/first"))
+    dependent = await create(http, a.api, definition("prov/then", dependencies=[dependency]))
+    [claim] = await claim_work(http, a, "prov/first")
+    waiting = asyncio.create_task(claim_work(http, b, "prov/then"))
+    await settled(b, "prov/then")
+    assert not waiting.done()
+    code, body = await sas.post(http, f"{a.api}/task/{dependency}/runs/0/completed")
+    assert code == 200, body
+    [scheduled] = await asyncio.wait_for(waiting, WAIT / 2)
+    assert scheduled["status"]["taskId"] == dependent
+
+    waiting = asyncio.create_task(claim_work(http, b, "prov/first", worker_id="again"))
+    await settled(b, "prov/first")
+    code, body = await sas.post(http, f"{a.api}/task/{dependency}/rerun")
+    assert code == 200, body
+    [rerun] = await asyncio.wait_for(waiting, WAIT / 2)
+    assert rerun["status"]["taskId"] == dependency and rerun["runId"] == 1
+    assert claim["runId"] == 0
+
+
 async def test_an_idle_sas_worker_waiting_on_one_replica_hears_of_a_task_created_on_another(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """pollTaskUrls with ``pending=true&wait=<s>``: an idle SAS worker waits for a visible
