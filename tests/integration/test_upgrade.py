@@ -18,6 +18,7 @@ of a group made on one waits for its dependency made on the other.
 
 from __future__ import annotations
 
+import asyncio
 import io
 import subprocess
 import time
@@ -35,6 +36,7 @@ from azqueue.testing import sas
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.tasks import definition, slugid
 from tests.servers import IN_CI, ROOT, ServerFactory
+from tests.integration.test_doorbell import settled
 from tests.serving import serve
 
 PREVIOUS = "6bb8ea3"
@@ -141,7 +143,10 @@ async def test_both_releases_serving_at_once_claim_what_the_other_created(
         azurite: Azurite, storage_prefix: str, make_server: ServerFactory,
         previous_release: Path) -> None:
     port = free_port()
-    new_server = await make_server(tip_secrets=(SECRET,), tip_form=TipForm.RUN)
+    # The rollout's settings from the previous release (docs/operating/upgrades.md): tips
+    # it reads, and pollers that look as often as its own (it rings no doorbell).
+    new_server = await make_server(tip_secrets=(SECRET,), tip_form=TipForm.RUN,
+                                   claim_work_fallback_interval=2.0)
     async with serve(azurite, storage_prefix, "", port, release=previous_release):
         old, new = _queue(f"http://127.0.0.1:{port}"), _queue(new_server.root_url)
         made_old, made_new, dependency, dependent = (slugid() for _ in range(4))
@@ -179,5 +184,12 @@ async def test_both_releases_serving_at_once_claim_what_the_other_created(
         done = await _queue(new.options["rootUrl"], claim["credentials"]).reportCompleted(
             dependent, "0")
         assert done["status"]["state"] == "completed"
+        # A call already waiting on this release gets a task the previous release creates.
+        waiting = asyncio.create_task(_claim_one(new, "prov/waiting", "waiting"))
+        await settled(new_server, "prov/waiting")  # relying on the doorbell
+        assert not waiting.done()
+        late = slugid()
+        await old.createTask(late, definition("prov/waiting"))
+        assert (await waiting)["status"]["taskId"] == late
         print("claimed through the other release after (s):",
               {q: round(w, 2) for q, w in waits.items()})
