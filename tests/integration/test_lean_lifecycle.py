@@ -19,7 +19,7 @@ from azqueue.storage.taskrows import TIP
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
-from tests.integration.test_claim_work import claim_work
+from tests.integration.test_claim_work import callers_waiting, claim_work
 from tests.servers import Server, ServerFactory
 from tests.waiting import eventually, stays
 
@@ -169,7 +169,7 @@ async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
     creator, server = await make_server(), await make_server(claim_work_poll_interval=0.5)
     callers = [asyncio.create_task(claim_work(http, server, "prov/shared", worker_id=f"w{i}"))
                for i in range(8)]
-    await asyncio.sleep(0.5)
+    await callers_waiting(server, "prov/shared", 8)
     created = {await create(http, creator.api, definition("prov/shared")) for _ in range(8)}
     claimed = [c["status"]["taskId"] for got in await asyncio.gather(*callers) for c in got]
     assert len(claimed) == len(set(claimed)) and set(claimed) <= created
