@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue import errors
@@ -99,51 +99,8 @@ class Definitions:
             if waiting:
                 defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
-        # Before the task, all at once: the deadline trigger (if we died after the insert
-        # without it, nothing would ever resolve the task; without the task, the resolver
-        # drops it), the group member, and the tip, so that its record is written with
-        # the task. What a createTask that dies before the insert leaves is harmless.
-        loop = asyncio.get_running_loop()
-        tip_visible = loop.time()
-
-        async def put_tip() -> Message:
-            nonlocal tip_visible
-            message = await self.tips.put(task, 0)
-            tip_visible = loop.time()  # a worker may poll it from now on
-            return message
-
-        _, _, tip = await asyncio.gather(
-            self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
-                            visible_in=min(task.deadline - now, self.repair_delay),
-                            forever=True),
-            self._add_to_group(task),
-            self._no_tip() if waiting else put_tip())
-        token = self.outbox.begin() if self.outbox is not None else None
-        # The events of the new task: written with it, published from here.
-        written = events.for_change(None, task) if token is not None else []
-        try:
-            stored = await self.tasks.insert(task, written,
-                                             tips=(tip.message_id,) if tip else (),
-                                             live_tip=live(tip, 0) if tip else None)
-        except BaseException as e:
-            if self.outbox is not None and token is not None:
-                await self.outbox.abandon(token, task_id, written=isinstance(
-                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
-            raise
-        if stored is not None and tip is not None and \
-                loop.time() - tip_visible > TIP_WAIT.total_seconds() / 2:
-            # A claim of the tip waits only so long for the task: one that gave up had its
-            # worker delete the tip, so the run gets another.
-            log.warning("task %s was stored %.1fs after its tip: queuing another",
-                        task_id, loop.time() - tip_visible)
-            await self.tips.queue(stored, 0)
-        if stored is not None:
-            self.changes.inserted(stored)
-            self.workerinfo.task_queue_active(task.task_queue_id)
-        if self.outbox is not None and token is not None:
-            # Published before a worker can claim the task (a claim waits for the task
-            # to be stored), so task-defined and task-pending precede its task-running.
-            await self.outbox.finish(token, task_id, written if stored is not None else [])
+        tip, tip_visible = await self._put_before_insert(task, now, waiting)
+        stored = await self._insert(task, tip, tip_visible)
         if stored is None:
             existing = await self.tasks.load(task_id)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
@@ -157,6 +114,63 @@ class Definitions:
         if tip is not None:
             self.tips.hand_over(task, tip)
         return task.status()
+
+    async def _put_before_insert(self, task: Task, now: datetime,
+                                 waiting: bool) -> tuple[Message | None, float]:
+        """Before the task, all at once: the deadline trigger (if we died after the insert
+        without it, nothing would ever resolve the task; without the task, the resolver
+        drops it), the group member, and the tip (unless the task waits for its
+        dependencies), so that its record is written with the task. What a createTask
+        that dies before the insert leaves is harmless. Returns the tip and when it became
+        visible (on the event loop's clock)."""
+        loop = asyncio.get_running_loop()
+        tip_visible = loop.time()
+
+        async def put_tip() -> Message:
+            nonlocal tip_visible
+            message = await self.tips.put(task, 0)
+            tip_visible = loop.time()  # a worker may poll it from now on
+            return message
+
+        _, _, tip = await asyncio.gather(
+            self.queues.put(self.deadline_queue, encode_json({"taskId": task.task_id}),
+                            visible_in=min(task.deadline - now, self.repair_delay),
+                            forever=True),
+            self._add_to_group(task),
+            self._no_tip() if waiting else put_tip())
+        return tip, tip_visible
+
+    async def _insert(self, task: Task, tip: Message | None,
+                      tip_visible: float) -> Stored | None:
+        """Insert the task with its events (published from here) and the record of its
+        tip; None if a task of that id is stored already."""
+        token = self.outbox.begin() if self.outbox is not None else None
+        # The events of the new task: written with it, published from here.
+        written = events.for_change(None, task) if token is not None else []
+        try:
+            stored = await self.tasks.insert(task, written,
+                                             tips=(tip.message_id,) if tip else (),
+                                             live_tip=live(tip, 0) if tip else None)
+        except BaseException as e:
+            if self.outbox is not None and token is not None:
+                await self.outbox.abandon(token, task.task_id, written=isinstance(
+                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
+            raise
+        since_tip = asyncio.get_running_loop().time() - tip_visible
+        if stored is not None and tip is not None and since_tip > TIP_WAIT.total_seconds() / 2:
+            # A claim of the tip waits only so long for the task: one that gave up had its
+            # worker delete the tip, so the run gets another.
+            log.warning("task %s was stored %.1fs after its tip: queuing another",
+                        task.task_id, since_tip)
+            await self.tips.queue(stored, 0)
+        if stored is not None:
+            self.changes.inserted(stored)
+            self.workerinfo.task_queue_active(task.task_queue_id)
+        if self.outbox is not None and token is not None:
+            # Published before a worker can claim the task (a claim waits for the task
+            # to be stored), so task-defined and task-pending precede its task-running.
+            await self.outbox.finish(token, task.task_id, written if stored is not None else [])
+        return stored
 
     async def _defined_before(self, stored: Stored, definition: dict[str, Any],
                               tip: Message | None) -> dict[str, Any]:
