@@ -17,7 +17,7 @@ METADATA_PAGE = 1000
 # A listing of every row of a kind (provisioners, task queues): continuation, page size.
 Listing = Callable[[WorkerInfo, str | None, int], Awaitable[dict[str, Any]]]
 
-routes = Routes()
+routes = Routes("Worker metadata")
 
 
 def _task_queue(provisioner_id: str, worker_type: str) -> str:
@@ -41,9 +41,12 @@ def _date(body: dict[str, Any], field: str) -> str:
 
 
 @routes.declare("GET", "/provisioners", "listProvisioners",
+                title="List provisioners",
+                stability="deprecated",
                 output="list-provisioners-response.json", query=PAGED,
                 scopes="queue:list-provisioners", fixed={"rows": WorkerInfo.list_provisioners})
 @routes.declare("GET", "/task-queues", "listTaskQueues",
+                title="List task queues",
                 output="list-taskqueues-response.json", query=PAGED,
                 scopes="queue:list-task-queues", fixed={"rows": WorkerInfo.list_task_queues})
 async def list_all(call: Call, rows: Listing) -> Any:
@@ -52,12 +55,16 @@ async def list_all(call: Call, rows: Listing) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>", "getProvisioner",
+                title="Get a provisioner",
+                stability="deprecated",
                 output="provisioner-response.json", scopes="queue:get-provisioner:<provisionerId>")
 async def get_provisioner(call: Call, provisioner_id: str) -> Any:
     return await call.services.workers.provisioner(provisioner_id)
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types", "listWorkerTypes",
+                title="List a provisioner's worker types",
+                stability="deprecated",
                 output="list-workertypes-response.json", query=PAGED,
                 scopes="queue:list-worker-types:<provisionerId>")
 async def list_worker_types(call: Call, provisioner_id: str) -> Any:
@@ -65,6 +72,8 @@ async def list_worker_types(call: Call, provisioner_id: str) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>", "getWorkerType",
+                title="Get a worker type",
+                stability="deprecated",
                 output="workertype-response.json",
                 scopes="queue:get-worker-type:<provisionerId>/<workerType>")
 async def get_worker_type(call: Call, provisioner_id: str, worker_type: str) -> Any:
@@ -72,6 +81,7 @@ async def get_worker_type(call: Call, provisioner_id: str, worker_type: str) -> 
 
 
 @routes.declare("GET", "/task-queues/<taskQueueId>", "getTaskQueue",
+                title="Get a task queue",
                 output="taskqueue-response.json", scopes="queue:get-task-queue:<taskQueueId>")
 async def get_task_queue(call: Call, task_queue_id: str) -> Any:
     return await call.services.workers.task_queue(task_queue_id)
@@ -81,7 +91,9 @@ async def get_task_queue(call: Call, task_queue_id: str) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers",
-                "listWorkers", output="list-workers-response.json", query=(*PAGED, "quarantined"),
+                "listWorkers", title="List a worker type's workers", stability="deprecated",
+                description="`quarantined=true` or `false` to filter",
+                output="list-workers-response.json", query=(*PAGED, "quarantined"),
                 scopes="queue:list-workers:<provisionerId>/<workerType>")
 async def list_workers(call: Call, provisioner_id: str, worker_type: str) -> Any:
     raw = call.query("quarantined")
@@ -98,6 +110,7 @@ _WORKER = "<provisionerId>/<workerType>/<workerGroup>/<workerId>"
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/"
                 "<workerGroup>/<workerId>", "getWorker",
+                title="Get a worker", stability="deprecated",
                 output="worker-response.json", scopes=f"queue:get-worker:{_WORKER}")
 async def get_worker(call: Call, provisioner_id: str, worker_type: str, worker_group: str,
                      worker_id: str) -> Any:
@@ -107,6 +120,8 @@ async def get_worker(call: Call, provisioner_id: str, worker_type: str, worker_g
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/"
                 "<workerGroup>/<workerId>", "quarantineWorker",
+                title="Quarantine a worker", stability="experimental",
+                description="`{quarantineUntil, quarantineInfo}`; 404 for a worker never seen",
                 output="worker-response.json", body="quarantine-worker-request.json",
                 scopes={"AllOf": [f"queue:quarantine-worker:{_WORKER}"]})
 async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
@@ -119,6 +134,7 @@ async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/<workerGroup>/"
                 "<workerId>", "declareWorker",
+                title="Declare a worker", description="`{expires}`", stability="experimental",
                 output="worker-response.json", body="update-worker-request.json",
                 scopes={"AllOf": [{"for": "property", "in": "properties",
                                    "each": f"queue:declare-worker:{_WORKER}#<property>"}]})
