@@ -1,7 +1,7 @@
 """The endpoints a worker calls about its work: pollTaskUrls, claimWork (which
 long-polls), claimTask, reclaimTask, and the reports that resolve a run
 (reportCompleted, reportFailed, reportException). Scopes as Taskcluster's Queue reference
-declares them; the logic is in ``service.taskurls``, ``service.work``,
+declares them; the logic is in ``service.taskurls``, ``service.workclaimer``,
 ``service.claims`` and ``service.resolution``."""
 
 from __future__ import annotations
