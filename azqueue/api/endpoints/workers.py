@@ -10,6 +10,7 @@ from typing import Any
 from azqueue import errors
 from azqueue.api.routing import PAGED, Call, Route, Routes
 from azqueue.model import timeutil
+from azqueue.model.identifiers import WORKER_TYPE_OF_TASK
 from azqueue.service.workers import WorkerInfo
 
 # Taskcluster's page size for the metadata listings, which read nothing but their rows.
@@ -134,13 +135,21 @@ async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/<workerGroup>/"
                 "<workerId>", "declareWorker",
-                title="Declare a worker", description="`{expires}`", stability="experimental",
+                title="Declare a worker", stability="experimental",
+                description="`{expires}`; its workerType is a task's (lowercase; 400 otherwise)",
                 output="worker-response.json", body="update-worker-request.json",
                 scopes={"AllOf": [{"for": "property", "in": "properties",
                                    "each": f"queue:declare-worker:{_WORKER}#<property>"}]})
 async def declare_worker(call: Call, provisioner_id: str, worker_type: str, worker_group: str,
                          worker_id: str) -> Any:
     call.authorize(properties=sorted(call.body))
+    if not WORKER_TYPE_OF_TASK.fullmatch(worker_type):
+        # A worker's answer carries its workerType, which Taskcluster's schema gives a
+        # task's pattern: a worker of another could never be answered.
+        raise errors.InputError(
+            f"path parameter `workerType` is {worker_type!r}; a worker's must be 1-38 "
+            "lowercase letters, digits and `-`, starting with a letter and not ending with "
+            "`-` (as a task's)")
     return await call.services.workers.declare_worker(
         _task_queue(provisioner_id, worker_type), worker_group, worker_id,
         _date(call.body, "expires"))
