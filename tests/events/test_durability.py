@@ -153,6 +153,7 @@ async def _until_answered(http: aiohttp.ClientSession, method: str, url: str,
     raise AssertionError(f"{method} {url} still failing after a minute: {last}")
 
 
+@pytest.mark.slow
 async def test_through_throttling_and_lost_answers_every_event_arrives_and_no_group_early(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
         http: aiohttp.ClientSession, consume: ConsumerFactory) -> None:

@@ -15,6 +15,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 
 from azqueue.config import StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY
@@ -122,6 +123,7 @@ async def test_poll_task_urls_refuses_a_wait_it_cannot_honour(
         assert body["code"] == "InputValidationError" and "`wait`" in body["message"], query
 
 
+@pytest.mark.slow
 async def test_callers_waiting_on_idle_task_queues_make_no_queue_requests(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
         http: aiohttp.ClientSession) -> None:

@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 from azure.data.tables.aio import TableServiceClient
 
 from azqueue.devstorage import Azurite
@@ -162,6 +163,7 @@ async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
     assert row is not None and timeutil.fmt(row.taken_until) == claim["takenUntil"]
 
 
+@pytest.mark.slow
 async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'claimWork ... long-polling' (docs/workers/sdk.md): eight callers waiting at once on a replica that

@@ -91,6 +91,7 @@ def test_azqueues_own_suite_keeps_its_fixtures_with_the_plugin_loaded() -> None:
     assert re.search(r"\b[1-9]\d* passed\b", sample.stdout), sample.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_each_xdist_worker_gets_an_azqueue_of_its_own(tmp_path: Path) -> None:
     """With pytest-xdist, tests running at once in two processes each see only their own
