@@ -25,6 +25,7 @@ def _kinds(messages: list[Received]) -> list[str]:
     return [m.exchange for m in messages]
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_restart(
         azurite: Azurite, make_server: ServerFactory, storage_prefix: str, amqp_url: str,

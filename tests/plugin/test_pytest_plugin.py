@@ -42,6 +42,7 @@ def downstream_project(path: Path, tests: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_downstream_project_tests_its_worker_with_the_plugins_fixtures(tmp_path: Path) -> None:
     """Tasks created with the official client are run by the handler (claimWork and SAS
@@ -55,6 +56,7 @@ def test_a_downstream_project_tests_its_worker_with_the_plugins_fixtures(tmp_pat
     assert re.search(r"\b7 passed\b", done.stdout), done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_keep_leaves_a_tests_storage_and_says_where_it_is(tmp_path: Path) -> None:
     project = downstream_project(tmp_path, """
@@ -79,6 +81,7 @@ def test_creates_a_task(azqueue_server):
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_azqueues_own_suite_keeps_its_fixtures_with_the_plugin_loaded() -> None:
     """tests/conftest.py's `azurite` overrides the plugin's: the whole suite collects, and

@@ -79,6 +79,7 @@ async def tenants(request: pytest.FixtureRequest, make_server: ServerFactory) ->
                              tip_form=request.param)
 
 
+@pytest.mark.slow
 async def test_claim_work_never_hands_a_tenant_another_queues_task(
         tenants: Server, root_queue: taskcluster.aio.Queue) -> None:
     attacker = _client(tenants, ATTACKER)
