@@ -15,8 +15,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from functools import partial
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from azqueue import errors
@@ -180,7 +180,7 @@ class Claims:
                         raise _Stale
                     return await self._repeated_claim(stored, run_id, tip)
                 try:
-                    self._decide(request, current)
+                    self._decide(request, current)  # refuse early, before touching the message
                 except errors.Conflict:
                     if guess:
                         raise _Stale from None
