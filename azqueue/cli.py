@@ -248,6 +248,12 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                           description="Create, follow, list, cancel and rerun tasks.")
     tsub = task.add_subparsers(dest="task_command", required=True, metavar="TASK_COMMAND",
                                help="what to do with tasks")
+    _task_create_parser(tsub)
+    _one_task_parsers(tsub)
+    _task_list_parser(tsub)
+
+
+def _task_create_parser(tsub: argparse._SubParsersAction[_Parser]) -> None:
     create = tsub.add_parser(
         "create", formatter_class=_formatter, epilog=CREATE_EPILOG,
         help="create a task (CMD, --payload or --definition); prints its taskId",
@@ -308,6 +314,10 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                              "--payload or --definition)")
     create.set_defaults(check=functools.partial(_check_create, create))
 
+
+def _one_task_parsers(tsub: argparse._SubParsersAction[_Parser]) -> None:
+    """The commands about one task, named by its taskId."""
+
     def one_task(name: str, text: str, json_too: bool = True) -> argparse.ArgumentParser:
         p = tsub.add_parser(name, formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                             help=text, description=text[0].upper() + text[1:] + ".")
@@ -335,6 +345,8 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     one_task("rerun", "rerun a resolved task: it gets a new pending run (before its "
                       "deadline); prints its status")
 
+
+def _task_list_parser(tsub: argparse._SubParsersAction[_Parser]) -> None:
     listing = tsub.add_parser(
         "list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
         help="list the tasks of a task group, or a task queue's tasks by state",

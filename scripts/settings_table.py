@@ -13,8 +13,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "scripts"))
 
 from azqueue.config import SETTINGS, shown_default  # noqa: E402
+from doctable import Generated  # noqa: E402
 
 PAGE = ROOT / "docs" / "operating" / "settings.md"
 BEGIN = "<!-- settings table: written by scripts/settings_table.py from azqueue/config/variables.py -->"
@@ -29,30 +31,9 @@ def table() -> str:
     return "\n".join(rows)
 
 
-def with_table(page: str) -> str:
-    """``page`` with the text between its markers replaced by the table."""
-    if page.count(BEGIN) != 1 or page.count(END) != 1:
-        raise SystemExit(f"{PAGE}: needs the lines {BEGIN} and {END} once each")
-    head, rest = page.split(BEGIN)
-    _, tail = rest.split(END)
-    return f"{head}{BEGIN}\n{table()}\n{END}{tail}"
-
-
-def main(argv: list[str]) -> int:
-    page = PAGE.read_text(encoding="utf-8")
-    wanted = with_table(page)
-    if argv == ["--check"]:
-        if page != wanted:
-            print(f"{PAGE.relative_to(ROOT)} is out of date: run scripts/settings_table.py",
-                  file=sys.stderr)
-            return 1
-        return 0
-    if argv:
-        print("usage: scripts/settings_table.py [--check]", file=sys.stderr)
-        return 2
-    PAGE.write_text(wanted, encoding="utf-8")
-    return 0
+GENERATED = Generated(PAGE, BEGIN, END, table, "scripts/settings_table.py")
+with_table = GENERATED.with_table
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(GENERATED.main(sys.argv[1:]))

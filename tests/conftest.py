@@ -29,10 +29,13 @@ from tests.servers import ROOT, Server, ServerFactory
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A test that uses the broker (the ``amqp_url`` fixture) is marked ``rabbitmq``."""
+    """A test that uses the broker (the ``amqp_url`` fixture) is marked ``rabbitmq``; the
+    ``slow`` tests run first (in their order), so that in processes running at once
+    (``scripts/test``) none of them starts last and holds the end of the run."""
     for item in items:
         if "amqp_url" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.rabbitmq)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 REPLY_CHECK = pytest.StashKey[ReplyCheck]()

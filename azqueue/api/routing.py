@@ -10,8 +10,9 @@ Each route declares its contract where it is registered, as Taskcluster's
 JSON schema of its body; Taskcluster's schema of its answer (``output``, as the Queue
 reference names it: the tests check every success answer against Taskcluster's own
 schema, nothing does when serving); whether it long-polls (its storage calls then get
-the long poll's time on top of a request's budget); and the scope expression it needs, a
-template (``azqueue.model.scopes.Template``) filled from the path parameters. A template that
+the long poll's time on top of a request's budget); what the API reference says of it
+(title, description, stability: ``scripts/api_table.py`` writes docs/api/index.md from
+them); and the scope expression it needs, a template (``azqueue.model.scopes.Template``) filled from the path parameters. A template that
 needs more than the path (the task's queue, the worker named in the body) is filled when
 the handler calls ``call.authorize(...)`` with the rest, before it changes anything; a
 handler that never does answers 500 (a bug for the tests to catch), never a success, and
@@ -159,16 +160,28 @@ class Route:
     fixed: Mapping[str, Any]  # keywords the handler gets from the declaration
     max_body: int | None  # bytes; None: the application's limit (MAX_BODY)
     long_poll: bool  # waits for something to happen before it answers (claimWork)
+    # What the API reference says of it (docs/api/index.md is written from these):
+    title: str  # what it does, in a few words
+    description: str  # what a caller should know beyond the title, "" if nothing
+    category: str  # its part of the API: its module's
+    stability: str  # as Taskcluster's reference marks it: stable, experimental, deprecated
+
+
+STABILITIES = ("stable", "experimental", "deprecated")
 
 
 class Routes:
-    """The route table of one module: ``routes = Routes()``, ``@routes.declare(...)`` on
-    each handler, and ``ROUTES = routes.table`` for ``azqueue.api.app`` to serve."""
+    """The route table of one module, one category of the API: ``routes =
+    Routes("Tasks")``, ``@routes.declare(...)`` on each handler, and ``ROUTES =
+    routes.table`` for ``azqueue.api.app`` to serve."""
 
-    def __init__(self) -> None:
+    def __init__(self, category: str) -> None:
+        self.category = category
         self.table: list[Route] = []
 
-    def declare(self, method: str, path: str, name: str, *, scopes: Template | None = None,
+    def declare(self, method: str, path: str, name: str, *, title: str,
+                description: str = "", stability: str = "stable",
+                scopes: Template | None = None,
                 query: tuple[str, ...] = (), body: str | None = None, what: str = "",
                 output: str | None = None, fixed: Mapping[str, Any] | None = None,
                 max_body: int | None = None, long_poll: bool = False
@@ -180,7 +193,11 @@ class Routes:
         the ``query`` parameters with ``call.query``. A body longer than ``max_body``
         bytes is refused (413) before it is authenticated or parsed. ``output`` names
         Taskcluster's schema of its answer (e.g. ``task-status-response.json``) where
-        the Queue reference declares one."""
+        the Queue reference declares one. ``title``, ``description`` and ``stability``
+        are what the API reference (docs/api/index.md) says of it, under this table's
+        category."""
+        if stability not in STABILITIES:
+            raise ValueError(f"{name}: stability {stability!r} is not one of {STABILITIES}")
         full = path if path.startswith("/schemas/") else f"{API}{path}"
         params = tuple(re.findall(r"<(\w+)>", full))
         for parameter in params:
@@ -194,7 +211,8 @@ class Routes:
             self.table.append(Route(
                 method, full, name, handler, re.compile(f"^{regex}$"), params,
                 frozenset(query), scopes, body, output, what or f"the {name} request",
-                fixed or {}, max_body, long_poll))
+                fixed or {}, max_body, long_poll, title, description, self.category,
+                stability))
             return handler
 
         return register

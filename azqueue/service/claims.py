@@ -16,6 +16,7 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from azqueue import errors
@@ -31,7 +32,7 @@ from azqueue.service.workers import WorkerInfo
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import PendingQueues, Queues
 from azqueue.storage.taskrows import HeldMessage, Stored
-from azqueue.storage.tasks import KEEP, Keep, TaskStore
+from azqueue.storage.tasks import KEEP, Change, Keep, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,25 @@ class TipClaim:
     message_id: str
     receipt: str
     signature: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """One claim asked for (see ``Claims.claim``)."""
+
+    task_id: str
+    run_id: int
+    worker_group: str
+    worker_id: str
+    tip: TipClaim | None
+    authorize: Callable[[Task], None]
+    polled_from: str | None
+    now: datetime
+
+    @property
+    def need_record(self) -> bool:
+        """Whether the tip must be one recorded for the task (claimWork read it itself)."""
+        return self.tip is not None and self.polled_from is None
 
 
 class _Stale(Exception):
@@ -102,93 +122,115 @@ class Claims:
         messages cannot rewrite another task's tip. ``polled_from`` is the task queue
         claimWork received the tip from (and authorized its caller for): the task must
         belong to it, and the record check is skipped (claimWork read the message itself)."""
-        now = timeutil.utcnow()
-        tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
-
-        def decide(task: Task) -> Task:
-            return model.claim(task, run_id, worker_group, worker_id, now, self.claim_timeout,
-                               tolerance)
-
+        request = _Request(task_id, run_id, worker_group, worker_id, tip, authorize,
+                           polled_from, timeutil.utcnow())
         if tip and polled_from is not None and \
                 not self.signer.verify(polled_from, task_id, run_id, tip.signature):
             raise self._bad_signature(task_id, run_id)
+        decided = await self._decide_first(request)
+        if isinstance(decided, dict):
+            return decided  # the caller holds the run already
+        stored, guess = decided
+        hold = await self._rewrite_tip(request, stored.task) if tip else None
+        change = await self._write_claim(request, stored, hold, guess)
+        return await self._answer_written(request, change, hold)
 
-        def admit(task: Task) -> None:
-            """The checks made on the first read of the task, before any other request."""
-            authorize(task)
-            if polled_from is not None and task.task_queue_id != polled_from:
-                # A tip in a pending queue of another task queue than its task's: left by a
-                # refused createTask that named this taskId. Only the task's own task queue
-                # may claim it.
-                raise errors.InputError(
-                    f"task {task_id} belongs to task queue {task.task_queue_id}, not "
-                    f"{polled_from}, whose pending queue this message came from; delete it")
-            if tip and not self.signer.verify(task.task_queue_id, task_id, run_id,
-                                              tip.signature):
-                raise self._bad_signature(task_id, run_id)
+    def _decide(self, request: _Request, task: Task) -> Task:
+        return model.claim(task, request.run_id, request.worker_group, request.worker_id,
+                           request.now, self.claim_timeout,
+                           EXPIRY_TOLERANCE if request.tip else timedelta(0))
 
-        need_record = tip is not None and polled_from is None
+    def _admit(self, request: _Request, task: Task) -> None:
+        """The checks made on the first read of the task, before any other request."""
+        request.authorize(task)
+        if request.polled_from is not None and task.task_queue_id != request.polled_from:
+            # A tip in a pending queue of another task queue than its task's: left by a
+            # refused createTask that named this taskId. Only the task's own task queue
+            # may claim it.
+            raise errors.InputError(
+                f"task {task.task_id} belongs to task queue {task.task_queue_id}, not "
+                f"{request.polled_from}, whose pending queue this message came from; delete it")
+        if request.tip and not self.signer.verify(task.task_queue_id, task.task_id,
+                                                  request.run_id, request.tip.signature):
+            raise self._bad_signature(task.task_id, request.run_id)
+
+    async def _decide_first(self, request: _Request) -> tuple[Stored, bool] | dict[str, Any]:
+        """The task, with the claim decided on it before the message is touched (refusing
+        early), and whether that was on this process's copy (a guess the write checks);
+        or, if the caller holds the run already, the answer to its repeated claim."""
+        task_id, run_id, tip = request.task_id, request.run_id, request.tip
         stored = self.cache.get(task_id)
-        if stored is not None and need_record and tip is not None and \
+        if stored is not None and request.need_record and tip is not None and \
                 tip.message_id not in stored.tips:
             stored = None
         guess = stored is not None
         while True:
             if stored is None:
-                stored = await (self._load_for_tip(task_id, tip, need_record, admit) if tip
+                stored = await (self._load_for_tip(task_id, tip, request.need_record,
+                                                   partial(self._admit, request)) if tip
                                 else self.tasks.load(task_id))
             current = stored.task
-            admit(current)
-            if polled_from is None:  # claimWork checked when it was called
-                await self._refuse_quarantined(current, worker_group, worker_id, tip)
+            self._admit(request, current)
+            if request.polled_from is None:  # claimWork checked when it was called
+                await self._refuse_quarantined(current, request.worker_group,
+                                               request.worker_id, tip)
             try:
-                if model.is_claimed_by(current, run_id, worker_group, worker_id):
+                if model.is_claimed_by(current, run_id, request.worker_group, request.worker_id):
                     if guess:
                         raise _Stale
                     return await self._repeated_claim(stored, run_id, tip)
                 try:
-                    decide(current)  # refuse early, before touching the message
+                    self._decide(request, current)  # refuse early, before touching the message
                 except errors.Conflict:
                     if guess:
                         raise _Stale from None
                     if tip:
                         await self._repair_orphaned_tip(stored, run_id)
                     raise
-                break
+                return stored, guess
             except _Stale:
                 stored, guess = None, False
 
-        hold: HeldMessage | None = None
-        if tip:
-            queue_name = self.pending.name(current.task_queue_id, current.priority)
-            try:
-                receipt = await self.queues.update(
-                    queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
-                    text=self.signer.tip(current.task_queue_id, task_id, run_id + 1).encode())
-            except ReceiptLost:
-                # Rewritten as asked, most likely, by an attempt whose answer was lost: the
-                # claim holds no message (it reappears at takenUntil and is refused then).
-                receipt = ""
-            except MessageGone:
-                # The receipt is stale: this claim was sent before and its first attempt
-                # rewrote the message and died before storing the claim (the retry of an
-                # in-flight claim), or the message's visibility from its poll ended (a
-                # claimWork hold is seconds) and another poll took it. The task decides,
-                # as for a claim without a tip: the run is claimed holding no message (and
-                # the other poll's claim is refused and deletes it; the claim index expires
-                # the run), or the other poll's claim was stored first and this one is
-                # refused; the rewritten message, when it reappears, is a tip like any other.
-                log.info("task %s run %d: claiming without the message, whose receipt is stale",
-                         task_id, run_id)
-                receipt = ""
-            # Without its receipt the claim cannot move the message, but it records which
-            # message it took: a second tip of the run presented by the same worker is then
-            # told apart from a retry of this claim (``_repeated_claim``).
-            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+    async def _rewrite_tip(self, request: _Request, task: Task) -> HeldMessage:
+        """Rewrite the presented tip to ``{taskId, runId + 1}``, invisible for the claim's
+        time: the message the claim will hold."""
+        assert request.tip is not None
+        tip, task_id, run_id = request.tip, request.task_id, request.run_id
+        queue_name = self.pending.name(task.task_queue_id, task.priority)
+        try:
+            receipt = await self.queues.update(
+                queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
+                text=self.signer.tip(task.task_queue_id, task_id, run_id + 1).encode())
+        except ReceiptLost:
+            # Rewritten as asked, most likely, by an attempt whose answer was lost: the
+            # claim holds no message (it reappears at takenUntil and is refused then).
+            receipt = ""
+        except MessageGone:
+            # The receipt is stale: this claim was sent before and its first attempt
+            # rewrote the message and died before storing the claim (the retry of an
+            # in-flight claim), or the message's visibility from its poll ended (a
+            # claimWork hold is seconds) and another poll took it. The task decides,
+            # as for a claim without a tip: the run is claimed holding no message (and
+            # the other poll's claim is refused and deletes it; the claim index expires
+            # the run), or the other poll's claim was stored first and this one is
+            # refused; the rewritten message, when it reappears, is a tip like any other.
+            log.info("task %s run %d: claiming without the message, whose receipt is stale",
+                     task_id, run_id)
+            receipt = ""
+        # Without its receipt the claim cannot move the message, but it records which
+        # message it took: a second tip of the run presented by the same worker is then
+        # told apart from a retry of this claim (``_repeated_claim``).
+        return HeldMessage(run_id, queue_name, tip.message_id, receipt)
+
+    async def _write_claim(self, request: _Request, stored: Stored, hold: HeldMessage | None,
+                           guess: bool) -> Change:
+        """Write the claim and the message it holds in one conditional write; a message
+        rewritten for a claim that is refused is dropped, or given back when the write
+        failed."""
         movable = hold if hold is not None and hold.pop_receipt else None
         try:
-            change = await self.changes.change(task_id, decide, stored, hold=hold,
-                                               speculative=guess)
+            return await self.changes.change(request.task_id, partial(self._decide, request),
+                                             stored, hold=hold, speculative=guess)
         except errors.Conflict:
             if movable:
                 await self.queues.drop(movable.queue_name, movable.message_id,
@@ -196,9 +238,15 @@ class Claims:
             raise
         except BaseException as e:
             if movable:
-                await self._after_failed_write(movable, current, worker_group, worker_id, e,
-                                               now)
+                await self._after_failed_write(movable, stored.task, request.worker_group,
+                                               request.worker_id, e, request.now)
             raise
+
+    async def _answer_written(self, request: _Request, change: Change,
+                              hold: HeldMessage | None) -> dict[str, Any]:
+        """The claim's answer once its write is done, and the claim index told."""
+        task_id, run_id = request.task_id, request.run_id
+        movable = hold if hold is not None and hold.pop_receipt else None
         after = change.after
         if not change.changed:
             # A concurrent claim of this worker (a duplicate tip, a retried request) got
@@ -207,8 +255,8 @@ class Claims:
             if movable and (held is None or held.message_id != movable.message_id):
                 await self.queues.drop(movable.queue_name, movable.message_id,
                                        movable.pop_receipt)
-            return await self._repeated_claim(change.stored, run_id, tip)
-        if not model.is_claimed_by(after, run_id, worker_group, worker_id):
+            return await self._repeated_claim(change.stored, run_id, request.tip)
+        if not model.is_claimed_by(after, run_id, request.worker_group, request.worker_id):
             # The claim expired run run_id - 1 and no retries were left: the task is resolved.
             if movable:
                 await self.queues.drop(movable.queue_name, movable.message_id,

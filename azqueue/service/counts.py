@@ -55,6 +55,7 @@ COUNTS_TTL = 5.0
 RUNNING_TTL = 2.0
 MAX_REMEMBERED = 10_000
 _Cache = dict[str, tuple[float, int, int]]
+Claims = dict[str, list[ClaimRecord]]  # the running claims, by task queue
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,9 +71,13 @@ class TaskQueueCounts:
     running: RunningClaims
     _pending: _Cache = field(default_factory=dict, init=False, repr=False)
 
-    async def pending(self, task_queue_id: str) -> int:
-        return await _cached(self._pending, task_queue_id, self._count_pending,
-                             self.running.index.generation)
+    async def pending(self, task_queue_id: str, claims: Claims | None = None) -> int:
+        """Pending tasks of ``task_queue_id``; ``claims``: the running claims by task
+        queue already read for this request (else read now)."""
+        async def count(name: str) -> int:
+            return await self._count_pending(
+                name, claims if claims is not None else await self.running.by_task_queue())
+        return await _cached(self._pending, task_queue_id, count, self.running.index.generation)
 
     async def claimed(self, task_queue_id: str) -> int:
         return len((await self.running.by_task_queue()).get(task_queue_id, ()))
@@ -81,13 +86,18 @@ class TaskQueueCounts:
         """The pendingTasks answer."""
         return {**_split(task_queue_id), "pendingTasks": await self.pending(task_queue_id)}
 
-    async def counts(self, task_queue_id: str) -> dict[str, Any]:
-        pending, claimed = await asyncio.gather(self.pending(task_queue_id),
-                                                self.claimed(task_queue_id))
-        return {**_split(task_queue_id), "pendingTasks": pending, "claimedTasks": claimed}
+    async def counts(self, task_queue_id: str, claims: Claims | None = None) -> dict[str, Any]:
+        """The taskQueueCounts answer; ``claims`` as for ``pending``."""
+        claims = claims if claims is not None else await self.running.by_task_queue()
+        pending = await self.pending(task_queue_id, claims)
+        return {**_split(task_queue_id), "pendingTasks": pending,
+                "claimedTasks": len(claims.get(task_queue_id, ()))}
 
     async def counts_batch(self, task_queue_ids: list[str]) -> list[dict[str, Any]]:
-        return await gather_limited(self.counts(t) for t in task_queue_ids)
+        """taskQueueCountsBatch: the running claims are read once for the whole batch,
+        however long it takes."""
+        claims = await self.running.by_task_queue()
+        return await gather_limited(self.counts(t, claims) for t in task_queue_ids)
 
     async def pending_tips(self, task_queue_id: str) -> dict[str, int]:
         """Azure's approximate message count of each priority queue of ``task_queue_id``
@@ -96,8 +106,8 @@ class TaskQueueCounts:
         counts = await asyncio.gather(*(self.queues.approximate_count(n) for n in names))
         return {str(p): n for p, n in zip(ORDER, counts)}
 
-    async def _count_pending(self, task_queue_id: str) -> int:
-        running = (await self.running.by_task_queue()).get(task_queue_id, [])
+    async def _count_pending(self, task_queue_id: str, claims: Claims) -> int:
+        running = claims.get(task_queue_id, [])
         counts = await asyncio.gather(*(self._count_priority(task_queue_id, p, running)
                                         for p in ORDER))
         return sum(counts)

@@ -19,7 +19,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue import errors
@@ -93,56 +93,15 @@ class Definitions:
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
         if joined is not None:
             # Its resolution will know from the task alone whether it resolves its group,
-            # and its insert whether a task joined the group first (``_insert``).
+            # and its insert whether a task joined the group first (``_store``).
             task = replace(task, group_members=joined)
         defining = None
         if new is not None:
             if waiting:
                 defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
-        # Before the task, all at once: the deadline trigger (if we died after the insert
-        # without it, nothing would ever resolve the task; without the task, the resolver
-        # drops it), the group member, and the tip, so that its record is written with
-        # the task. What a createTask that dies before the insert leaves is harmless.
-        loop = asyncio.get_running_loop()
-        tip_visible = loop.time()
-
-        async def put_tip() -> Message:
-            nonlocal tip_visible
-            message = await self.tips.put(task, 0)
-            tip_visible = loop.time()  # a worker may poll it from now on
-            return message
-
-        deadline, _, tip = await asyncio.gather(
-            self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
-                            visible_in=min(task.deadline - now, self.repair_delay),
-                            forever=True),
-            self._add_to_group(task),
-            self._no_tip() if waiting else put_tip())
-        token = self.outbox.begin() if self.outbox is not None else None
-        # The events of the new task: written with it, published from here.
-        written = events.for_change(None, task) if token is not None else []
-        try:
-            stored = await self._insert(task, definition, written, tip, deadline)
-        except BaseException as e:
-            if self.outbox is not None and token is not None:
-                await self.outbox.abandon(token, task_id, written=isinstance(
-                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
-            raise
-        if stored is not None and tip is not None and \
-                loop.time() - tip_visible > TIP_WAIT.total_seconds() / 2:
-            # A claim of the tip waits only so long for the task: one that gave up had its
-            # worker delete the tip, so the run gets another.
-            log.warning("task %s was stored %.1fs after its tip: queuing another",
-                        task_id, loop.time() - tip_visible)
-            await self.tips.queue(stored, 0)
-        if stored is not None:
-            self.changes.inserted(stored)
-            self.workerinfo.task_queue_active(task.task_queue_id)
-        if self.outbox is not None and token is not None:
-            # Published before a worker can claim the task (a claim waits for the task
-            # to be stored), so task-defined and task-pending precede its task-running.
-            await self.outbox.finish(token, task_id, written if stored is not None else [])
+        tip, tip_visible, deadline = await self._put_before_insert(task, now, waiting)
+        stored = await self._insert(task, definition, tip, tip_visible, deadline)
         if stored is None:
             existing = await self.tasks.load(task_id)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
@@ -156,6 +115,61 @@ class Definitions:
         if tip is not None:
             self.tips.hand_over(task, tip)
         return task.status()
+
+    async def _put_before_insert(self, task: Task, now: datetime,
+                                 waiting: bool) -> tuple[Message | None, float, Message]:
+        """Before the task, all at once: the deadline trigger (if we died after the insert
+        without it, nothing would ever resolve the task; without the task, the resolver
+        drops it), the group member, and the tip (unless the task waits for its
+        dependencies), so that its record is written with the task. What a createTask
+        that dies before the insert leaves is harmless. Returns the tip, when it became
+        visible (on the event loop's clock) and the deadline trigger."""
+        loop = asyncio.get_running_loop()
+        tip_visible = loop.time()
+
+        async def put_tip() -> Message:
+            nonlocal tip_visible
+            message = await self.tips.put(task, 0)
+            tip_visible = loop.time()  # a worker may poll it from now on
+            return message
+
+        deadline, _, tip = await asyncio.gather(
+            self.queues.put(self.deadline_queue, encode_json({"taskId": task.task_id}),
+                            visible_in=min(task.deadline - now, self.repair_delay),
+                            forever=True),
+            self._add_to_group(task),
+            self._no_tip() if waiting else put_tip())
+        return tip, tip_visible, deadline
+
+    async def _insert(self, task: Task, definition: dict[str, Any], tip: Message | None,
+                      tip_visible: float, deadline: Message) -> Stored | None:
+        """Insert the task with its events (published from here) and the record of its
+        tip; None if a task of that id is stored already."""
+        token = self.outbox.begin() if self.outbox is not None else None
+        # The events of the new task: written with it, published from here.
+        written = events.for_change(None, task) if token is not None else []
+        try:
+            stored = await self._store(task, definition, written, tip, deadline)
+        except BaseException as e:
+            if self.outbox is not None and token is not None:
+                await self.outbox.abandon(token, task.task_id, written=isinstance(
+                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
+            raise
+        since_tip = asyncio.get_running_loop().time() - tip_visible
+        if stored is not None and tip is not None and since_tip > TIP_WAIT.total_seconds() / 2:
+            # A claim of the tip waits only so long for the task: one that gave up had its
+            # worker delete the tip, so the run gets another.
+            log.warning("task %s was stored %.1fs after its tip: queuing another",
+                        task.task_id, since_tip)
+            await self.tips.queue(stored, 0)
+        if stored is not None:
+            self.changes.inserted(stored)
+            self.workerinfo.task_queue_active(task.task_queue_id)
+        if self.outbox is not None and token is not None:
+            # Published before a worker can claim the task (a claim waits for the task
+            # to be stored), so task-defined and task-pending precede its task-running.
+            await self.outbox.finish(token, task.task_id, written if stored is not None else [])
+        return stored
 
     async def _defined_before(self, stored: Stored, definition: dict[str, Any],
                               tip: Message | None) -> dict[str, Any]:
@@ -251,8 +265,8 @@ class Definitions:
 
     # -- task groups -----------------------------------------------------------------
 
-    async def _insert(self, task: Task, definition: dict[str, Any], written: list[events.Event],
-                      tip: Message | None, deadline: Message) -> Stored | None:
+    async def _store(self, task: Task, definition: dict[str, Any], written: list[events.Event],
+                     tip: Message | None, deadline: Message) -> Stored | None:
         """Store the new task (``tasks.insert``). A group's own task is inserted assuming
         that no other task joined its group first, which its insert tells
         (``GroupJoined``): then the group's records decide, as for any other member, and

@@ -11,7 +11,7 @@ resolver loops are given the components they use.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -93,76 +93,98 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     (``open_services`` does that)."""
     tasks = TaskStore(account)
     queues = Queues(account)
-    pending = PendingQueues(account, queues)
+    pending = PendingQueues(account=account, queues=queues)
     groups = GroupStore(account)
-    signer = TipSigner(settings.tip_secrets, settings.tip_form)
+    signer = TipSigner(secrets=settings.tip_secrets, form=settings.tip_form)
     cache = TaskCache()
     claim_timeout = timedelta(seconds=settings.claim_timeout)
     deadline_queue = account.queue_name("deadline")
     repair_delay = timedelta(seconds=settings.tip_repair_delay)
-    hints = PendingHints(queues, pending, settings.claim_work_fallback_interval)
+    hints = PendingHints(queues=queues, pending=pending,
+                         fallback=settings.claim_work_fallback_interval)
     waiting = Waiting()
-    index = ClaimIndex(ClaimStore(account), ClaimNotes(account), tasks, claim_timeout)
-    doorbell = Doorbell(
-        waiting, hints, index.replica,
-        broker=BrokerBells(settings.amqp_url, settings.exchange_prefix,
-                           settings.storage.prefix, index.replica)
-        if settings.amqp_url else None,
-        table=None if settings.amqp_url else BellTable(account),
-        interval=settings.doorbell_interval)
-    tips = Tips(signer, queues, pending, tasks, waiting, doorbell)
-    workerinfo = WorkerInfo(WorkerStore(account), TaskQueueStore(account))
-
-    # Passing a resolution on schedules the tasks that wait for it, which is defining's
-    # part: bound once ``definitions`` exists (it needs ``dependencies`` itself).
-    async def schedule(task_id: str, loaded: Stored, requeue: bool) -> Task:
-        return await definitions.schedule(task_id, loaded, requeue)
-
-    dependencies = Dependencies(
-        tasks, DependentStore(account), queues, account.queue_name("dependencies"),
-        timedelta(seconds=settings.dependencies_recovery_delay), schedule)
-    changes = Changes(tasks, outbox, dependencies, cache, queues, tips, index,
-                      settings.crash_after_commit)
-    owners = GroupOwners(tasks, groups)
-    definitions = Definitions(tasks, groups, owners, queues, deadline_queue, repair_delay,
-                              dependencies, tips, changes, outbox, workerinfo)
+    index = ClaimIndex(store=ClaimStore(account), notes=ClaimNotes(account), tasks=tasks,
+                       claim_timeout=claim_timeout)
+    doorbell = _doorbell(settings, account, waiting, hints, index.replica)
+    tips = Tips(signer=signer, queues=queues, pending=pending, tasks=tasks, waiting=waiting,
+                doorbell=doorbell)
+    workerinfo = WorkerInfo(workers=WorkerStore(account), task_queues=TaskQueueStore(account))
+    dependencies = _dependencies(settings, account, tasks, queues, lambda: definitions)
+    changes = Changes(tasks=tasks, outbox=outbox, dependencies=dependencies, cache=cache,
+                      queues=queues, tips=tips, index=index,
+                      crash_after_commit=settings.crash_after_commit)
+    owners = GroupOwners(tasks=tasks, groups=groups)
+    definitions = Definitions(
+        tasks=tasks, groups=groups, owners=owners, queues=queues,
+        deadline_queue=deadline_queue, repair_delay=repair_delay, dependencies=dependencies,
+        tips=tips, changes=changes, outbox=outbox, workerinfo=workerinfo)
     root = settings.root
-    claims = Claims(tasks, queues, pending, signer, cache, changes, tips, index, workerinfo,
-                    credentials.Principal(root.client_id, root.access_token, root.scopes),
-                    claim_timeout)
-    repair = Repair(changes, tips, repair_delay)
-    priority = TaskPriority(tasks, changes, tips)
-    artifacts = ArtifactService(account, tasks, UploadSigner(settings.tip_secrets),
-                                settings.public_root_url, outbox,
-                                upload_read_timeout=settings.upload_read_timeout)
+    claims = Claims(
+        tasks=tasks, queues=queues, pending=pending, signer=signer, cache=cache,
+        changes=changes, tips=tips, index=index, workerinfo=workerinfo,
+        issuer=credentials.Principal(root.client_id, root.access_token, root.scopes),
+        claim_timeout=claim_timeout)
+    priority = TaskPriority(tasks=tasks, changes=changes, tips=tips)
+    artifacts = ArtifactService(
+        account=account, tasks=tasks, signer=UploadSigner(settings.tip_secrets),
+        root_url=settings.public_root_url, outbox=outbox,
+        upload_read_timeout=settings.upload_read_timeout)
     return Services(
         definitions=definitions,
         claims=claims,
-        work=WorkClaimer(queues, pending, claims, workerinfo, waiting, doorbell,
-                         wait=settings.claim_work_wait,
+        work=WorkClaimer(queues=queues, pending=pending, claims=claims, workerinfo=workerinfo,
+                         waiting=waiting, doorbell=doorbell, wait=settings.claim_work_wait,
                          poll_interval=settings.claim_work_poll_interval,
                          fallback_interval=settings.claim_work_fallback_interval),
-        resolution=Resolution(tasks, queues, cache, changes, index.store, deadline_queue,
-                              repair),
-        groups=TaskGroups(tasks, groups, owners, queues, account.queue_name("group-passes"),
-                          outbox, changes, definitions, priority),
+        resolution=Resolution(
+            tasks=tasks, queues=queues, cache=cache, changes=changes, claim_store=index.store,
+            deadline_queue=deadline_queue,
+            repair=Repair(changes=changes, tips=tips, delay=repair_delay)),
+        groups=TaskGroups(tasks=tasks, groups=groups, owners=owners, queues=queues,
+                          passes=account.queue_name("group-passes"), outbox=outbox,
+                          changes=changes, definitions=definitions, priority=priority),
         priority=priority,
-        rerun=Rerun(tasks, groups, changes, tips, events_on=outbox is not None),
+        rerun=Rerun(tasks=tasks, groups=groups, changes=changes, tips=tips,
+                    events_on=outbox is not None),
         batch=BatchReads(tasks),
-        counts=TaskQueueCounts(tasks, queues, pending, signer, cache,
-                               RunningClaims(index)),
+        counts=TaskQueueCounts(tasks=tasks, queues=queues, pending_queues=pending,
+                               signer=signer, cache=cache, running=RunningClaims(index)),
         workers=workerinfo,
-        task_urls=TaskUrls(pending, hints, doorbell, timedelta(seconds=settings.sas_lifetime)),
+        task_urls=TaskUrls(pending=pending, hints=hints, doorbell=doorbell,
+                           sas_lifetime=timedelta(seconds=settings.sas_lifetime)),
         artifacts=artifacts,
-        expiry=Expiry(tasks, index.store, dependencies.dependents, groups, workerinfo,
-                      artifacts),
-        health=Health(account, tasks),
-        dependencies=dependencies,
-        index=index,
-        changes=changes,
-        tips=tips,
-        doorbell=doorbell,
-        outbox=outbox)
+        expiry=Expiry(tasks=tasks, claim_store=index.store,
+                      dependents=dependencies.dependents, groups=groups,
+                      workerinfo=workerinfo, artifacts=artifacts),
+        health=Health(account=account, tasks=tasks),
+        dependencies=dependencies, index=index, changes=changes, tips=tips,
+        doorbell=doorbell, outbox=outbox)
+
+
+def _dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore, queues: Queues,
+                  definitions: Callable[[], Definitions]) -> Dependencies:
+    """Passing a resolution on schedules the tasks that wait for it, which is defining's
+    part: ``definitions`` is asked for once it exists (it needs ``dependencies`` itself)."""
+
+    async def schedule(task_id: str, loaded: Stored, requeue: bool) -> Task:
+        return await definitions().schedule(task_id, loaded, requeue)
+
+    return Dependencies(
+        tasks=tasks, dependents=DependentStore(account), queues=queues,
+        queue_name=account.queue_name("dependencies"),
+        recovery_delay=timedelta(seconds=settings.dependencies_recovery_delay),
+        schedule=schedule)
+
+
+def _doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
+              hints: PendingHints, replica: str) -> Doorbell:
+    """The doorbell: through the broker with events on, else a table every replica reads."""
+    broker = BrokerBells(url=settings.amqp_url, exchange_prefix=settings.exchange_prefix,
+                         routing_key=settings.storage.prefix, replica=replica) \
+        if settings.amqp_url else None
+    return Doorbell(waiting=waiting, hints=hints, replica=replica, broker=broker,
+                    table=None if settings.amqp_url else BellTable(account),
+                    interval=settings.doorbell_interval)
 
 
 async def _setup(services: Services) -> None:

@@ -65,6 +65,7 @@ class Dev:
         return err
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
         tmp_path: Path) -> None:
@@ -112,6 +113,7 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
     assert second.process.returncode == 0, err
 
 
+@pytest.mark.slow
 async def test_the_banner_names_the_dashboard_and_requests_are_logged_only_when_asked(
         tmp_path: Path) -> None:
     """A request leaves no line by default; it does with `dev --access-log`, or with

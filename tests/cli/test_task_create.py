@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import pytest
 
 from azqueue.model.identifiers import SLUGID
 from azqueue.testing.tasks import create, definition, iso, slugid
@@ -144,6 +145,7 @@ async def test_what_create_cannot_use_is_one_line_saying_why(
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
+@pytest.mark.slow
 async def test_create_for_a_task_queue_no_worker_asked_says_so_and_what_was_meant(
         server: Server, http: aiohttp.ClientSession) -> None:
     """A typo in the task queue leaves the task waiting forever: stderr says that no worker

@@ -253,3 +253,22 @@ def test_every_method_of_the_official_client_has_a_route() -> None:
         assert [(r.method, r.path) for r in ROUTES if r.name == name] == [target], name
     names = [r.name for r in ROUTES]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+async def test_declare_worker_refuses_a_worker_type_its_answer_could_not_carry(
+        make_server: ServerFactory) -> None:
+    """A worker's ``workerType`` is a task's (worker-response refers to task.json's
+    pattern: lowercase letters, digits and ``-``): declareWorker refuses another one (400)
+    rather than answer what Taskcluster's schema rejects, and stores nothing."""
+    server = await make_server()
+    q = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0,
+                               "credentials": CREDENTIALS})
+    expires = iso(datetime.now(UTC) + timedelta(days=1))
+    for worker_type in ("logical_not", "Upper", "-dash", "dash-"):
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await q.declareWorker("prov-wt", worker_type, "wg", "w1", {"expires": expires})
+        assert status_of(info) == 400, (worker_type, info.value)
+        assert "workerType" in str(info.value.body["message"]), info.value.body
+        assert await unless_404(q.getWorker("prov-wt", worker_type, "wg", "w1")) is None
+    check("worker-response", await q.declareWorker("prov-wt", "lower-case-9", "wg", "w1",
+                                                   {"expires": expires}))

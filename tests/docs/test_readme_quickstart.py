@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
+import pytest
 
 from azqueue.devstorage import free_port
 from tests.worker.helpers import AZQUEUE, CHECKOUT, checkout_env
@@ -98,6 +99,7 @@ class Dev:
         return err
 
 
+@pytest.mark.slow
 async def test_readme_quickstart_completes_its_tasks_and_shows_their_logs(
         tmp_path: Path) -> None:
     """Every block of README's quickstart works as written: the worker runs, the CLI's task

@@ -9,7 +9,7 @@ import asyncio
 import aiohttp
 
 from azqueue.testing.tasks import create, definition
-from tests.integration.test_claim_work import claim_work
+from tests.integration.test_claim_work import callers_waiting, claim_work
 from tests.integration.test_doorbell import WAIT, quiet, wakes_across_replicas
 from tests.servers import ServerFactory
 
@@ -42,7 +42,7 @@ async def test_without_the_broker_the_pollers_look_as_often_as_without_a_doorbel
     b = await make_server(**quiet(amqp_url=dead, claim_work_poll_interval=0.3))
     assert not b.services.doorbell.covers("prov/nobroker")
     waiting = asyncio.create_task(claim_work(http, b, "prov/nobroker"))
-    await asyncio.sleep(0.5)
+    await callers_waiting(b, "prov/nobroker")
     task_id = await create(http, a.api, definition("prov/nobroker"))
     [claim] = await asyncio.wait_for(waiting, WAIT / 2)
     assert claim["status"]["taskId"] == task_id

@@ -25,6 +25,7 @@ def _kinds(messages: list[Received]) -> list[str]:
     return [m.exchange for m in messages]
 
 
+@pytest.mark.slow
 @pytest.mark.crash
 async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_restart(
         azurite: Azurite, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
@@ -153,6 +154,7 @@ async def _until_answered(http: aiohttp.ClientSession, method: str, url: str,
     raise AssertionError(f"{method} {url} still failing after a minute: {last}")
 
 
+@pytest.mark.slow
 async def test_through_throttling_and_lost_answers_every_event_arrives_and_no_group_early(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str, amqp_url: str,
         http: aiohttp.ClientSession, consume: ConsumerFactory) -> None:

@@ -175,6 +175,7 @@ def _fuzz(route: Route, root_url: str, world: World, hostile: bool) -> Callable[
 
 # The server's own use of the global `random` (a storage retry's jitter) while Hypothesis
 # draws in the other thread is not the strategies' doing.
+@pytest.mark.slow
 @pytest.mark.filterwarnings("ignore:Do not use the `random` module inside strategies")
 async def test_no_endpoint_answers_5xx_and_every_4xx_says_what_is_wrong(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:

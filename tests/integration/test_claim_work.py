@@ -43,6 +43,15 @@ async def claim_work(http: aiohttp.ClientSession, server: Server, task_queue_id:
     return list(body["tasks"])
 
 
+async def callers_waiting(server: Server, task_queue_id: str, count: int = 1) -> None:
+    """Until ``count`` claimWork callers wait on ``server`` for work of ``task_queue_id``
+    (connected ones: a caller that left may still be on the list)."""
+    entry = server.services.work.waiting.entry(task_queue_id)
+    await eventually(lambda: sum(w.connected() for w in entry.waiters), lambda n: n >= count,
+                     interval=0.05,
+                     what=f"{count} claimWork caller(s) waiting on {task_queue_id}")
+
+
 async def test_a_waiting_claim_work_gets_a_task_created_while_it_waits(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'This end-point is long-polling' (docs/workers/sdk.md): with polling effectively off (60 s), only the
@@ -112,7 +121,7 @@ async def test_a_caller_that_disconnects_loses_no_task(
     except TimeoutError:
         pass
     waiting = asyncio.create_task(claim_work(http, server, "prov/leave", worker_id="stayer"))
-    await asyncio.sleep(0.3)
+    await callers_waiting(server, "prov/leave")
     task_id = await create(http, server.api, definition("prov/leave"))
     [claim] = await asyncio.wait_for(waiting, 15)
     assert claim["status"]["taskId"] == task_id and claim["workerId"] == "stayer"

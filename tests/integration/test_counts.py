@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import aiohttp
+import pytest
 import taskcluster.aio
 
 from azqueue.model import timeutil
@@ -44,6 +45,7 @@ async def _pending(queue: taskcluster.aio.Queue, task_queue_id: str) -> tuple[in
     return counts["pendingTasks"], pending["pendingTasks"]
 
 
+@pytest.mark.slow
 async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_it(
         make_server: ServerFactory, storage: StorageInspector) -> None:
     """The tip repair looks at a waiting task at growing intervals (3, 6, 12 … minutes by

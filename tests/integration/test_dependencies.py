@@ -15,6 +15,7 @@ from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import Client
 from azqueue.devstorage import Azurite, free_port
+from azqueue.model import timeutil
 from azqueue.testing import sas
 from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
@@ -153,7 +154,9 @@ async def test_schedule_and_cancel_past_the_deadline_are_conflicts(
                                                deadline=timedelta(seconds=1)))
     running = await _task(queue, "prov/deps-late", deadline=timedelta(seconds=1))
     await queue.claimTask(running, 0, {"workerGroup": "g", "workerId": "w"})
-    await asyncio.sleep(1.2)
+    deadline = max([timeutil.parse((await queue.task(t))["deadline"]) for t in (waiting, running)])
+    await eventually(timeutil.utcnow, lambda now: now > deadline, interval=0.1,
+                     what="the deadlines to pass")
     for call, task_id in ((queue.scheduleTask, waiting), (queue.cancelTask, running)):
         with pytest.raises(TaskclusterRestFailure) as info:
             await call(task_id)

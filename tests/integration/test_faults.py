@@ -74,6 +74,7 @@ class Clients:
             return 0, {}
 
 
+@pytest.mark.slow
 async def test_through_throttling_and_lost_answers_every_task_is_resolved_exactly_once(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
         http: aiohttp.ClientSession) -> None:

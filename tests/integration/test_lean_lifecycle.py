@@ -8,6 +8,7 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import pytest
 from azure.data.tables.aio import TableServiceClient
 
 from azqueue.config import StorageSettings
@@ -21,7 +22,7 @@ from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
-from tests.integration.test_claim_work import claim_work
+from tests.integration.test_claim_work import callers_waiting, claim_work
 from tests.servers import Server, ServerFactory
 from tests.waiting import eventually, stays
 
@@ -164,6 +165,7 @@ async def test_a_closing_server_indexes_the_claims_it_has_not_written_yet(
     assert row is not None and timeutil.fmt(row.taken_until) == claim["takenUntil"]
 
 
+@pytest.mark.slow
 async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'claimWork ... long-polling' (docs/workers/sdk.md): eight callers waiting at once on a replica that
@@ -171,7 +173,7 @@ async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
     creator, server = await make_server(), await make_server(claim_work_poll_interval=0.5)
     callers = [asyncio.create_task(claim_work(http, server, "prov/shared", worker_id=f"w{i}"))
                for i in range(8)]
-    await asyncio.sleep(0.5)
+    await callers_waiting(server, "prov/shared", 8)
     created = {await create(http, creator.api, definition("prov/shared")) for _ in range(8)}
     claimed = [c["status"]["taskId"] for got in await asyncio.gather(*callers) for c in got]
     assert len(claimed) == len(set(claimed)) and set(claimed) <= created

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
+from datetime import timedelta
 
 import aiohttp
 
+from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
@@ -103,13 +104,18 @@ async def test_reclaim_keeps_the_tip_invisible_past_the_first_taken_until(
     code, claim = await sas.claim(http, server.api, message)
     assert code == 200
     first_taken_until = claim["takenUntil"]
-    for _ in range(3):
-        await asyncio.sleep(1.5)
+    taken_until = first_taken_until
+    # Reclaimed halfway through each claim, until well past the first takenUntil.
+    while timeutil.utcnow() < timeutil.parse(first_taken_until) + timedelta(seconds=1.5):
+        halfway = timeutil.parse(taken_until) - timedelta(seconds=1.5)
+        await eventually(timeutil.utcnow, lambda now, at=halfway: now >= at, interval=0.1,
+                         what="halfway through the claim")
         code, re = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
         assert code == 200, re
         assert re["takenUntil"] > first_taken_until
         assert await sas.get_messages(http, poll_url) == []
-    # 4.5 s after the claim, well past the first takenUntil: still running, tip still hidden.
+        taken_until = re["takenUntil"]
+    # Well past the first takenUntil: still running, tip still hidden.
     assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
     code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
     assert code == 200 and done["status"]["state"] == "completed"

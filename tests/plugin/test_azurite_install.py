@@ -56,6 +56,7 @@ def test_without_npm_the_error_says_to_install_nodejs(tmp_path: Path) -> None:
     assert not (tmp_path / "cache" / "azqueue" / "azurite-3.35.0").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_the_first_start_installs_the_pinned_azurite_into_the_cache(tmp_path: Path) -> None:
     """One real install from the npm registry (about half a minute)."""

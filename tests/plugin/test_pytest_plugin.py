@@ -42,6 +42,7 @@ def downstream_project(path: Path, tests: str) -> Path:
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_downstream_project_tests_its_worker_with_the_plugins_fixtures(tmp_path: Path) -> None:
     """Tasks created with the official client are run by the handler (claimWork and SAS
@@ -57,6 +58,7 @@ def test_a_downstream_project_tests_its_worker_with_the_plugins_fixtures(tmp_pat
     assert re.search(r"\b11 passed\b", done.stdout), done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_keep_leaves_a_tests_storage_and_says_where_it_is(tmp_path: Path) -> None:
     project = downstream_project(tmp_path, """
@@ -81,6 +83,7 @@ def test_creates_a_task(azqueue_server):
         shutil.rmtree(data, ignore_errors=True)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_azqueues_own_suite_keeps_its_fixtures_with_the_plugin_loaded() -> None:
     """tests/conftest.py's `azurite` overrides the plugin's: the whole suite collects, and
@@ -93,6 +96,7 @@ def test_azqueues_own_suite_keeps_its_fixtures_with_the_plugin_loaded() -> None:
     assert re.search(r"\b[1-9]\d* passed\b", sample.stdout), sample.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_each_xdist_worker_gets_an_azqueue_of_its_own(tmp_path: Path) -> None:
     """With pytest-xdist, tests running at once in two processes each see only their own

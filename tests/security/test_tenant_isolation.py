@@ -79,6 +79,7 @@ async def tenants(request: pytest.FixtureRequest, make_server: ServerFactory) ->
                              tip_form=request.param)
 
 
+@pytest.mark.slow
 async def test_claim_work_never_hands_a_tenant_another_queues_task(
         tenants: Server, root_queue: taskcluster.aio.Queue) -> None:
     attacker = _client(tenants, ATTACKER)
@@ -102,6 +103,7 @@ async def test_claim_work_never_hands_a_tenant_another_queues_task(
     await _victim_worker_gets(tenants, root_queue, victim_id)
 
 
+@pytest.mark.slow
 async def test_a_tip_polled_with_a_sas_url_claims_nothing_outside_its_queue(
         tenants: Server, root_queue: taskcluster.aio.Queue,
         anonymous: aiohttp.ClientSession) -> None:

@@ -17,7 +17,8 @@ def test_every_endpoint_but_health_and_schemas_declares_its_scopes() -> None:
 
 def test_a_path_parameter_needs_a_convertor() -> None:
     with pytest.raises(ValueError) as info:
-        Routes().declare("GET", "/task/<taskId>/things/<thing>", "listThings")
+        Routes("Things").declare("GET", "/task/<taskId>/things/<thing>", "listThings",
+                                 title="List things")
     assert "<thing>" in str(info.value)
 
 
@@ -31,13 +32,13 @@ def test_no_route_is_declared_twice() -> None:
 
 
 def test_a_table_that_declares_a_route_twice_is_refused() -> None:
-    routes = Routes()
+    routes = Routes("Service")
 
     async def handler() -> None:
         pass
 
-    routes.declare("GET", "/ping", "ping")(handler)
-    routes.declare("GET", "/ping", "ping")(handler)
+    routes.declare("GET", "/ping", "ping", title="Ping")(handler)
+    routes.declare("GET", "/ping", "ping", title="Ping")(handler)
     with pytest.raises(ValueError) as info:
         Router(routes.table)
     assert "ping" in str(info.value)

@@ -25,6 +25,7 @@ from aiohttp import web
 from azqueue import errors, metrics
 from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
+from azqueue.api.routing import AUTH_KEY
 from azqueue.events.listener import Listener
 from azqueue.model import scopes, timeutil
 from azqueue.model.identifiers import TASK_QUEUE_ID
@@ -58,8 +59,6 @@ def _read(name: str) -> bytes:
 async def recent(request: web.Request) -> web.Response:
     """What this process changed lately: each task only if the caller may read its status
     (``queue:status:<taskId>``), its name only if it may read its definition."""
-    from azqueue.api.routing import AUTH_KEY  # the routes import this package
-
     request[ENDPOINT_KEY] = "dashboardRecent"
     caller = request.app[AUTH_KEY].authenticate(
         method=request.method, target=request.raw_path, host=request.host,

@@ -31,10 +31,18 @@ _CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
 _READ_ARTIFACT = {"if": "private", "then": "queue:get-artifact:<name>"}
 STORAGE_TYPE_HEADER = "x-taskcluster-artifact-storage-type"
 
-routes = Routes()
+routes = Routes("Artifacts")
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/artifacts/<name>", "createArtifact",
+                title="Create an artifact",
+                description=("`s3` (`contentType`; answers `{storageType, putUrl, expires, "
+                             "contentType}`: PUT the content there, see "
+                             "[Artifacts](../workers/artifacts.md)), `reference` (`url`), "
+                             "`link` (`artifact`), `error` (`reason`, `message`), and our "
+                             "`blob` (answers a SAS `putUrl` and the `headers` to PUT the "
+                             "content with; `blobType: append` for a log written while it is "
+                             "read); `object` is 400"),
                 output="post-artifact-response.json",
                 body="post-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
@@ -42,6 +50,10 @@ async def create_artifact(call: Call, task_id: str, run_id: int, name: str) -> A
 
 
 @routes.declare("PUT", "/task/<taskId>/runs/<runId>/artifacts/<name>", "finishArtifact",
+                title="Finish an artifact",
+                description=("a `blob` artifact becomes readable once its content was "
+                             "uploaded; 400 for every other type (nothing to finish, as in "
+                             "Taskcluster)"),
                 body="finish-artifact-request.json", scopes=_CREATE_ARTIFACT)
 async def finish_artifact(call: Call, task_id: str, run_id: int, name: str) -> Any:
     await call.services.artifacts.finish(task_id, run_id, name)
@@ -64,8 +76,13 @@ def _may_follow(call: Call, names: tuple[str, ...]) -> None:
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
+                title="Get an artifact",
+                description=("303 to a 10-minute read URL (or the reference), 424 for an error"
+                             " artifact; header `x-taskcluster-artifact-storage-type`"),
                 output="get-artifact-response.json", scopes=_READ_ARTIFACT)
 @routes.declare("GET", "/task/<taskId>/artifacts/<name>", "getLatestArtifact",
+                title="Get an artifact of the latest run",
+                description="as getArtifact",
                 output="get-artifact-response.json", scopes=_READ_ARTIFACT)
 async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None = None
                        ) -> web.StreamResponse:
@@ -85,8 +102,12 @@ async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None =
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
+                title="Get an artifact's information",
+                description="`{storageType, name, expires, contentType}`",
                 output="artifact-response.json", scopes=_READ_ARTIFACT)
 @routes.declare("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo",
+                title="Get the information of an artifact of the latest run",
+                description="as artifactInfo",
                 output="artifact-response.json", scopes=_READ_ARTIFACT)
 async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
     run_id = await _readable(call, task_id, run_id, name)
@@ -94,8 +115,14 @@ async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None 
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-content/<name>", "artifact",
+                title="Get an artifact's content",
+                description=("`{storageType, url}` (`s3`, `reference`) or `{storageType: "
+                             "error, reason, message}`, as the official client's download "
+                             "helpers expect"),
                 output="artifact-content-response.json", scopes=_READ_ARTIFACT)
 @routes.declare("GET", "/task/<taskId>/artifact-content/<name>", "latestArtifact",
+                title="Get the content of an artifact of the latest run",
+                description="as artifact",
                 output="artifact-content-response.json", scopes=_READ_ARTIFACT)
 async def artifact_content(call: Call, task_id: str, name: str, run_id: int | None = None
                            ) -> Any:
@@ -114,8 +141,12 @@ _LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts",
+                title="List a run's artifacts",
+                description="paginated with `limit` (≤ 1000) and `continuationToken`",
                 output="list-artifacts-response.json", query=PAGED, scopes=_LIST_ARTIFACTS)
 @routes.declare("GET", "/task/<taskId>/artifacts", "listLatestArtifacts",
+                title="List the artifacts of the latest run",
+                description="as listArtifacts",
                 output="list-artifacts-response.json", query=PAGED,
                 scopes=_LIST_ARTIFACTS)
 async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:

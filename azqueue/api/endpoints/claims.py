@@ -1,7 +1,7 @@
 """The endpoints a worker calls about its work: pollTaskUrls, claimWork (which
 long-polls), claimTask, reclaimTask, and the reports that resolve a run
 (reportCompleted, reportFailed, reportException). Scopes as Taskcluster's Queue reference
-declares them; the logic is in ``service.taskurls``, ``service.work``,
+declares them; the logic is in ``service.taskurls``, ``service.workclaimer``,
 ``service.claims`` and ``service.resolution``."""
 
 from __future__ import annotations
@@ -15,10 +15,14 @@ from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.claims import TipClaim
 from azqueue.service.taskurls import MAX_WAIT
 
-routes = Routes()
+routes = Routes("Worker interface")
 
 
 @routes.declare("GET", "/poll-task-url/<provisionerId>/<workerType>", "pollTaskUrls",
+                title="Get the task queue's poll URLs",
+                description=("SAS URLs of the task queue's Azure queues, for workers that poll"
+                             " Azure directly (see [the SAS protocol](../workers/sas.md)); "
+                             "`pending=true&wait=<s>` waits for a visible tip"),
                 query=("pending", "wait"), long_poll=True,
                 scopes="queue:poll-task-urls:<provisionerId>/<workerType>")
 async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> Any:
@@ -40,6 +44,10 @@ async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> A
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask",
+                title="Claim a run",
+                description=("with or without the `messageId`, `receipt` and `signature` of "
+                             "the tip a SAS worker received"),
+                stability="deprecated",
                 output="task-claim-response.json", body="task-claim-request.json",
                 scopes={"AllOf": ["queue:claim-task:<taskQueueId>",
                                   "queue:worker-id:<workerGroup>/<workerId>"]})
@@ -60,6 +68,10 @@ async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
 
 
 @routes.declare("POST", "/claim-work/<taskQueueId>", "claimWork",
+                title="Claim work",
+                description=("`{workerGroup, workerId, tasks}` long-polls up to "
+                             "`AZQUEUE_CLAIM_WORK_WAIT` seconds and answers `{tasks: [claim, "
+                             "…]}`"),
                 output="claim-work-response.json", body="claim-work-request.json",
                 long_poll=True,
                 scopes={"AllOf": ["queue:claim-work:<taskQueueId>",
@@ -76,6 +88,8 @@ async def claim_work(call: Call, task_queue_id: str) -> Any:
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/reclaim", "reclaimTask",
+                title="Reclaim a run",
+                description="pushes its `takenUntil` out",
                 output="task-reclaim-response.json",
                 body="empty-request.json", scopes="queue:reclaim-task:<taskId>/<runId>")
 async def reclaim_task(call: Call, task_id: str, run_id: int) -> Any:
@@ -86,12 +100,18 @@ _RESOLVE = "queue:resolve-task:<taskId>/<runId>"
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/completed", "reportCompleted",
+                title="Report a run completed",
                 output="task-status-response.json",
                 scopes=_RESOLVE, body="empty-request.json", fixed={"state": RunState.COMPLETED})
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/failed", "reportFailed",
+                title="Report a run failed",
                 output="task-status-response.json", scopes=_RESOLVE,
                 body="empty-request.json", fixed={"state": RunState.FAILED})
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/exception", "reportException",
+                title="Report a run's exception",
+                description=("`worker-shutdown` and `intermittent-task` retry while retries "
+                             "are left; `malformed-payload`, `resource-unavailable`, "
+                             "`internal-error` never do"),
                 output="task-status-response.json",
                 scopes=_RESOLVE, body="task-exception-request.json",
                 fixed={"state": RunState.EXCEPTION})

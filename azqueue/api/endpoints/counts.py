@@ -9,10 +9,12 @@ from typing import Any
 from azqueue import errors
 from azqueue.api.routing import ANONYMOUS_COUNTS, PAGED, Call, Route, Routes
 
-routes = Routes()
+routes = Routes("Task queue counts")
 
 
 @routes.declare("GET", "/pending/<taskQueueId>", "pendingTasks",
+                title="Count a task queue's pending tasks",
+                stability="deprecated",
                 output="pending-tasks-response.json", scopes="queue:pending-count:<taskQueueId>")
 async def pending_tasks(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.pending_tasks(task_queue_id)
@@ -22,6 +24,7 @@ _COUNTS = {"AllOf": ["queue:pending-count:<taskQueueId>", "queue:claimed-count:<
 
 
 @routes.declare("GET", "/task-queues/<taskQueueId>/counts", "taskQueueCounts",
+                title="Count a task queue's pending and claimed tasks",
                 output="task-queue-counts-response.json", scopes=_COUNTS)
 async def task_queue_counts(call: Call, task_queue_id: str) -> Any:
     return await call.services.counts.counts(task_queue_id)
@@ -32,6 +35,9 @@ COUNTS_BODY = 128 * 1024
 
 
 @routes.declare("POST", "/task-queues/counts", "taskQueueCountsBatch",
+                title="Count the pending and claimed tasks of task queues",
+                description="`{taskQueueIds}` (≤ 1000; anonymous: ≤ 5, 400 beyond)",
+                stability="experimental",
                 output="task-queue-counts-list-response.json",
                 body="task-queue-counts-request.json",
                 max_body=COUNTS_BODY, scopes={"AllOf": [
@@ -52,6 +58,10 @@ async def task_queue_counts_batch(call: Call) -> Any:
 
 
 @routes.declare("GET", "/task-queues/<taskQueueId>/pending", "listPendingTasks",
+                title="List a task queue's pending tasks",
+                description=("paginated with `limit` (default 100, ≤ 1000) and "
+                             "`continuationToken`"),
+                stability="experimental",
                 output="list-pending-tasks-response.json", query=PAGED,
                 scopes="queue:pending-list:<taskQueueId>")
 async def list_pending_tasks(call: Call, task_queue_id: str) -> Any:
@@ -60,6 +70,10 @@ async def list_pending_tasks(call: Call, task_queue_id: str) -> Any:
 
 
 @routes.declare("GET", "/task-queues/<taskQueueId>/claimed", "listClaimedTasks",
+                title="List a task queue's claimed tasks",
+                description=("paginated with `limit` (default 100, ≤ 1000) and "
+                             "`continuationToken`"),
+                stability="experimental",
                 output="list-claimed-tasks-response.json", query=PAGED,
                 scopes="queue:claimed-list:<taskQueueId>")
 async def list_claimed_tasks(call: Call, task_queue_id: str) -> Any:

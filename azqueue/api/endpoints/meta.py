@@ -10,37 +10,50 @@ from azqueue import __version__, errors
 from azqueue.api import validation
 from azqueue.api.routing import STARTED_KEY, Call, Route, Routes
 
-routes = Routes()
+routes = Routes("Service")
 
 
-@routes.declare("GET", "/ping", "ping")
+@routes.declare("GET", "/ping", "ping",
+                title="Ping the server",
+                description="answers at once, whatever storage does")
 async def ping(call: Call) -> Any:
     return {"alive": True, "uptime": time.monotonic() - call.request.app[STARTED_KEY]}
 
 
-@routes.declare("GET", "/__lbheartbeat__", "lbheartbeat")
+@routes.declare("GET", "/__lbheartbeat__", "lbheartbeat",
+                title="Load balancer heartbeat",
+                description="answers at once, whatever storage does")
 async def lbheartbeat(call: Call) -> Any:
     return {}
 
 
-@routes.declare("GET", "/__heartbeat__", "heartbeat")
+@routes.declare("GET", "/__heartbeat__", "heartbeat",
+                title="Heartbeat",
+                description="checks that storage answers")
 async def heartbeat(call: Call) -> Any:
     await call.services.health.check_storage()
     return {}
 
 
-@routes.declare("GET", "/__version__", "version")
+@routes.declare("GET", "/__version__", "version",
+                title="Version",
+                description="the release this replica runs")
 async def version(call: Call) -> Any:
     return {"source": "https://github.com/azqueue/azqueue", "version": __version__,
             "commit": "", "build": ""}
 
 
-@routes.declare("GET", "/__metrics__", "metrics")
+@routes.declare("GET", "/__metrics__", "metrics",
+                title="Metrics",
+                description=("the Azure Storage requests made by this process, by service and "
+                             "method, and the queue's other metrics (Prometheus text)"))
 async def metrics(call: Call) -> Any:
     return {"storageRequests": call.services.health.storage_requests()}
 
 
-@routes.declare("GET", "/schemas/queue/v1/<schema>", "schema")
+@routes.declare("GET", "/schemas/queue/v1/<schema>", "schema",
+                title="JSON schema",
+                description="the JSON schemas request bodies are validated against")
 async def get_schema(call: Call, schema: str) -> Any:
     if schema not in validation.schema_names():
         raise errors.NotFound(f"no schema {schema!r}; there are: "

@@ -16,10 +16,14 @@ from azqueue.model.identifiers import SLUGID
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.task import Task
 
-routes = Routes()
+routes = Routes("Tasks")
 
 
 @routes.declare("PUT", "/task/<taskId>", "createTask",
+                title="Create a task",
+                description=("define a task and schedule it (unless it waits for its "
+                             "dependencies); idempotent for an identical definition, 409 "
+                             "otherwise"),
                 output="task-status-response.json", body="task-definition-request.json",
                 what="the task definition", scopes={"AllOf": [
                     {"for": "scope", "in": "scopes", "each": "<scope>"},
@@ -41,12 +45,15 @@ async def create_task(call: Call, task_id: str) -> Any:
 
 
 @routes.declare("GET", "/task/<taskId>", "task",
+                title="Get the task definition",
+                description="with `taskQueueId` and `provisionerId`/`workerType`",
                 output="task.json", scopes="queue:get-task:<taskId>")
 async def task(call: Call, task_id: str) -> Any:
     return await call.services.definitions.definition(task_id)
 
 
 @routes.declare("GET", "/task/<taskId>/status", "status",
+                title="Get the task status",
                 output="task-status-response.json", scopes="queue:status:<taskId>")
 async def status(call: Call, task_id: str) -> Any:
     return {"status": await call.services.definitions.status(task_id)}
@@ -61,6 +68,9 @@ def _on_task(call: Call) -> Callable[[Task], None]:
 
 
 @routes.declare("POST", "/task/<taskId>/schedule", "scheduleTask",
+                title="Schedule a task",
+                description=("an unscheduled task gets its pending run 0 whatever its "
+                             "dependencies say"),
                 output="task-status-response.json", body="empty-request.json",
                 scopes="queue:schedule-task:<schedulerId>/<taskGroupId>/<taskId>")
 async def schedule_task(call: Call, task_id: str) -> Any:
@@ -68,6 +78,10 @@ async def schedule_task(call: Call, task_id: str) -> Any:
 
 
 @routes.declare("POST", "/task/<taskId>/cancel", "cancelTask",
+                title="Cancel a task",
+                description=("the unresolved run resolves exception `canceled`, never retried;"
+                             " a running run's tip is deleted and its worker's next reclaim is"
+                             " a 409; a resolved task answers its status unchanged"),
                 output="task-status-response.json", body="empty-request.json",
                 scopes="queue:cancel-task:<schedulerId>/<taskGroupId>/<taskId>")
 async def cancel_task(call: Call, task_id: str) -> Any:
@@ -75,6 +89,12 @@ async def cancel_task(call: Call, task_id: str) -> Any:
 
 
 @routes.declare("POST", "/task/<taskId>/rerun", "rerunTask",
+                title="Rerun a task",
+                description=("a resolved (or unscheduled) task gets a new pending run `rerun` "
+                             "and its `retries` back; a pending or running task answers its "
+                             "status unchanged; 409 past the deadline or once the task has 50 "
+                             "runs (Taskcluster's limit; the retries a rerun grants stop there"
+                             " too)"),
                 output="task-status-response.json", body="empty-request.json", scopes={
     "AnyOf": [
         "queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>",
@@ -91,6 +111,13 @@ async def rerun_task(call: Call, task_id: str) -> Any:
 
 
 @routes.declare("POST", "/task/<taskId>/priority", "changeTaskPriority",
+                title="Change a task's priority",
+                description=("`{newPriority}`: an unresolved task's priority; a pending run is"
+                             " then claimed from the new priority's queue (see [Reruns and "
+                             "priorities](../concepts.md#reruns-and-priorities)); 409 for a "
+                             "resolved task or past the deadline; the same priority again "
+                             "answers the status"),
+                stability="experimental",
                 output="task-status-response.json",
                 body="change-task-priority-request.json", scopes={"AnyOf": [
                     "queue:change-task-priority:<taskId>",
@@ -105,6 +132,11 @@ async def change_task_priority(call: Call, task_id: str) -> Any:
 
 
 @routes.declare("GET", "/task/<taskId>/dependents", "listDependentTasks",
+                title="List the dependent tasks",
+                description=("`{taskId, tasks: [{status, task}]}` (every task defined with "
+                             "this one among its dependencies), paginated with `limit` "
+                             "(default 100, ≤ 1000) and `continuationToken`; anonymous by "
+                             "default"),
                 output="list-dependent-tasks-response.json", query=PAGED,
                 scopes="queue:list-dependent-tasks:<taskId>")
 async def list_dependent_tasks(call: Call, task_id: str) -> Any:
@@ -130,7 +162,13 @@ def _valid(task_id: str) -> bool:
 
 
 @routes.declare(
-    "POST", "/tasks", "tasks", output="tasks-response.json", body="tasks-request.json",
+    "POST", "/tasks", "tasks", title="Get tasks", stability="experimental",
+    description=("`{taskIds}` (at most 1000, 400 beyond; a body of at most 64 KiB, 413 "
+                 "beyond): `{tasks: [{taskId, task}]}`; taskIds that name no task are left "
+                 "out, repeated ones answered once; paginated over the taskIds given with "
+                 "`limit` (default 100, ≤ 1000; anonymous: ≤ 50) and `continuationToken` "
+                 "(send the same body again)"),
+    output="tasks-response.json", body="tasks-request.json",
     max_body=TASKS_BODY, query=PAGED,
     scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:get-task:<taskId>"}]})
 async def tasks(call: Call) -> Any:
@@ -140,7 +178,9 @@ async def tasks(call: Call) -> Any:
 
 
 @routes.declare(
-    "POST", "/tasks/status", "statuses", output="tasks-statuses-response.json",
+    "POST", "/tasks/status", "statuses", title="Get task statuses", stability="experimental",
+    description="`{taskIds}`, as tasks: `{statuses: [{taskId, status}]}`",
+    output="tasks-statuses-response.json",
     body="tasks-request.json", max_body=TASKS_BODY, query=PAGED,
     scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:status:<taskId>"}]})
 async def statuses(call: Call) -> Any:

@@ -10,6 +10,7 @@ from typing import Any
 from azqueue import errors
 from azqueue.api.routing import PAGED, Call, Route, Routes
 from azqueue.model import timeutil
+from azqueue.model.identifiers import WORKER_TYPE_OF_TASK
 from azqueue.service.workers import WorkerInfo
 
 # Taskcluster's page size for the metadata listings, which read nothing but their rows.
@@ -17,7 +18,7 @@ METADATA_PAGE = 1000
 # A listing of every row of a kind (provisioners, task queues): continuation, page size.
 Listing = Callable[[WorkerInfo, str | None, int], Awaitable[dict[str, Any]]]
 
-routes = Routes()
+routes = Routes("Worker metadata")
 
 
 def _task_queue(provisioner_id: str, worker_type: str) -> str:
@@ -41,9 +42,12 @@ def _date(body: dict[str, Any], field: str) -> str:
 
 
 @routes.declare("GET", "/provisioners", "listProvisioners",
+                title="List provisioners",
+                stability="deprecated",
                 output="list-provisioners-response.json", query=PAGED,
                 scopes="queue:list-provisioners", fixed={"rows": WorkerInfo.list_provisioners})
 @routes.declare("GET", "/task-queues", "listTaskQueues",
+                title="List task queues",
                 output="list-taskqueues-response.json", query=PAGED,
                 scopes="queue:list-task-queues", fixed={"rows": WorkerInfo.list_task_queues})
 async def list_all(call: Call, rows: Listing) -> Any:
@@ -52,12 +56,16 @@ async def list_all(call: Call, rows: Listing) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>", "getProvisioner",
+                title="Get a provisioner",
+                stability="deprecated",
                 output="provisioner-response.json", scopes="queue:get-provisioner:<provisionerId>")
 async def get_provisioner(call: Call, provisioner_id: str) -> Any:
     return await call.services.workers.provisioner(provisioner_id)
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types", "listWorkerTypes",
+                title="List a provisioner's worker types",
+                stability="deprecated",
                 output="list-workertypes-response.json", query=PAGED,
                 scopes="queue:list-worker-types:<provisionerId>")
 async def list_worker_types(call: Call, provisioner_id: str) -> Any:
@@ -65,6 +73,8 @@ async def list_worker_types(call: Call, provisioner_id: str) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>", "getWorkerType",
+                title="Get a worker type",
+                stability="deprecated",
                 output="workertype-response.json",
                 scopes="queue:get-worker-type:<provisionerId>/<workerType>")
 async def get_worker_type(call: Call, provisioner_id: str, worker_type: str) -> Any:
@@ -72,6 +82,7 @@ async def get_worker_type(call: Call, provisioner_id: str, worker_type: str) -> 
 
 
 @routes.declare("GET", "/task-queues/<taskQueueId>", "getTaskQueue",
+                title="Get a task queue",
                 output="taskqueue-response.json", scopes="queue:get-task-queue:<taskQueueId>")
 async def get_task_queue(call: Call, task_queue_id: str) -> Any:
     return await call.services.workers.task_queue(task_queue_id)
@@ -81,7 +92,9 @@ async def get_task_queue(call: Call, task_queue_id: str) -> Any:
 
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers",
-                "listWorkers", output="list-workers-response.json", query=(*PAGED, "quarantined"),
+                "listWorkers", title="List a worker type's workers", stability="deprecated",
+                description="`quarantined=true` or `false` to filter",
+                output="list-workers-response.json", query=(*PAGED, "quarantined"),
                 scopes="queue:list-workers:<provisionerId>/<workerType>")
 async def list_workers(call: Call, provisioner_id: str, worker_type: str) -> Any:
     raw = call.query("quarantined")
@@ -98,6 +111,7 @@ _WORKER = "<provisionerId>/<workerType>/<workerGroup>/<workerId>"
 
 @routes.declare("GET", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/"
                 "<workerGroup>/<workerId>", "getWorker",
+                title="Get a worker", stability="deprecated",
                 output="worker-response.json", scopes=f"queue:get-worker:{_WORKER}")
 async def get_worker(call: Call, provisioner_id: str, worker_type: str, worker_group: str,
                      worker_id: str) -> Any:
@@ -107,6 +121,8 @@ async def get_worker(call: Call, provisioner_id: str, worker_type: str, worker_g
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/workers/"
                 "<workerGroup>/<workerId>", "quarantineWorker",
+                title="Quarantine a worker", stability="experimental",
+                description="`{quarantineUntil, quarantineInfo}`; 404 for a worker never seen",
                 output="worker-response.json", body="quarantine-worker-request.json",
                 scopes={"AllOf": [f"queue:quarantine-worker:{_WORKER}"]})
 async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
@@ -119,12 +135,21 @@ async def quarantine_worker(call: Call, provisioner_id: str, worker_type: str,
 
 @routes.declare("PUT", "/provisioners/<provisionerId>/worker-types/<workerType>/<workerGroup>/"
                 "<workerId>", "declareWorker",
+                title="Declare a worker", stability="experimental",
+                description="`{expires}`; its workerType is a task's (lowercase; 400 otherwise)",
                 output="worker-response.json", body="update-worker-request.json",
                 scopes={"AllOf": [{"for": "property", "in": "properties",
                                    "each": f"queue:declare-worker:{_WORKER}#<property>"}]})
 async def declare_worker(call: Call, provisioner_id: str, worker_type: str, worker_group: str,
                          worker_id: str) -> Any:
     call.authorize(properties=sorted(call.body))
+    if not WORKER_TYPE_OF_TASK.fullmatch(worker_type):
+        # A worker's answer carries its workerType, which Taskcluster's schema gives a
+        # task's pattern: a worker of another could never be answered.
+        raise errors.InputError(
+            f"path parameter `workerType` is {worker_type!r}; a worker's must be 1-38 "
+            "lowercase letters, digits and `-`, starting with a letter and not ending with "
+            "`-` (as a task's)")
     return await call.services.workers.declare_worker(
         _task_queue(provisioner_id, worker_type), worker_group, worker_id,
         _date(call.body, "expires"))

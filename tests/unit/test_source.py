@@ -1,0 +1,64 @@
+"""What the source of azqueue keeps to, read from its syntax trees: no function longer
+than a screen, and Azure's SDK imported by the storage package alone
+(docs/contributing.md, "Layout")."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import azqueue
+
+PACKAGE = Path(azqueue.__file__).parent
+MAX_LINES = 80
+# The test kit reads what a server stored from outside, as a test would, so it talks to
+# Azure itself (azqueue/testing/storage.py); the server's own code reaches Azure through
+# azqueue/storage only.
+OUTSIDE_THE_SERVER = (PACKAGE / "testing",)
+
+
+def modules() -> Iterator[tuple[str, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path.relative_to(PACKAGE.parent).as_posix(), ast.parse(path.read_text(), str(path))
+
+
+def long_functions(name: str, tree: ast.Module, limit: int = MAX_LINES) -> list[str]:
+    """``path:line name (n lines)`` of each function in ``tree`` over ``limit`` lines,
+    from its ``def`` to its last line."""
+    return [f"{name}:{node.lineno} {node.name} ({length} lines)"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+            and (length := (node.end_lineno or node.lineno) - node.lineno + 1) > limit]
+
+
+def azure_imports(tree: ast.Module) -> list[str]:
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names]
+    imported += [node.module for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0]
+    return [name for name in imported if name == "azure" or name.startswith("azure.")]
+
+
+def test_no_function_is_longer_than_80_lines() -> None:
+    """A decision reads at once: a longer function is a sequence of named steps."""
+    found = [line for name, tree in modules() for line in long_functions(name, tree)]
+    assert not found, f"functions over {MAX_LINES} lines: " + "; ".join(found)
+
+
+def test_the_length_check_finds_a_long_function() -> None:
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    tree = ast.parse(f"def short():\n    pass\n\nasync def long():\n{body}\n")
+    assert long_functions("m.py", tree) == [f"m.py:4 long ({MAX_LINES + 1} lines)"]
+
+
+def test_only_the_storage_package_imports_azure() -> None:
+    storage = PACKAGE / "storage"
+    found = {name: names for name, tree in modules()
+             if not (PACKAGE.parent / name).is_relative_to(storage)
+             and not any((PACKAGE.parent / name).is_relative_to(p) for p in OUTSIDE_THE_SERVER)
+             and (names := azure_imports(tree))}
+    assert not found, f"azure.* imported outside azqueue/storage: {found}"
+    assert azure_imports(ast.parse("import azure.core\nfrom azure.data import tables\n"
+                                   "from .azure import x\nimport azurelike\n")) == \
+        ["azure.core", "azure.data"]
