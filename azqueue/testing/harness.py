@@ -111,9 +111,10 @@ class AzqueueServer:
     @classmethod
     async def start(cls, settings: Settings) -> AzqueueServer:
         # What is still being answered when the test is over (a worker's last claimWork
-        # call, given up) is cancelled at once rather than waited for.
+        # call, given up) is cancelled at once rather than waited for, and so is what a
+        # client gave up before: nothing of a test's server runs on after its test.
         runner = web.AppRunner(create_app(settings), access_log=None,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT)
+                               shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True)
         await runner.setup()
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
