@@ -12,6 +12,9 @@ work:
 * ``azqueue_worker``: ``azqueue_worker(task_queue_id, handler, *, capacity=1,
   mode="claimwork")`` makes a worker of the SDK; its ``.drain(timeout=60)`` (or ``await
   .drain_async()``) runs it until no task of the task queue is pending or running.
+* ``azqueue_events``: the events of ``azqueue_server``, on and recorded without a broker
+  in the tests that ask for it; ``.wait_for(kind, task_id, timeout=30)`` returns the
+  message as Taskcluster's schema has it.
 * ``azure_storage_faults``: the server's storage behind a proxy that injects ServerBusy
   and lost answers on demand.
 * ``@pytest.mark.azqueue(claim_timeout=5, ...)``: settings of ``azqueue_server`` for one
@@ -34,6 +37,7 @@ import pytest
 if TYPE_CHECKING:
     from azqueue.devstorage import Azurite
     from azqueue.testing.background import BackgroundLoop
+    from azqueue.testing.events import RecordedEvents
     from azqueue.testing.harness import AzqueueServer, QueueWorker, StorageFaults
 
 KEPT = "azqueue storage kept"
@@ -90,6 +94,16 @@ def azure_storage_faults(_azqueue_loop: BackgroundLoop, azurite: Azurite
 
 
 @pytest.fixture
+def azqueue_events() -> RecordedEvents:
+    """The events of ``azqueue_server`` in this test, recorded without a broker:
+    ``.wait_for(kind, task_id, timeout=30)`` returns a message's body as Taskcluster's
+    schema of its exchange has it; ``.messages`` lists them all."""
+    from azqueue.testing.events import RecordedEvents
+
+    return RecordedEvents()
+
+
+@pytest.fixture
 def azqueue_server(request: pytest.FixtureRequest, _azqueue_loop: BackgroundLoop,
                    azurite: Azurite) -> Iterator[AzqueueServer]:
     """A running azqueue with a storage prefix of its own, deleted after the test."""
@@ -101,11 +115,15 @@ def azqueue_server(request: pytest.FixtureRequest, _azqueue_loop: BackgroundLoop
         faults: StorageFaults = request.getfixturevalue("azure_storage_faults")
         connection_string = faults.connection_string
     amqp_url = config.getoption("azqueue_events") or str(config.getini("azqueue_events"))
+    events: RecordedEvents | None = None
+    if "azqueue_events" in request.fixturenames:
+        events = request.getfixturevalue("azqueue_events")
+        amqp_url = ""
     overrides: dict[str, Any] = {}
     for marker in reversed(list(request.node.iter_markers("azqueue"))):
         overrides.update(marker.kwargs)
     settings = server_settings(connection_string, new_prefix(), amqp_url, **overrides)
-    server = _azqueue_loop.run(AzqueueServer.start(settings))
+    server = _azqueue_loop.run(AzqueueServer.start(settings, events))
     yield server
     keep = bool(config.getoption("azqueue_keep"))
     _azqueue_loop.run(server.stop(keep_storage=keep))
