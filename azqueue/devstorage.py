@@ -1,5 +1,7 @@
 """An embedded Azurite for development and tests: found or installed on first use (see
-``azurite_bin``), started on free ports, stopped on exit."""
+``azurite_bin``), started on free ports, stopped on exit; a reaper (``azqueue.reaper``)
+ends it, and removes its data, when the process that started it is gone without
+stopping it (killed by SIGTERM or SIGKILL)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from azqueue import reaper
 from azqueue.config import ConfigError
 
 ACCOUNT = "devstoreaccount1"
@@ -156,6 +159,8 @@ class Azurite:
     workdir: str
     owns_workdir: bool
     scheme: str = "http"
+    # Ends Azurite if this process is gone without stopping it: its process and pipe.
+    _reaper: tuple[subprocess.Popen[bytes], int] | None = None
 
     @property
     def ports(self) -> dict[str, int]:
@@ -205,6 +210,11 @@ class Azurite:
         azurite = cls(process, ports[0], ports[1], ports[2], workdir, owns_workdir=data_dir is None,
                       scheme="https" if tls else "http")
         try:
+            azurite._reaper = reaper.watch(process.pid, workdir if data_dir is None else None)
+        except BaseException:
+            await azurite.stop()
+            raise
+        try:
             await azurite._wait_ready(timeout)
         except BaseException:
             await azurite.stop()
@@ -241,3 +251,6 @@ class Azurite:
                 await self.process.wait()
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._reaper is not None:
+            watching, self._reaper = self._reaper, None
+            await asyncio.to_thread(reaper.release, *watching)
