@@ -209,6 +209,11 @@ class QueueWorker:
                                              return_when=asyncio.FIRST_COMPLETED)
                 if drained in done:
                     drained.result()
+                    if self.claimed + worker.claimed == 0:
+                        log.warning(
+                            "drain(): nothing was pending in task queue %s, and the worker "
+                            "ran no task; were the tasks created in another task queue (their "
+                            "taskQueueId, or provisionerId/workerType)?", self.task_queue_id)
                     return
                 if started in done:  # the queue refused it work: QueueRefused says why
                     started.result()

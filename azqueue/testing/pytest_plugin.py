@@ -28,6 +28,8 @@ pytest-xdist each worker process has its own Azurite. ``--azqueue-keep`` keeps s
 
 from __future__ import annotations
 
+import logging
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -55,9 +57,18 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                   "events off)", default="")
 
 
+# Loggers of the Azure SDKs that log every request at INFO: quiet below WARNING unless the
+# project set their level itself.
+CHATTY = ("azure.core.pipeline.policies.http_logging_policy",)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "azqueue(**settings): settings of azqueue_server for "
                             "this test, e.g. claim_timeout=5 (seconds)")
+    for name in CHATTY:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
@@ -71,12 +82,27 @@ def _azqueue_loop() -> Iterator[BackgroundLoop]:
 
 @pytest.fixture(scope="session")
 def azurite(_azqueue_loop: BackgroundLoop, pytestconfig: pytest.Config) -> Iterator[Azurite]:
-    """A throwaway Azurite for the session (per xdist worker), stopped at its end."""
+    """A throwaway Azurite for the session (per xdist worker), stopped at its end. If none
+    can be had, the session ends with one error saying why and what to install."""
+    from azqueue.config import ConfigError
     from azqueue.devstorage import Azurite, scratch_dir
+
+    def announce(line: str) -> None:  # on the terminal, past pytest's capture
+        capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+        terminal = pytestconfig.pluginmanager.getplugin("terminalreporter")
+        if capture is None or terminal is None:  # an xdist worker: its stderr is shown
+            print(f"azqueue: {line}", file=sys.stderr, flush=True)
+            return
+        with capture.global_and_fixture_disabled():
+            terminal.write_line(f"azqueue: {line}")
 
     keep = pytestconfig.getoption("azqueue_keep")
     data_dir = tempfile.mkdtemp(prefix="azqueue-azurite-", dir=scratch_dir()) if keep else None
-    instance = _azqueue_loop.run(Azurite.start(data_dir=data_dir))
+    try:
+        instance = _azqueue_loop.run(Azurite.start(data_dir=data_dir, announce=announce))
+    except ConfigError as e:
+        pytest.exit(f"azqueue: no Azurite for the azqueue fixtures: {e}",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
     yield instance
     _azqueue_loop.run(instance.stop())
 

@@ -183,3 +183,38 @@ def test_waits_to_be_killed(azurite):
         if pytest_process.poll() is None:
             pytest_process.kill()
             pytest_process.wait()
+
+
+@pytest.mark.timeout(300)
+def test_without_azurite_the_session_ends_with_one_clear_error(tmp_path: Path) -> None:
+    project = downstream_project(tmp_path, """
+import pytest
+
+@pytest.mark.parametrize("n", range(3))
+def test_needs_a_server(azqueue_server, n):
+    pass
+""")
+    command, env = pytest_command(project, "-q")
+    done = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=240,
+                          env={**env, "AZQUEUE_AZURITE_BIN": str(tmp_path / "no-azurite")})
+    output = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, output
+    assert output.count("no Azurite for the azqueue fixtures: cannot run Azurite") == 1, output
+    assert "AZQUEUE_AZURITE_BIN" in output and "Traceback" not in output, output
+
+
+@pytest.mark.timeout(300)
+def test_azure_sdk_requests_are_not_logged_at_info(tmp_path: Path) -> None:
+    """With --log-level=INFO a test's captured log holds the server's own lines, not one
+    per storage request of the Azure SDKs."""
+    project = downstream_project(tmp_path, """
+import logging
+
+def test_fails_to_show_its_log(azqueue_server):
+    azqueue_server.queue().ping()
+    logging.getLogger("downstream").info("the test ran")
+    assert False
+""")
+    done = run_pytest(project, "-q", "--log-level=INFO")
+    assert "the test ran" in done.stdout, done.stdout
+    assert "Request URL" not in done.stdout, done.stdout[-3000:]
