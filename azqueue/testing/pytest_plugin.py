@@ -7,8 +7,8 @@ work:
   ``.connection_string``; found or installed as ``azqueue.devstorage.azurite_bin`` says.
 * ``azqueue_server``: an azqueue on it, its own storage prefix per test (deleted after
   it), with ``.root_url``, ``.client_id``, ``.access_token``, ``.options()`` and
-  ``.queue()``. Events are off unless ``--azqueue-events=AMQP_URL`` (or the ini setting
-  ``azqueue_events``) is given.
+  ``.queue()``. Events are off unless the test asks for ``azqueue_events`` (recorded)
+  or ``--azqueue-events=AMQP_URL`` (or the ini setting ``azqueue_events``) is given.
 * ``azqueue_worker``: ``azqueue_worker(task_queue_id, handler, *, capacity=1,
   mode="claimwork")`` makes a worker of the SDK; its ``.drain(timeout=60)`` (or ``await
   .drain_async()``) runs it until no task of the task queue is pending or running.
@@ -22,8 +22,9 @@ work:
 
 The server, the workers and the proxy run on an event loop in a thread of their own, so
 synchronous tests use them as asyncio tests do (handlers run on that loop). With
-pytest-xdist each worker process has its own Azurite. ``--azqueue-keep`` keeps storage
-(and Azurite's data) and prints where it is.
+pytest-xdist each worker process has its own Azurite, ended by a reaper process
+(``azqueue.reaper``) if pytest is killed. ``--azqueue-keep`` keeps storage (and
+Azurite's data) and prints where it is.
 """
 
 from __future__ import annotations
