@@ -1,5 +1,7 @@
 """An embedded Azurite for development and tests: found or installed on first use (see
-``azurite_bin``), started on free ports, stopped on exit."""
+``azurite_bin``), started on free ports, stopped on exit; a reaper (``azqueue.reaper``)
+ends it, and removes its data, when the process that started it is gone without
+stopping it (killed by SIGTERM or SIGKILL)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,15 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from azqueue import reaper
 from azqueue.config import ConfigError
 
 ACCOUNT = "devstoreaccount1"
@@ -33,22 +37,27 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def azurite_bin() -> Path:
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def azurite_bin(announce: Callable[[str], None] = _say) -> Path:
     """The pinned Azurite: ``AZQUEUE_AZURITE_BIN`` if set; in a checkout, ``azurite/``
     (installed there with ``npm ci`` if missing); otherwise (azqueue installed from a
     wheel) the per-user cache, ``~/.cache/azqueue/azurite-<version>``, installed there
-    with npm on first use."""
+    with npm on first use. An install is announced first (one line, to stderr unless
+    ``announce`` says it elsewhere)."""
     override = os.environ.get("AZQUEUE_AZURITE_BIN")
     if override:
         return Path(override)
     if (AZURITE_DIR / "package-lock.json").exists():
-        return _installed(AZURITE_DIR)
+        return _installed(AZURITE_DIR, announce)
     pin = pinned_azurite()
     if pin is None:
         raise ConfigError("no Azurite: this azqueue has no pinned Azurite version (neither "
                           f"{AZURITE_DIR} nor the package's own copy exists); reinstall "
                           "azqueue, or set AZQUEUE_AZURITE_BIN to an azurite executable")
-    return install_into_cache(pin)
+    return install_into_cache(pin, announce=announce)
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +95,8 @@ def npm_command(npm: str, prefix: Path) -> list[str]:
     return [npm, "ci", "--prefix", str(prefix), "--no-audit", "--no-fund", "--loglevel=error"]
 
 
-def install_into_cache(pin: AzuritePin, env: Mapping[str, str] = os.environ) -> Path:
+def install_into_cache(pin: AzuritePin, env: Mapping[str, str] = os.environ,
+                       announce: Callable[[str], None] = _say) -> Path:
     """The cached Azurite of ``pin``, installed with npm first if missing. Installs run
     one at a time per user (a lock file) and into a fresh folder renamed into place, so
     parallel test processes and an interrupted install leave no half-installed tree."""
@@ -106,6 +116,8 @@ def install_into_cache(pin: AzuritePin, env: Mapping[str, str] = os.environ) -> 
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be installing it now
         if binary.exists():
             return binary
+        announce(f"installing Azurite {pin.version} (the storage emulator azqueue runs on) "
+                 f"with npm into {target}, once for this user; it takes a few seconds")
         staging = Path(tempfile.mkdtemp(prefix=f".azurite-{pin.version}-", dir=target.parent))
         try:
             for name, content in pin.files.items():
@@ -120,7 +132,7 @@ def install_into_cache(pin: AzuritePin, env: Mapping[str, str] = os.environ) -> 
     return binary
 
 
-def _installed(folder: Path) -> Path:
+def _installed(folder: Path, announce: Callable[[str], None]) -> Path:
     """``folder``'s Azurite (a checkout's ``azurite/``), installed with ``npm ci`` if missing."""
     binary = folder / "node_modules" / ".bin" / "azurite"
     if binary.exists():
@@ -128,6 +140,7 @@ def _installed(folder: Path) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise ConfigError("Azurite needs Node.js and npm (Node 20 or newer); install them first")
+    announce(f"installing Azurite with npm into {folder}; it takes a few seconds")
     subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder,
                    check=True)
     return binary
@@ -156,6 +169,8 @@ class Azurite:
     workdir: str
     owns_workdir: bool
     scheme: str = "http"
+    # Ends Azurite if this process is gone without stopping it: its process and pipe.
+    _reaper: tuple[subprocess.Popen[bytes], int] | None = None
 
     @property
     def ports(self) -> dict[str, int]:
@@ -181,13 +196,14 @@ class Azurite:
 
     @classmethod
     async def start(cls, data_dir: str | None = None, timeout: float = 60.0,
-                    tls: tuple[str, str] | None = None, memory: bool = False) -> Azurite:
+                    tls: tuple[str, str] | None = None, memory: bool = False,
+                    announce: Callable[[str], None] = _say) -> Azurite:
         """Start Azurite; with ``tls`` (certificate and key PEM files) it serves HTTPS and
         accepts OAuth bearer tokens too (``--oauth basic``: claims checked, signature not).
         With ``memory`` it keeps its data in its own in-memory store
         (``--inMemoryPersistence``) rather than in files in ``data_dir``: faster by a
         tenth to a fifth, but see ``scratch_dir`` for what it costs."""
-        binary = await asyncio.to_thread(azurite_bin)
+        binary = await asyncio.to_thread(azurite_bin, announce)
         workdir = data_dir or tempfile.mkdtemp(prefix="azqueue-azurite-", dir=scratch_dir())
         ports = [free_port(), free_port(), free_port()]
         args = [str(binary), "--silent", "--skipApiVersionCheck", "--disableProductStyleUrl",
@@ -199,11 +215,23 @@ class Azurite:
         if tls:
             args += ["--cert", tls[0], "--key", tls[1], "--oauth", "basic"]
         with open(Path(workdir) / "azurite.log", "ab") as log:
-            process = await asyncio.create_subprocess_exec(
-                *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
-                cwd=workdir, start_new_session=True)
+            try:
+                process = await asyncio.create_subprocess_exec(
+                    *args, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log,
+                    cwd=workdir, start_new_session=True)
+            except OSError as e:
+                if data_dir is None:
+                    shutil.rmtree(workdir, ignore_errors=True)
+                raise ConfigError(f"cannot run Azurite ({binary}): {e.strerror or e}; unset "
+                                  "AZQUEUE_AZURITE_BIN to use the pinned one, or point it at "
+                                  "an azurite executable") from None
         azurite = cls(process, ports[0], ports[1], ports[2], workdir, owns_workdir=data_dir is None,
                       scheme="https" if tls else "http")
+        try:
+            azurite._reaper = reaper.watch(process.pid, workdir if data_dir is None else None)
+        except BaseException:
+            await azurite.stop()
+            raise
         try:
             await azurite._wait_ready(timeout)
         except BaseException:
@@ -241,3 +269,6 @@ class Azurite:
                 await self.process.wait()
         if self.owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._reaper is not None:
+            watching, self._reaper = self._reaper, None
+            await asyncio.to_thread(reaper.release, *watching)

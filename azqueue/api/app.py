@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -25,7 +25,8 @@ from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
-from azqueue.service.wiring import open_services
+from azqueue.events.publisher import EventSink
+from azqueue.service.wiring import EVENTS_OFF, open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
 MAX_BODY = 2 * 1024 * 1024
@@ -41,10 +42,13 @@ async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
         yield
 
 
-async def _service_ctx(app: web.Application) -> AsyncIterator[None]:
-    async with open_services(app[SETTINGS_KEY]) as services:
-        app[SERVICES_KEY] = services
-        yield
+def _service_ctx(events: EventSink | None, events_off: str | None
+                 ) -> Callable[[web.Application], AsyncIterator[None]]:
+    async def services_ctx(app: web.Application) -> AsyncIterator[None]:
+        async with open_services(app[SETTINGS_KEY], events, events_off) as services:
+            app[SERVICES_KEY] = services
+            yield
+    return services_ctx
 
 
 async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -95,7 +99,10 @@ def _quiet_malformed_requests() -> None:
         server_log.addFilter(MalformedRequests())
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, *, events: EventSink | None = None,
+               events_off: str | None = EVENTS_OFF) -> web.Application:
+    """The API on ``settings``; ``events`` and ``events_off`` as ``open_services`` takes
+    them (a sink other than the broker, what to log when events are off)."""
     _quiet_malformed_requests()
     router = Router(ROUTES)
     app = web.Application(middlewares=[observe_middleware, error_middleware, budget_middleware(
@@ -105,7 +112,7 @@ def create_app(settings: Settings) -> web.Application:
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_recent_ctx)
-    app.cleanup_ctx.append(_service_ctx)
+    app.cleanup_ctx.append(_service_ctx(events, events_off))
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener_ctx)
     else:

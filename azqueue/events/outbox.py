@@ -10,7 +10,7 @@ from collections import defaultdict
 from datetime import timedelta
 
 from azqueue import errors
-from azqueue.events.publisher import Publisher
+from azqueue.events.publisher import EventSink
 from azqueue.model import events, timeutil
 from azqueue.model.events import Event
 from azqueue.storage.groups import ORPHAN_AGE, GroupStore
@@ -39,7 +39,7 @@ class Outbox:
     """Publishes the events a change wrote, and recovers those a process left behind."""
 
     def __init__(self, tasks: TaskStore, groups: GroupStore, queues: Queues,
-                 publisher: Publisher, trigger_queue: str, recovery_delay: timedelta,
+                 publisher: EventSink, trigger_queue: str, recovery_delay: timedelta,
                  lease_queue: str | None = None) -> None:
         self.tasks = tasks
         self.groups = groups

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+from typing import Protocol
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
@@ -58,6 +59,22 @@ async def declare_exchanges(channel: AbstractRobustChannel, prefix: str,
     return {name: await channel.declare_exchange(f"{prefix}{name}", aio_pika.ExchangeType.TOPIC,
                                                  durable=True)
             for name in names}
+
+
+class EventSink(Protocol):
+    """Where the outbox sends the messages of a change: the broker (``Publisher``), or a
+    test's recorder (``azqueue.testing.events.RecordedEvents``)."""
+
+    @property
+    def reachable(self) -> bool:
+        """False while sending would only wait (then the outbox hands the change over)."""
+
+    async def start(self) -> None: ...
+
+    async def publish(self, event: Event) -> None:
+        """Send ``event``; BrokerError if it is not confirmed."""
+
+    async def close(self) -> None: ...
 
 
 class Publisher:

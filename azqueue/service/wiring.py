@@ -20,7 +20,7 @@ from azqueue import metrics
 from azqueue.config import Settings
 from azqueue.events.bells import BrokerBells
 from azqueue.events.outbox import Outbox
-from azqueue.events.publisher import Publisher
+from azqueue.events.publisher import EventSink, Publisher
 from azqueue.model import credentials
 from azqueue.model.task import Task
 from azqueue.model.tip import TipForm, TipSigner
@@ -208,23 +208,31 @@ async def _close(services: Services) -> None:
     await services.dependencies.close()
 
 
+EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"
+
+
 @asynccontextmanager
-async def open_services(settings: Settings) -> AsyncIterator[Services]:
+async def open_services(settings: Settings, events: EventSink | None = None,
+                        events_off: str | None = EVENTS_OFF) -> AsyncIterator[Services]:
+    """The services on the settings' storage, closed on exit. Events go to ``events`` if
+    given, else to the broker of ``settings.amqp_url``; with neither they are off, which
+    is logged as ``events_off`` (None: the caller says so itself)."""
     account = StorageAccount(settings.storage)
     metrics.STORAGE.watch(account)
-    publisher = None
+    publisher = events
     try:
         outbox = None
-        if settings.amqp_url:
+        if publisher is None and settings.amqp_url:
             publisher = Publisher(settings.amqp_url, settings.exchange_prefix)
+        if publisher is not None:
             outbox = Outbox(TaskStore(account), GroupStore(account), Queues(account), publisher,
                             account.queue_name("events"),
                             timedelta(seconds=settings.events_recovery_delay))
             await outbox.setup()
             await publisher.start()
             await outbox.start()
-        else:
-            log.warning("AZQUEUE_AMQP_URL is not set: task events are off")
+        elif events_off:
+            log.warning("%s", events_off)
         services = build(settings, account, outbox)
         await _setup(services)
         if settings.tip_form is TipForm.RUN:

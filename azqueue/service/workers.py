@@ -83,7 +83,8 @@ class WorkerInfo:
             self._flusher = asyncio.create_task(self._flush_loop(), name="worker records")
 
     async def close(self) -> None:
-        """Write what is left of the bookkeeping (briefly)."""
+        """Write what is left of the bookkeeping (briefly). What requests still being
+        answered note after this is dropped: the storage they would write to closes next."""
         self._stop.set()
         if self._flusher is not None:
             await self._flusher
@@ -99,6 +100,8 @@ class WorkerInfo:
     def task_queue_active(self, task_queue_id: str, idle: bool = False) -> None:
         """A task was created for the task queue, or a worker asked it for work (``idle``:
         and got none)."""
+        if self._stop.is_set():
+            return
         now = asyncio.get_running_loop().time()
         last = self._queues_written.get(task_queue_id, float("-inf"))
         if now - last < (IDLE_RECORD_INTERVAL if idle else TASK_QUEUE_RECORD_INTERVAL):
@@ -111,6 +114,8 @@ class WorkerInfo:
     def worker_active(self, task_queue_id: str, worker_group: str, worker_id: str,
                       claimed: Sequence[tuple[str, int]] = ()) -> None:
         """The worker called (claimWork, claimTask, reclaimTask) and claimed ``claimed``."""
+        if self._stop.is_set():
+            return
         self.task_queue_active(task_queue_id, idle=not claimed)
         key = (task_queue_id, worker_group, worker_id)
         now = asyncio.get_running_loop().time()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import secrets
 import uuid
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from azqueue.config import Client, Settings, StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
 from azqueue.storage.account import StorageAccount
 from azqueue.testing.background import BackgroundLoop
+from azqueue.testing.events import RecordedEvents
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.worker import client
 from azqueue.worker.client import Credentials
@@ -30,7 +32,12 @@ from azqueue.worker.worker import Worker
 if TYPE_CHECKING:
     import taskcluster
 
+log = logging.getLogger(__name__)
+
 ROOT_CLIENT_ID = "azqueue-test-root"
+EVENTS_OFF = ("task events are off in this azqueue_server: ask for the azqueue_events "
+              "fixture to record them, or give pytest --azqueue-events=AMQP_URL to publish "
+              "them to a broker")
 # The server's claimWork waits this long for work: a drained worker's last claimWork
 # call, which drain() waits for, ends that much after the last task.
 CLAIM_WORK_WAIT = 1.0
@@ -109,11 +116,18 @@ class AzqueueServer:
         return taskcluster.Queue(self.options())
 
     @classmethod
-    async def start(cls, settings: Settings) -> AzqueueServer:
+    async def start(cls, settings: Settings, events: RecordedEvents | None = None
+                    ) -> AzqueueServer:
+        """Serve ``settings``; with ``events``, its events are on and recorded there
+        rather than published to a broker."""
+        if events is None and not settings.amqp_url:
+            log.info("%s", EVENTS_OFF)
         # What is still being answered when the test is over (a worker's last claimWork
-        # call, given up) is cancelled at once rather than waited for.
-        runner = web.AppRunner(create_app(settings), access_log=None,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT)
+        # call, given up) is cancelled at once rather than waited for, and so is what a
+        # client gave up before: nothing of a test's server runs on after its test.
+        runner = web.AppRunner(create_app(settings, events=events, events_off=None),
+                               access_log=None,
+                               shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True)
         await runner.setup()
         try:
             await web.TCPSite(runner, settings.host, settings.port).start()
@@ -195,6 +209,11 @@ class QueueWorker:
                                              return_when=asyncio.FIRST_COMPLETED)
                 if drained in done:
                     drained.result()
+                    if self.claimed + worker.claimed == 0:
+                        log.warning(
+                            "drain(): nothing was pending in task queue %s, and the worker "
+                            "ran no task; were the tasks created in another task queue (their "
+                            "taskQueueId, or provisionerId/workerType)?", self.task_queue_id)
                     return
                 if started in done:  # the queue refused it work: QueueRefused says why
                     started.result()

@@ -54,10 +54,11 @@ class TaskRun:
     log_interval: float = 2.0
     lost: bool = False
     lost_because: str = ""
+    canceled: bool = False  # lost because the task was canceled (cancelTask)
     log_appender: Callable[[bytes], Awaitable[None]] | None = None
 
-    def lose(self, because: str) -> None:
-        self.lost, self.lost_because = True, because
+    def lose(self, because: str, canceled: bool = False) -> None:
+        self.lost, self.lost_because, self.canceled = True, because, canceled
 
     @property
     def payload(self) -> dict[str, Any]:

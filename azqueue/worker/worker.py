@@ -14,7 +14,8 @@ loop until ``stop()``; every wait in the loop is bounded, so stopping takes seco
 * A cancel reaches the handler within ``status_interval`` seconds (10 by default), not
   at the next reclaim: every running task's status is read that often (one ``status``
   call, one table read on the server), and a run resolved by someone else (canceled,
-  deadline-exceeded, claim-expired, ...) cancels the handler and is forgotten alike.
+  deadline-exceeded, claim-expired, ...) cancels the handler and is forgotten alike;
+  a canceled one's log then ends with ``CANCELED``.
 * Errors retrying cannot fix (the queue answers 400, 401, 403 or 404 when asked for
   work: an invalid task queue, wrong credentials, missing scopes, a rootUrl that is no
   queue) stop the worker: ``start()`` lets running tasks finish and raises
@@ -63,6 +64,8 @@ SLOT_WAIT = 1.0
 MAX_RETRY_SLEEP = 30.0
 # Answers to a request for work that no retry can change.
 FATAL_STATUSES = frozenset({400, 401, 403, 404})
+# The last line of the log of a run whose task was canceled while it ran.
+CANCELED = "canceled: the task was canceled (cancelTask) and its run stopped"
 
 
 class WorkerState(StrEnum):
@@ -270,6 +273,8 @@ class Worker:
                 if run.lost:
                     log.warning("task %s/%d: %s; stopped it, no report", run.task_id,
                                 run.run_id, run.lost_because)
+                    if run.canceled:
+                        await run.end_log(CANCELED)
                     return
                 outcome = ("exception", "worker-shutdown")
             except errors.TaskFailed as e:
@@ -354,7 +359,11 @@ class Worker:
             state = runs[run.run_id]["state"] if run.run_id < len(runs) else "?"
             if state != "running" and not handler.done():
                 reason = runs[run.run_id].get("reasonResolved", "") if state != "?" else ""
-                run.lose(f"resolved {state}{f' ({reason})' if reason else ''} by someone else")
+                if (state, reason) == ("exception", "canceled"):
+                    run.lose("the task was canceled", canceled=True)
+                else:
+                    run.lose(f"resolved {state}{f' ({reason})' if reason else ''} by "
+                             "someone else")
                 handler.cancel()
                 return
 

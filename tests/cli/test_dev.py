@@ -22,7 +22,7 @@ from azqueue.testing.tasks import definition, slugid
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.cli.helpers import azqueue, one_line_error
 from tests.waiting import eventually
-from tests.worker.helpers import AZQUEUE, alive, checkout_env, running
+from tests.worker.helpers import AZQUEUE, alive, checkout_env, does_nothing, running
 
 BANNER_TIMEOUT = 120.0
 
@@ -58,6 +58,12 @@ class Dev:
         pid = self.process.pid
         return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
+    def child(self, running: str) -> int:
+        """The pid of the one child process whose command line holds ``running``."""
+        [pid] = [p for p in self.children()
+                 if running.encode() in Path(f"/proc/{p}/cmdline").read_bytes()]
+        return pid
+
     def stop(self, sig: int) -> str:
         if self.process.poll() is None:
             self.process.send_signal(sig)
@@ -79,7 +85,7 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
     try:
         state = data / DEV_STATE
         assert stat.S_IMODE(state.stat().st_mode) == 0o600
-        [azurite_pid] = first.children()
+        azurite_pid = first.child("azurite/")
         task_id = slugid()
         async with aiohttp.ClientSession(middlewares=(hawk_signer("root", first.token),)) as http:
             async with http.put(f"{first.root_url}/api/queue/v1/task/{task_id}",
@@ -99,7 +105,7 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
         worker = Worker(WorkerConfig(
             root_url=second.root_url, credentials=Credentials("root", second.token),
             task_queue_id="prov/restarted", worker_group="g", worker_id="after-restart",
-            mode="sas", idle_sleep=0.2), lambda run: asyncio.sleep(0))
+            mode="sas", idle_sleep=0.2), does_nothing)
         async with running(worker):
             await eventually(lambda: worker.completed == 1, timeout=60,
                              what="the task created before the restart to be completed")
@@ -158,9 +164,10 @@ async def test_a_second_dev_on_the_same_data_dir_says_it_is_taken(tmp_path: Path
 async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
         tmp_path: Path) -> None:
     first = await Dev(tmp_path, free_port()).started()
-    [orphan] = first.children()
+    orphan = first.child("azurite/")
     second: Dev | None = None
     try:
+        os.kill(first.child("reaper.py"), signal.SIGKILL)  # as if it had been killed too
         await asyncio.to_thread(first.stop, signal.SIGKILL)
         assert alive(orphan)  # nothing stopped it: it runs in a session of its own
         second = await Dev(tmp_path, free_port()).started()
@@ -171,6 +178,19 @@ async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
         err = await asyncio.to_thread(second.stop, signal.SIGTERM) if second else ""
     assert f"stopping the Azurite (pid {orphan}) that a previous `azqueue dev` left " \
            f"running on {tmp_path}" in err, err
+
+
+async def test_a_killed_devs_azurite_is_stopped_by_its_reaper_and_its_data_kept(
+        tmp_path: Path) -> None:
+    first = await Dev(tmp_path, free_port()).started()
+    azurite_pid = first.child("azurite/")
+    try:
+        await asyncio.to_thread(first.stop, signal.SIGKILL)
+        await eventually(lambda: not alive(azurite_pid), what="Azurite stopped by its reaper")
+        assert (tmp_path / DEV_STATE).exists() and any(tmp_path.rglob("*azurite*"))
+    finally:
+        if alive(azurite_pid):
+            os.kill(azurite_pid, signal.SIGKILL)
 
 
 async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 import urllib.request
 from datetime import UTC, datetime, timedelta
@@ -78,6 +79,16 @@ def test_a_raising_handler_fails_its_run(azqueue_server, azqueue_worker):
     assert state(queue, failing) == "failed"
     crashed = queue.status(crashing)["status"]["runs"][0]
     assert (crashed["state"], crashed["reasonResolved"]) == ("exception", "internal-error")
+
+
+def test_nothing_of_the_previous_tests_server_logs_here(caplog):
+    """The test before drained a worker: its server, stopped, writes nothing more."""
+    caplog.set_level(logging.DEBUG)
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        late = [r.getMessage() for r in caplog.records if r.name.startswith("azqueue")]
+        assert not late, late
+        time.sleep(0.2)
 
 
 def test_the_sas_worker_runs_tasks_too(azqueue_server, azqueue_worker):
@@ -195,3 +206,18 @@ def test_a_claim_expires_in_seconds_with_the_marker(azqueue_server):
         assert time.monotonic() < deadline, "the claim did not expire within 60 s"
         time.sleep(0.5)
     assert (run["state"], run["reasonResolved"]) == ("exception", "claim-expired")
+
+
+def test_events_are_awaited_without_a_broker(azqueue_server, azqueue_worker, azqueue_events):
+    queue = azqueue_server.queue()
+    task_id = create(queue, "evented")
+
+    async def handler(run: TaskRun) -> None:
+        pass
+
+    azqueue_worker(QUEUE, handler).drain()
+    message = azqueue_events.wait_for("task-completed", task_id, timeout=30)
+    assert (message["status"]["taskId"], message["status"]["state"], message["runId"]) == (
+        task_id, "completed", 0)
+    assert message["workerGroup"] == "azqueue-testing"
+    assert azqueue_events.wait_for("task-pending", task_id)["runId"] == 0

@@ -66,12 +66,17 @@ def test_the_first_start_installs_the_pinned_azurite_into_the_cache(tmp_path: Pa
     assert pin is not None
     env = {"PATH": os.environ["PATH"], "XDG_CACHE_HOME": str(tmp_path / "cache"),
            "HOME": os.environ.get("HOME", str(tmp_path))}
-    binary = devstorage.install_into_cache(pin, env)
+    said: list[str] = []
+    binary = devstorage.install_into_cache(pin, env, said.append)
+    assert said == [f"installing Azurite 3.35.0 (the storage emulator azqueue runs on) with "
+                    f"npm into {tmp_path / 'cache' / 'azqueue' / 'azurite-3.35.0'}, once for "
+                    "this user; it takes a few seconds"]
     assert binary == tmp_path / "cache" / "azqueue" / "azurite-3.35.0" / "node_modules" / \
         ".bin" / "azurite"
     version = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
                              timeout=60)
     assert version.stdout.strip() == "3.35.0"
-    assert devstorage.install_into_cache(pin, env) == binary  # installed once
+    assert devstorage.install_into_cache(pin, env, said.append) == binary  # installed once
+    assert len(said) == 1
     assert [p.name for p in (tmp_path / "cache" / "azqueue").iterdir()
             if not p.name.endswith(".lock")] == ["azurite-3.35.0"]

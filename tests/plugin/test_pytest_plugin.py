@@ -7,11 +7,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.waiting import eventually
 
 REPO = Path(__file__).resolve().parents[2]
 PLUGIN = "azqueue.testing.pytest_plugin"
@@ -22,18 +25,28 @@ filterwarnings = error
 """
 
 
-def run_pytest(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def pytest_command(cwd: Path, *args: str) -> tuple[list[str], dict[str, str]]:
     """`python -m pytest` in ``cwd`` with this checkout's azqueue importable, loading the
-    plugin as its entry point does (explicitly when azqueue is installed without it)."""
+    plugin as its entry point does (explicitly when azqueue is installed without it): the
+    command and its environment."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     declared = subprocess.run(
         [sys.executable, "-c", "from importlib.metadata import entry_points; print(any("
          f"e.value == {PLUGIN!r} for e in entry_points(group='pytest11')))"],
         cwd=cwd, env=env, capture_output=True, text=True, check=True).stdout.strip()
     plugin = [] if declared == "True" else ["-p", PLUGIN]
-    return subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
-                           *args], cwd=cwd, env=env, capture_output=True, text=True,
+    return [sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider", *args], env
+
+
+def run_pytest(cwd: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    command, env = pytest_command(cwd, *args)
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=timeout)
+
+
+def make_dir(path: Path) -> Path:
+    path.mkdir()
+    return path
 
 
 def downstream_project(path: Path, tests: str) -> Path:
@@ -50,12 +63,14 @@ def test_a_downstream_project_tests_its_worker_with_the_plugins_fixtures(tmp_pat
     tasks, an asyncio test drives the same fixtures while its own loop runs on, and
     tasks complete while storage is throttled; drain gives up after its timeout; a plain
     function handler is refused, artifacts arrive through 30% ServerBusy and a lost PUT,
-    the reason a run failed ends its log, and the marker makes a claim expire in seconds."""
+    the reason a run failed ends its log, the marker makes a claim expire in seconds,
+    nothing of a test's server logs in the next test, and events are awaited without a
+    broker."""
     project = downstream_project(tmp_path, (Path(__file__).parent / "downstream_tests.py")
                                  .read_text())
     done = run_pytest(project, "-q")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert re.search(r"\b11 passed\b", done.stdout), done.stdout
+    assert re.search(r"\b13 passed\b", done.stdout), done.stdout
 
 
 @pytest.mark.slow
@@ -130,3 +145,82 @@ def test_runs_its_own_tasks(azqueue_server, azqueue_worker, n):
     done = run_pytest(project, "-q", "-n", "2")
     assert done.returncode == 0, done.stdout + done.stderr
     assert re.search(r"\b4 passed\b", done.stdout), done.stdout
+
+
+def gone(pid: int) -> bool:
+    """The process has exited (a zombie nobody reaped counts as exited)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
+async def test_azurite_ends_with_a_pytest_killed_mid_test(tmp_path: Path,
+                                                          how: signal.Signals) -> None:
+    """A pytest killed while a test runs (what CI does at its time limit) leaves no Azurite
+    running and none of its data behind."""
+    seen = tmp_path / "azurite-seen"
+    project = downstream_project(make_dir(tmp_path / "project"), f"""
+import pathlib
+import threading
+
+def test_waits_to_be_killed(azurite):
+    pathlib.Path({str(seen)!r}).write_text(f"{{azurite.process.pid}} {{azurite.workdir}}")
+    threading.Event().wait()
+""")
+    command, env = pytest_command(project, "-q")
+    with open(tmp_path / "pytest.log", "wb") as output:
+        pytest_process = subprocess.Popen(command, cwd=project, env=env, stdout=output,
+                                          stderr=subprocess.STDOUT)
+    try:
+        await eventually(lambda: seen.exists() and seen.read_text(),
+                         what="the downstream test started, on an Azurite")
+        pid, workdir = seen.read_text().split(" ", 1)
+        assert not gone(int(pid))
+        pytest_process.send_signal(how)
+        assert pytest_process.wait(60) == -how
+        await eventually(lambda: gone(int(pid)), what=f"Azurite (pid {pid}) ended")
+        await eventually(lambda: not Path(workdir).exists(),
+                         what=f"Azurite's data ({workdir}) removed")
+    finally:
+        if pytest_process.poll() is None:
+            pytest_process.kill()
+            pytest_process.wait()
+
+
+@pytest.mark.timeout(300)
+def test_without_azurite_the_session_ends_with_one_clear_error(tmp_path: Path) -> None:
+    project = downstream_project(tmp_path, """
+import pytest
+
+@pytest.mark.parametrize("n", range(3))
+def test_needs_a_server(azqueue_server, n):
+    pass
+""")
+    command, env = pytest_command(project, "-q")
+    done = subprocess.run(command, cwd=project, capture_output=True, text=True, timeout=240,
+                          env={**env, "AZQUEUE_AZURITE_BIN": str(tmp_path / "no-azurite")})
+    output = done.stdout + done.stderr
+    assert done.returncode == pytest.ExitCode.USAGE_ERROR, output
+    assert output.count("no Azurite for the azqueue fixtures: cannot run Azurite") == 1, output
+    assert "AZQUEUE_AZURITE_BIN" in output and "Traceback" not in output, output
+
+
+@pytest.mark.timeout(300)
+def test_azure_sdk_requests_are_not_logged_at_info(tmp_path: Path) -> None:
+    """With --log-level=INFO a test's captured log holds the server's own lines, not one
+    per storage request of the Azure SDKs."""
+    project = downstream_project(tmp_path, """
+import logging
+
+def test_fails_to_show_its_log(azqueue_server):
+    azqueue_server.queue().ping()
+    logging.getLogger("downstream").info("the test ran")
+    assert False
+""")
+    done = run_pytest(project, "-q", "--log-level=INFO")
+    assert "the test ran" in done.stdout, done.stdout
+    assert "Request URL" not in done.stdout, done.stdout[-3000:]

@@ -187,3 +187,21 @@ def test_the_log_interval_must_be_over_zero() -> None:
     assert WorkerConfig(**values).log_interval == 2.0
     with pytest.raises(ValueError, match="log_interval must be over 0 seconds"):
         WorkerConfig(**values, log_interval=0)
+
+
+async def test_a_canceled_runs_log_ends_saying_it_was_canceled(
+        server: Server, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+    task_id = await _task(http, server, "prov/canceled", "echo 'first line'; exec sleep 600")
+    async with running(shell_worker(server, "prov/canceled", "canceled", log_interval=INTERVAL,
+                                    status_interval=0.5)):
+        await eventually(lambda: _shows(http, server, task_id, b"first line\n"),
+                         what="the first line while the command runs")
+        async with http.post(f"{server.api}/task/{task_id}/cancel") as r:
+            assert r.status == 200, await r.text()
+        log = await eventually(lambda: _log(http, server, task_id),
+                               lambda log: log is not None and b"\n[azqueue] canceled" in log,
+                               what="the log saying the run was canceled", timeout=15)
+    assert log is not None
+    assert log.decode().endswith("first line\n\n[azqueue] killed: the task was canceled\n\n"
+                                 "[azqueue] canceled: the task was canceled (cancelTask) and "
+                                 "its run stopped\n"), log.decode()

@@ -1,0 +1,1 @@
+"""The HTTP API: Taskcluster Queue v1 routes, served by aiohttp."""

@@ -1,0 +1,131 @@
+"""The web dashboard: static files served at ``/`` that read the queue's own API in the
+browser, anonymously (the server's anonymous scopes) or, once the operator signs in, with
+Hawk-signed requests and the scopes of the client they signed in as; and
+``GET /dashboard/recent``, the changes heard of lately (``recent``: every replica's with
+events on, this process's with events off), which the API has no listing of.
+
+The page carries the model's names it shows (``MODEL``: the priorities, the task states,
+those that are resolved) as data, in a ``<script type="application/json">`` block the
+server writes into it: the browser never runs it, so the CSP below allows it, and
+``app.js`` reads it instead of stating the lists again.
+
+Requests for the page and its files are counted as the endpoint ``dashboard``, those for
+the recent changes as ``dashboardRecent``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+
+from aiohttp import web
+
+from azqueue import errors, metrics
+from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
+from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
+from azqueue.events.listener import Listener
+from azqueue.model import scopes, timeutil
+from azqueue.model.identifiers import TASK_QUEUE_ID
+from azqueue.model.priority import ORDER
+from azqueue.model.task import RESOLVED_STATES, TaskState
+
+FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
+# Scripts only from here (nothing the API returns can run), data from anywhere (artifacts
+# redirect to blob storage), never framed.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; connect-src *; img-src 'self' data:; "
+                               "object-src 'none'; base-uri 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+RECENT_KEY = web.AppKey("recent", RecentChanges)
+# What index.html's data block holds, highest priority first.
+MODEL = {"priorities": [p.value for p in ORDER], "states": [s.value for s in TaskState],
+         "resolved": [s.value for s in RESOLVED_STATES]}
+MODEL_SLOT = b"{{model}}"
+
+
+def _read(name: str) -> bytes:
+    content = (resources.files(__package__) / name).read_bytes()
+    if name == "index.html":  # `<` escaped: nothing in the block can end it
+        content = content.replace(MODEL_SLOT, json.dumps(MODEL).replace("<", "\\u003c").encode())
+    return content
+
+
+async def recent(request: web.Request) -> web.Response:
+    """What this process changed lately: each task only if the caller may read its status
+    (``queue:status:<taskId>``), its name only if it may read its definition."""
+    from azqueue.api.routing import AUTH_KEY  # the routes import this package
+
+    request[ENDPOINT_KEY] = "dashboardRecent"
+    caller = request.app[AUTH_KEY].authenticate(
+        method=request.method, target=request.raw_path, host=request.host,
+        content_type=request.headers.get("Content-Type", ""), body=b"",
+        authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
+    request[CLIENT_KEY] = caller.client_id or "anonymous"
+    task_queue_id = request.query.get("taskQueueId")
+    if task_queue_id is not None and not TASK_QUEUE_ID.match(task_queue_id):
+        raise errors.InputError(f"query parameter `taskQueueId` is {task_queue_id!r}; it must "
+                                "be <provisionerId>/<workerType>")
+
+    def visible(entry: Entry) -> bool:
+        return scopes.satisfies(caller.scopes, f"queue:status:{entry['taskId']}")
+
+    changes = request.app[RECENT_KEY]
+    view = changes.view(task_queue_id, visible)
+    view["tasks"], view["failures"] = (
+        [_named(caller.scopes, e) for e in view[kind]] for kind in ("tasks", "failures"))
+    return web.json_response({"note": changes.note, **view},
+                             headers={"Cache-Control": "no-store"})
+
+
+def _named(held: tuple[str, ...], entry: Entry) -> Entry:
+    if entry["name"] and not scopes.satisfies(held, f"queue:get-task:{entry['taskId']}"):
+        return {**entry, "name": ""}
+    return entry
+
+
+@asynccontextmanager
+async def recent_changes(amqp_url: str | None, exchange_prefix: str
+                         ) -> AsyncIterator[RecentChanges]:
+    """The recent changes of a server, heard from the task exchanges with events on
+    (``amqp_url``), from this process's own changes with events off."""
+    changes = RecentChanges(hearing=bool(amqp_url))
+    metrics.on_change(changes.record)
+    listener = None
+    try:
+        if amqp_url:
+            listener = Listener(amqp_url, exchange_prefix, TASK_EXCHANGES, changes.hear)
+            await listener.start()
+        yield changes
+    finally:
+        if listener is not None:
+            await listener.close()
+        metrics.off_change(changes.record)
+
+
+def add_routes(router: web.UrlDispatcher) -> None:
+    """``GET /`` (the page), ``GET /dashboard/recent`` and ``GET /dashboard/<file>``."""
+    contents = {name: _read(name) for name in FILES}
+
+    def serve(request: web.Request, name: str) -> web.Response:
+        request[ENDPOINT_KEY] = "dashboard"
+        return web.Response(body=contents[name], content_type=FILES[name], charset="utf-8",
+                            headers=HEADERS)
+
+    async def page(request: web.Request) -> web.Response:
+        return serve(request, "index.html")
+
+    async def asset(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in FILES:
+            request[ENDPOINT_KEY] = "dashboard"
+            raise web.HTTPNotFound(text=f"no dashboard file {name!r}")
+        return serve(request, name)
+
+    router.add_get("/", page)
+    router.add_get("/dashboard/recent", recent)
+    router.add_get("/dashboard/{name}", asset)

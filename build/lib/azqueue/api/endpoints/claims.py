@@ -1,0 +1,103 @@
+"""The endpoints a worker calls about its work: pollTaskUrls, claimWork (which
+long-polls), claimTask, reclaimTask, and the reports that resolve a run
+(reportCompleted, reportFailed, reportException). Scopes as Taskcluster's Queue reference
+declares them; the logic is in ``service.taskurls``, ``service.work``,
+``service.claims`` and ``service.resolution``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from azqueue import errors
+from azqueue.api.auth import require
+from azqueue.api.routing import Call, Route, Routes
+from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.service.claims import TipClaim
+from azqueue.service.taskurls import MAX_WAIT
+
+routes = Routes()
+
+
+@routes.declare("GET", "/poll-task-url/<provisionerId>/<workerType>", "pollTaskUrls",
+                query=("pending", "wait"), long_poll=True,
+                scopes="queue:poll-task-urls:<provisionerId>/<workerType>")
+async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> Any:
+    pending = call.query("pending") or "false"
+    if pending not in ("true", "false"):
+        raise errors.InputError(f"query parameter `pending` is {pending!r}; use true (also say "
+                                "which queues hold visible tips) or false")
+    wait_text = call.query("wait") or "0"
+    try:
+        wait = float(wait_text)
+    except ValueError:
+        wait = -1.0
+    if not 0 <= wait <= MAX_WAIT or (wait and pending != "true"):
+        raise errors.InputError(f"query parameter `wait` is {wait_text!r}; give the seconds "
+                                f"(0 to {MAX_WAIT:.0f}) to wait for a visible tip, together "
+                                "with pending=true")
+    return await call.services.task_urls.poll_task_urls(provisioner_id, worker_type,
+                                                        pending == "true", wait)
+
+
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask",
+                output="task-claim-response.json", body="task-claim-request.json",
+                scopes={"AllOf": ["queue:claim-task:<taskQueueId>",
+                                  "queue:worker-id:<workerGroup>/<workerId>"]})
+async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
+    body = call.body
+    tip = TipClaim(body["messageId"], body["receipt"], body["signature"]) if "messageId" in body else None
+    worker_group, worker_id = body["workerGroup"], body["workerId"]
+    # The part of the scopes the body alone decides, before any storage request: a caller
+    # that may not act as this worker learns nothing and costs nothing.
+    require(call.caller, f"queue:worker-id:{worker_group}/{worker_id}")
+
+    def authorize(task: Task) -> None:
+        call.authorize(taskQueueId=task.task_queue_id, workerGroup=worker_group,
+                       workerId=worker_id)
+
+    return await call.services.claims.claim_task(task_id, run_id, worker_group, worker_id, tip,
+                                                 authorize)
+
+
+@routes.declare("POST", "/claim-work/<taskQueueId>", "claimWork",
+                output="claim-work-response.json", body="claim-work-request.json",
+                long_poll=True,
+                scopes={"AllOf": ["queue:claim-work:<taskQueueId>",
+                                  "queue:worker-id:<workerGroup>/<workerId>"]})
+async def claim_work(call: Call, task_queue_id: str) -> Any:
+    worker_group, worker_id = call.body["workerGroup"], call.body["workerId"]
+    call.authorize(workerGroup=worker_group, workerId=worker_id)
+    def connected() -> bool:
+        transport = call.request.transport
+        return transport is not None and not transport.is_closing()
+
+    return {"tasks": await call.services.work.claim_work(task_queue_id, worker_group, worker_id,
+                                                        call.body["tasks"], connected)}
+
+
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/reclaim", "reclaimTask",
+                output="task-reclaim-response.json",
+                body="empty-request.json", scopes="queue:reclaim-task:<taskId>/<runId>")
+async def reclaim_task(call: Call, task_id: str, run_id: int) -> Any:
+    return await call.services.claims.reclaim_task(task_id, run_id)
+
+
+_RESOLVE = "queue:resolve-task:<taskId>/<runId>"
+
+
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/completed", "reportCompleted",
+                output="task-status-response.json",
+                scopes=_RESOLVE, body="empty-request.json", fixed={"state": RunState.COMPLETED})
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/failed", "reportFailed",
+                output="task-status-response.json", scopes=_RESOLVE,
+                body="empty-request.json", fixed={"state": RunState.FAILED})
+@routes.declare("POST", "/task/<taskId>/runs/<runId>/exception", "reportException",
+                output="task-status-response.json",
+                scopes=_RESOLVE, body="task-exception-request.json",
+                fixed={"state": RunState.EXCEPTION})
+async def report(call: Call, task_id: str, run_id: int, state: RunState) -> Any:
+    reason = ReasonResolved(call.body["reason"] if state is RunState.EXCEPTION else state.value)
+    return {"status": await call.services.resolution.report(task_id, run_id, state, reason)}
+
+
+ROUTES: list[Route] = routes.table

@@ -1,0 +1,70 @@
+"""The endpoints of a task queue's counts and listings: pendingTasks, taskQueueCounts,
+taskQueueCountsBatch, listPendingTasks and listClaimedTasks. Scopes as the Taskcluster
+Queue reference declares them; the logic is in ``service.counts``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from azqueue import errors
+from azqueue.api.routing import ANONYMOUS_COUNTS, PAGED, Call, Route, Routes
+
+routes = Routes()
+
+
+@routes.declare("GET", "/pending/<taskQueueId>", "pendingTasks",
+                output="pending-tasks-response.json", scopes="queue:pending-count:<taskQueueId>")
+async def pending_tasks(call: Call, task_queue_id: str) -> Any:
+    return await call.services.counts.pending_tasks(task_queue_id)
+
+
+_COUNTS = {"AllOf": ["queue:pending-count:<taskQueueId>", "queue:claimed-count:<taskQueueId>"]}
+
+
+@routes.declare("GET", "/task-queues/<taskQueueId>/counts", "taskQueueCounts",
+                output="task-queue-counts-response.json", scopes=_COUNTS)
+async def task_queue_counts(call: Call, task_queue_id: str) -> Any:
+    return await call.services.counts.counts(task_queue_id)
+
+
+# At most 1000 taskQueueIds of at most 77 characters each (task-queue-counts-request.json).
+COUNTS_BODY = 128 * 1024
+
+
+@routes.declare("POST", "/task-queues/counts", "taskQueueCountsBatch",
+                output="task-queue-counts-list-response.json",
+                body="task-queue-counts-request.json",
+                max_body=COUNTS_BODY, scopes={"AllOf": [
+                    {"for": "taskQueueId", "in": "taskQueueIds",
+                     "each": "queue:pending-count:<taskQueueId>"},
+                    {"for": "taskQueueId", "in": "taskQueueIds",
+                     "each": "queue:claimed-count:<taskQueueId>"}]})
+async def task_queue_counts_batch(call: Call) -> Any:
+    ids = call.body["taskQueueIds"]
+    call.authorize(taskQueueIds=ids)
+    if call.caller.client_id is None and len(ids) > ANONYMOUS_COUNTS:
+        # Each task queue costs 7 to 14 storage requests (service.counts).
+        raise errors.InputError(
+            f"an anonymous taskQueueCountsBatch counts at most {ANONYMOUS_COUNTS} task queues "
+            f"(this one asks for {len(ids)}): ask in several calls, or with credentials "
+            "(up to 1000)")
+    return {"taskQueueCounts": await call.services.counts.counts_batch(ids)}
+
+
+@routes.declare("GET", "/task-queues/<taskQueueId>/pending", "listPendingTasks",
+                output="list-pending-tasks-response.json", query=PAGED,
+                scopes="queue:pending-list:<taskQueueId>")
+async def list_pending_tasks(call: Call, task_queue_id: str) -> Any:
+    return await call.services.counts.list_pending(task_queue_id, call.continuation,
+                                                   call.page())
+
+
+@routes.declare("GET", "/task-queues/<taskQueueId>/claimed", "listClaimedTasks",
+                output="list-claimed-tasks-response.json", query=PAGED,
+                scopes="queue:claimed-list:<taskQueueId>")
+async def list_claimed_tasks(call: Call, task_queue_id: str) -> Any:
+    return await call.services.counts.list_claimed(task_queue_id, call.continuation,
+                                                   call.page())
+
+
+ROUTES: list[Route] = routes.table

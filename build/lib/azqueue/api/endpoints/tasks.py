@@ -1,0 +1,152 @@
+"""The endpoints of tasks: createTask, task, status, scheduleTask, cancelTask, rerunTask,
+changeTaskPriority, listDependentTasks, and the batch reads tasks and statuses.
+
+Scopes as Taskcluster's Queue reference declares them; the logic is in
+``service.definitions``, ``service.resolution``, ``service.rerun``,
+``service.priority`` and ``service.batch``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from azqueue.api.routing import PAGED, Call, Route, Routes
+from azqueue.model.identifiers import SLUGID
+from azqueue.model.priority import ORDER, Priority
+from azqueue.model.task import Task
+
+routes = Routes()
+
+
+@routes.declare("PUT", "/task/<taskId>", "createTask",
+                output="task-status-response.json", body="task-definition-request.json",
+                what="the task definition", scopes={"AllOf": [
+                    {"for": "scope", "in": "scopes", "each": "<scope>"},
+                    {"for": "route", "in": "routes", "each": "queue:route:<route>"},
+                    "queue:create-task:project:<projectId>",
+                    "queue:scheduler-id:<schedulerId>",
+                    # A scope for a higher priority also allows lower ones.
+                    {"AnyOf": [{"for": "priority", "in": "priorities",
+                                "each": "queue:create-task:<priority>:<taskQueueId>"}]},
+                ]})
+async def create_task(call: Call, task_id: str) -> Any:
+    def authorize(definition: dict[str, Any]) -> None:
+        rank = Priority.from_definition(definition["priority"]).rank
+        call.authorize(scopes=definition["scopes"], routes=definition["routes"],
+                       projectId=definition["projectId"], schedulerId=definition["schedulerId"],
+                       priorities=ORDER[:rank + 1], taskQueueId=definition["taskQueueId"])
+
+    return {"status": await call.services.definitions.create_task(task_id, call.body, authorize)}
+
+
+@routes.declare("GET", "/task/<taskId>", "task",
+                output="task.json", scopes="queue:get-task:<taskId>")
+async def task(call: Call, task_id: str) -> Any:
+    return await call.services.definitions.definition(task_id)
+
+
+@routes.declare("GET", "/task/<taskId>/status", "status",
+                output="task-status-response.json", scopes="queue:status:<taskId>")
+async def status(call: Call, task_id: str) -> Any:
+    return {"status": await call.services.definitions.status(task_id)}
+
+
+# The check of scheduleTask and cancelTask, whose scope names the task's scheduler and group.
+def _on_task(call: Call) -> Callable[[Task], None]:
+    def authorize(task: Task) -> None:
+        call.authorize(schedulerId=task.definition["schedulerId"],
+                       taskGroupId=task.definition["taskGroupId"])
+    return authorize
+
+
+@routes.declare("POST", "/task/<taskId>/schedule", "scheduleTask",
+                output="task-status-response.json", body="empty-request.json",
+                scopes="queue:schedule-task:<schedulerId>/<taskGroupId>/<taskId>")
+async def schedule_task(call: Call, task_id: str) -> Any:
+    return {"status": await call.services.definitions.schedule_task(task_id, _on_task(call))}
+
+
+@routes.declare("POST", "/task/<taskId>/cancel", "cancelTask",
+                output="task-status-response.json", body="empty-request.json",
+                scopes="queue:cancel-task:<schedulerId>/<taskGroupId>/<taskId>")
+async def cancel_task(call: Call, task_id: str) -> Any:
+    return {"status": await call.services.resolution.cancel_task(task_id, _on_task(call))}
+
+
+@routes.declare("POST", "/task/<taskId>/rerun", "rerunTask",
+                output="task-status-response.json", body="empty-request.json", scopes={
+    "AnyOf": [
+        "queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>",
+        "queue:rerun-task-in-project:<projectId>",
+        {"AllOf": ["queue:rerun-task", "assume:scheduler-id:<schedulerId>/<taskGroupId>"]},
+    ]})
+async def rerun_task(call: Call, task_id: str) -> Any:
+    def authorize(task: Task) -> None:
+        d = task.definition
+        call.authorize(schedulerId=d["schedulerId"], taskGroupId=d["taskGroupId"],
+                       projectId=d["projectId"])
+
+    return {"status": await call.services.rerun.rerun_task(task_id, authorize)}
+
+
+@routes.declare("POST", "/task/<taskId>/priority", "changeTaskPriority",
+                output="task-status-response.json",
+                body="change-task-priority-request.json", scopes={"AnyOf": [
+                    "queue:change-task-priority:<taskId>",
+                    "queue:change-task-priority-in-queue:<taskQueueId>"]})
+async def change_task_priority(call: Call, task_id: str) -> Any:
+    def authorize(task: Task) -> None:
+        call.authorize(taskQueueId=task.task_queue_id)
+
+    change = await call.services.priority.change(task_id, Priority(call.body["newPriority"]),
+                                                 authorize)
+    return {"status": change.after.status()}
+
+
+@routes.declare("GET", "/task/<taskId>/dependents", "listDependentTasks",
+                output="list-dependent-tasks-response.json", query=PAGED,
+                scopes="queue:list-dependent-tasks:<taskId>")
+async def list_dependent_tasks(call: Call, task_id: str) -> Any:
+    return await call.services.definitions.list_dependents(task_id, call.continuation,
+                                                           call.page())
+
+
+# -- batch reads --------------------------------------------------------------------------
+
+# At most 1000 taskIds (tasks-request.json): 22-character slugids, quoted and separated,
+# fit in 32 KiB; twice that leaves room for spacing.
+TASKS_BODY = 64 * 1024
+
+
+def _page(call: Call) -> tuple[list[str], str | None, int]:
+    task_ids = [str(t) for t in call.body.get("taskIds", [])]
+    call.authorize(taskIds=task_ids)
+    return task_ids, call.continuation, call.page()
+
+
+def _valid(task_id: str) -> bool:
+    return bool(SLUGID.fullmatch(task_id))
+
+
+@routes.declare(
+    "POST", "/tasks", "tasks", output="tasks-response.json", body="tasks-request.json",
+    max_body=TASKS_BODY, query=PAGED,
+    scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:get-task:<taskId>"}]})
+async def tasks(call: Call) -> Any:
+    found, token = await call.services.batch.read_many(
+        *_page(call), _valid, lambda t: {"taskId": t.task_id, "task": dict(t.definition)})
+    return {"tasks": found, **({"continuationToken": token} if token else {})}
+
+
+@routes.declare(
+    "POST", "/tasks/status", "statuses", output="tasks-statuses-response.json",
+    body="tasks-request.json", max_body=TASKS_BODY, query=PAGED,
+    scopes={"AllOf": [{"for": "taskId", "in": "taskIds", "each": "queue:status:<taskId>"}]})
+async def statuses(call: Call) -> Any:
+    found, token = await call.services.batch.read_many(
+        *_page(call), _valid, lambda t: {"taskId": t.task_id, "status": t.status()})
+    return {"statuses": found, **({"continuationToken": token} if token else {})}
+
+
+ROUTES: list[Route] = routes.table

@@ -1,0 +1,67 @@
+"""The clients the server knows (``Client``: the root client and those of
+``AZQUEUE_CLIENTS_FILE``) and the checks their secrets pass: long enough, and not an
+example's stand-in such as ``change-me-...``."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from azqueue.errors import ConfigError
+
+MIN_ACCESS_TOKEN = 22
+
+
+@dataclass(frozen=True, slots=True)
+class Client:
+    """A permanent client: Hawk id, access token and the scopes it holds."""
+
+    client_id: str
+    access_token: str = field(repr=False)
+    scopes: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.client_id or len(self.access_token) < MIN_ACCESS_TOKEN:
+            raise ConfigError(f"client {self.client_id!r}: needs a clientId and an accessToken "
+                              "of at least 22 characters")
+
+
+# What examples write where a secret goes ("change-me-to-a-long-random-token"): a server
+# started with one is open to everyone who read the example.
+_PLACEHOLDER_RE = re.compile(r"change[-_ ]?me|replace[-_ ]?me|placeholder|your[-_ ]?(secret|token)",
+                             re.IGNORECASE)
+
+
+def is_placeholder(secret: str) -> bool:
+    """Whether ``secret`` is an example's stand-in for one, such as ``change-me-...``."""
+    return _PLACEHOLDER_RE.search(secret) is not None
+
+
+def example_value(variable: str) -> ConfigError:
+    """The error for ``variable`` holding an example's stand-in for a secret."""
+    return ConfigError(f"{variable} holds an example value (such as change-me-...), not a "
+                       "secret: set a long random one, e.g. the output of `python -c 'import "
+                       "secrets; print(secrets.token_urlsafe(32))'`")
+
+
+def load_clients(path: str) -> tuple[Client, ...]:
+    """The clients of an ``AZQUEUE_CLIENTS_FILE``: a JSON list of ``{clientId, accessToken,
+    scopes}``."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        clients = tuple(Client(str(c["clientId"]), str(c["accessToken"]),
+                               tuple(str(s) for s in c.get("scopes", []))) for c in data)
+    except ConfigError as e:  # a client without an id or with a short token
+        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e.message}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError(
+            f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
+            '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
+    for client in clients:
+        if is_placeholder(client.access_token):
+            raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: the accessToken of client "
+                              f"{client.client_id!r} is an example value (such as "
+                              "change-me-...): give it a long random one")
+    return clients

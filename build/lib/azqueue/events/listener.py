@@ -1,0 +1,95 @@
+"""Hearing the task events of every replica: a queue of this process's own, bound to the
+task exchanges.
+
+Every replica publishes each change of a task to the exchanges (``publisher``); a
+``Listener`` binds a queue of its own (exclusive: it goes with the connection, and
+aio-pika's robust connection declares and binds it again after a reconnect) to the
+exchanges it is given with the pattern ``#``, and hands each message to
+``on_event(exchange, payload)``. A process learns so of every replica's changes with no
+storage request.
+
+Messages are acknowledged as they are delivered: one that arrives while the connection
+is down, or that ``on_event`` cannot use, is lost to this listener. It serves views that
+may miss a change (the dashboard's recent changes), never the queue's state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
+
+from azqueue.events.publisher import BROKER_ERRORS, START_RETRY, connect, declare_exchanges
+
+log = logging.getLogger(__name__)
+
+EventHandler = Callable[[str, dict[str, Any]], None]
+
+
+class Listener:
+    """Calls ``on_event(exchange, payload)`` (the exchange's name without ``prefix``) for
+    every message published to ``<prefix><name>`` for each of ``exchanges``."""
+
+    def __init__(self, url: str, prefix: str, exchanges: tuple[str, ...],
+                 on_event: EventHandler) -> None:
+        self._url = url
+        self._prefix = prefix
+        self._exchanges = exchanges
+        self._on_event = on_event
+        self._connection: AbstractRobustConnection | None = None
+        self._starting: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Bind and consume now; if the broker cannot be reached, keep trying in the
+        background."""
+        try:
+            await self._bind()
+        except BROKER_ERRORS as e:
+            log.warning("RabbitMQ is not reachable at start-up (%s: %s); listening to the "
+                        "task exchanges once it is", type(e).__name__, e)
+            self._starting = asyncio.create_task(self._keep_trying())
+
+    async def _keep_trying(self) -> None:
+        while self._connection is None:
+            await asyncio.sleep(START_RETRY)
+            with contextlib.suppress(*BROKER_ERRORS):
+                await self._bind()
+
+    async def _bind(self) -> None:
+        connection = await connect(self._url)
+        try:
+            channel = await connection.channel()
+            assert isinstance(channel, AbstractRobustChannel)
+            exchanges = await declare_exchanges(channel, self._prefix, self._exchanges)
+            queue = await channel.declare_queue(f"azqueue-listener-{uuid.uuid4().hex}",
+                                                exclusive=True, auto_delete=True)
+            for exchange in exchanges.values():
+                await queue.bind(exchange, routing_key="#")
+            await queue.consume(self._deliver, no_ack=True)
+        except BaseException:
+            await connection.close()
+            raise
+        self._connection = connection
+
+    async def _deliver(self, message: AbstractIncomingMessage) -> None:
+        exchange = (message.exchange or "").removeprefix(self._prefix)
+        try:
+            payload = json.loads(message.body)
+            self._on_event(exchange, payload)
+        except Exception:  # a message we cannot use must not stop the others
+            log.warning("cannot use a message of %s (routing key %s)", exchange,
+                        message.routing_key, exc_info=True)
+
+    async def close(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._starting
+        if self._connection is not None:
+            await self._connection.close()

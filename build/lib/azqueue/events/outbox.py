@@ -1,0 +1,340 @@
+"""The outbox: publishing what a change wrote, and recovering what a process left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from collections import defaultdict
+from datetime import timedelta
+
+from azqueue import errors
+from azqueue.events.publisher import EventSink
+from azqueue.model import events, timeutil
+from azqueue.model.events import Event
+from azqueue.storage.groups import ORPHAN_AGE, GroupStore
+from azqueue.storage.queues import Message, Queues, decode_json, encode_json
+from azqueue.storage.taskrows import OUTBOX, WRITER
+from azqueue.storage.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+# How long a request waits for its events to be confirmed before handing them over.
+FAST_PATH_TIMEOUT = 3.0
+# Why a request's events may not go out at once, besides a bug: handed over quietly.
+_NOT_NOW: tuple[type[Exception], ...] = (*errors.TRANSIENT, TimeoutError)
+# How long closing waits for the task group checks still going.
+CLOSE_WAIT = 5.0
+# Clocks of one process may step back a little: a lease covers this much before it says.
+CLOCK_MARGIN_NS = 5_000_000_000
+
+
+def _after(since_ns: int) -> str:
+    """The lowest outbox RowKey written at or after ``since_ns``."""
+    return f"{OUTBOX}{max(since_ns, 0):020d}"
+
+
+class Outbox:
+    """Publishes the events a change wrote, and recovers those a process left behind."""
+
+    def __init__(self, tasks: TaskStore, groups: GroupStore, queues: Queues,
+                 publisher: EventSink, trigger_queue: str, recovery_delay: timedelta,
+                 lease_queue: str | None = None) -> None:
+        self.tasks = tasks
+        self.groups = groups
+        self.queues = queues
+        self.publisher = publisher
+        self.trigger_queue = trigger_queue
+        self.lease_queue = lease_queue or f"{trigger_queue}-leases"
+        self.recovery_delay = recovery_delay
+        self._tokens = itertools.count()
+        self._in_flight: dict[int, int] = {}  # token -> when the change began (ns)
+        self._lease: Message | None = None
+        self._renewing: asyncio.Task[None] | None = None
+        self._checking: dict[int, asyncio.Task[None]] = {}  # token -> its groups' check
+
+    async def setup(self) -> None:
+        await self.groups.ensure()
+        await self.queues.ensure(self.trigger_queue)
+        await self.queues.ensure(self.lease_queue)
+
+    async def start(self) -> None:
+        """Take this process's lease and keep renewing it."""
+        self._lease = await self.queues.put(self.lease_queue, self._lease_text(),
+                                            visible_in=self.recovery_delay, forever=True)
+        self._renewing = asyncio.create_task(self._renew_forever())
+
+    async def close(self) -> None:
+        """Give the lease back, unless changes are still in flight (then it reappears and
+        their events are recovered)."""
+        if self._renewing is not None:
+            self._renewing.cancel()
+            self._renewing = None
+        if self._checking:
+            # Checks of task groups still going: a moment to end, else recovery redoes them.
+            await asyncio.wait(list(self._checking.values()), timeout=CLOSE_WAIT)
+            for check in list(self._checking.values()):
+                check.cancel()
+        lease, self._lease = self._lease, None
+        if lease is not None and not self._in_flight:
+            try:
+                await self.queues.drop(lease.queue_name, lease.message_id, lease.pop_receipt)
+            except (errors.QueueError, errors.StorageError) as e:
+                log.warning("could not give the events lease back (%s); it expires", e)
+
+    def _lease_text(self) -> str:
+        since = min(self._in_flight.values(), default=time.time_ns()) - CLOCK_MARGIN_NS
+        return encode_json({"writer": WRITER, "since": since})
+
+    async def _renew_forever(self) -> None:
+        every = self.recovery_delay.total_seconds() / 3
+        while True:
+            await asyncio.sleep(every)
+            try:
+                await self._renew()
+            except (errors.QueueError, errors.StorageError) as e:
+                log.warning("could not renew the events lease (%s); trying again in %.1fs",
+                            e, every)
+
+    async def _renew(self) -> None:
+        text = self._lease_text()
+        lease = self._lease
+        if lease is not None:
+            try:
+                receipt = await self.queues.update(lease.queue_name, lease.message_id,
+                                                   lease.pop_receipt, self.recovery_delay, text)
+                self._lease = Message(lease.queue_name, lease.message_id, receipt, text, 0)
+                return
+            except errors.MessageGone:
+                log.warning("the events lease of this process was taken over (it was not "
+                            "renewed in time); taking a new one")
+        self._lease = await self.queues.put(self.lease_queue, text,
+                                            visible_in=self.recovery_delay, forever=True)
+
+    async def pending(self) -> int:
+        """Azure's approximate count of changes handed over to the resolver."""
+        return await self.queues.approximate_count(self.trigger_queue)
+
+    def begin(self) -> int:
+        """Before a change that writes outbox rows: while it is in flight, this process's
+        lease covers its rows. Ended by ``finish`` or ``abandon``."""
+        token = next(self._tokens)
+        self._in_flight[token] = time.time_ns()
+        return token
+
+    async def abandon(self, token: int, task_id: str, written: bool) -> None:
+        """The change failed: nothing to publish if nothing was ``written``; else (it may
+        have been stored) its rows are handed over to the resolver."""
+        if not written or await self._hand_over(token, task_id):
+            self._in_flight.pop(token, None)
+
+    async def finish(self, token: int, task_id: str, written: list[Event],
+                     alone: bool | None = None) -> None:
+        """Publish the events the change wrote (in its partition ``task_id``); if that
+        fails, hand them over to the resolver. ``alone``: whether the task, as written,
+        was its group's only task (None: not known, the group's records are asked)."""
+        if not written:
+            self._in_flight.pop(token, None)
+        elif await self._publish_or_hand_over(token, task_id, written, alone):
+            self._in_flight.pop(token, None)
+
+    async def _publish_or_hand_over(self, token: int, task_id: str,
+                                    written: list[Event], alone: bool | None) -> bool:
+        """False while the change stays in flight: published, with its groups still to
+        check, or not handed over."""
+        retry = self.recovery_delay.total_seconds()
+        if not self.publisher.reachable:
+            log.debug("broker away: events of task %s handed over", task_id)
+        else:
+            try:
+                await asyncio.wait_for(self._publish(token, task_id, written, alone),
+                                       FAST_PATH_TIMEOUT)
+                return False
+            except _NOT_NOW as e:
+                log.warning("events of task %s not published yet (%s: %s); they will be "
+                            "retried within %ss", task_id, type(e).__name__, e, retry)
+            except Exception:
+                # The change is stored: the request succeeds, recovery retries the events.
+                log.exception("publishing the events of task %s failed unexpectedly; they "
+                              "will be retried within %ss", task_id, retry)
+        return await self._hand_over(token, task_id)
+
+    async def _hand_over(self, token: int, task_id: str) -> bool:
+        """Leave the change's rows to the resolver with a trigger; False if that failed
+        too (then the change stays in flight: this process's lease keeps covering it)."""
+        since = self._in_flight.get(token, time.time_ns()) - CLOCK_MARGIN_NS
+        try:
+            await self.queues.put(self.trigger_queue,
+                                  encode_json({"taskId": task_id, "after": _after(since)}),
+                                  visible_in=self.recovery_delay, forever=True)
+        except (errors.QueueError, errors.StorageError) as e:
+            log.warning("could not hand the events of task %s over (%s); this process's "
+                        "lease covers them", task_id, e)
+            return False
+        return True
+
+    async def _publish(self, token: int, task_id: str, written: list[Event],
+                       alone: bool | None) -> None:
+        """Publish the task's events, in order; the checks of their groups go on after
+        the answer (``_check_groups``), still under this process's lease."""
+        for event in written:
+            await self.publisher.publish(event)
+        grouped = [event for event in written if event.group is not None]
+        if grouped:
+            check = asyncio.create_task(self._check_groups(token, task_id, grouped, alone))
+            self._checking[token] = check
+            check.add_done_callback(lambda _: self._checking.pop(token, None))
+        else:
+            self._in_flight.pop(token, None)
+
+    async def _check_groups(self, token: int, task_id: str, grouped: list[Event],
+                            alone: bool | None) -> None:
+        """Whether the resolutions ``grouped`` resolved their groups, as Taskcluster
+        tells after the resolution's answer, not in it. A failure hands the change over
+        to recovery, which publishes its events again (at least once) and checks anew."""
+        try:
+            for event in grouped:
+                assert event.group is not None
+                await self._check_group(task_id, event, *event.group, alone=alone)
+        except Exception as e:  # noqa: BLE001 - recovery retries the whole change
+            log.warning("task group of task %s not checked (%s: %s); retried within %ss",
+                        task_id, type(e).__name__, e, self.recovery_delay.total_seconds())
+            if not await self._hand_over(token, task_id):
+                return  # stays in flight: this process's lease covers it
+        self._in_flight.pop(token, None)
+
+    async def _alone(self, task_id: str, task_group_id: str) -> bool:
+        """Whether ``task_id`` is its group's own task and the group has no other member:
+        a group of one, when the resolution did not know it from the task. The group's
+        record says so (one row); a group of an earlier version, whose record does not,
+        is asked its member rows."""
+        if task_group_id != task_id:
+            return False
+        joined = await self.groups.joined(task_group_id)
+        if joined is None:
+            return await self.groups.is_empty(task_group_id)
+        return not joined
+
+    async def deliver(self, task_id: str, after: str = OUTBOX) -> int:
+        """Publish the task's outbox rows from ``after`` on, in order, and delete them;
+        how many went out."""
+        rows = await self.tasks.outbox(task_id, after)
+        done: list[str] = []
+        try:
+            for row_key, event in rows:
+                await self._republish(task_id, event)
+                done.append(row_key)
+        finally:
+            if done:
+                await self.tasks.delete_outbox(task_id, done)
+        return len(done)
+
+    async def _republish(self, task_id: str, event: Event) -> None:
+        """Publish an outbox row's event of ``task_id`` and check its group, as recovery
+        does it: not knowing whether the task was alone in its group."""
+        await self.publisher.publish(event)
+        if event.group is not None:
+            await self._check_group(task_id, event, *event.group)
+
+    async def _check_group(self, task_id: str, event: Event, task_group_id: str,
+                           scheduler_id: str, alone: bool | None = None) -> None:
+        """Publish task-group-resolved if ``event`` (of ``task_id``) resolved the last
+        unresolved task of its group (``alone``: it was known to be the only one)."""
+        expires = str(event.payload.get("status", {}).get("expires", ""))
+        if alone if alone is not None else await self._alone(task_id, task_group_id):
+            # A group of one (Taskcluster's default): its own task's resolution resolves
+            # it. (A task joining later makes it unresolved again, and its resolution
+            # announces the group anew.)
+            await self.publisher.publish(
+                events.task_group_resolved(task_group_id, scheduler_id, expires))
+            return
+        await self.groups.resolve(task_group_id, task_id)
+        now = timeutil.utcnow()
+        for member, written in await self.groups.unresolved(task_group_id):
+            try:
+                task = await self.tasks.get(member)
+            except errors.NotFound:
+                if now - written > ORPHAN_AGE:
+                    await self.groups.drop(task_group_id, member)
+                    continue
+                return  # about to be written
+            if task.definition["taskGroupId"] != task_group_id:
+                # Left by a createTask refused as a conflicting redefinition.
+                await self.groups.drop(task_group_id, member)
+                continue
+            return  # a member is still unresolved
+        # The group's own task (taskGroupId = its taskId) has no member row until it is
+        # resolved.
+        own = await self.tasks.find(task_group_id)
+        if own is not None and own.definition["taskGroupId"] == task_group_id and \
+                not own.state.resolved:
+            return
+        announce, latest = await self.groups.claim_announcement(task_group_id, task_id)
+        if announce:
+            candidates = [e for e in (expires, latest,
+                                      timeutil.fmt(own.expires) if own is not None else None)
+                          if e]
+            group_expires = max(candidates, key=timeutil.parse) if candidates else expires
+            await self.publisher.publish(
+                events.task_group_resolved(task_group_id, scheduler_id, group_expires))
+
+    async def recover(self) -> int:
+        """Handle the leases of processes that died and the changes handed over that
+        became visible: their events were not (all) published."""
+        handled = 0
+        for lease in await self.queues.receive(self.lease_queue, self.recovery_delay):
+            try:
+                data = decode_json(lease.text)
+                writer, since = str(data["writer"]), int(data["since"])
+            except (ValueError, KeyError):
+                await self.queues.drop(lease.queue_name, lease.message_id, lease.pop_receipt)
+                continue
+            try:
+                sent = await self._recover_writer(writer, since)
+            except Exception as e:  # noqa: BLE001 - retried when the lease reappears
+                log.warning("events of a process that stopped (%s) still not published "
+                            "(%s: %s); retrying in %ss", writer, type(e).__name__, e,
+                            self.recovery_delay.total_seconds())
+                continue
+            log.info("published %d event(s) that a process which stopped (%s) had written",
+                     sent, writer)
+            await self.queues.drop(lease.queue_name, lease.message_id, lease.pop_receipt)
+            handled += 1
+        for trigger in await self.queues.receive(self.trigger_queue, self.recovery_delay):
+            try:
+                data = decode_json(trigger.text)
+                task_id = str(data["taskId"])
+                after = str(data.get("after") or OUTBOX)
+            except (ValueError, KeyError):
+                await self.queues.drop(trigger.queue_name, trigger.message_id,
+                                       trigger.pop_receipt)
+                continue
+            try:
+                sent = await self.deliver(task_id, after)
+            except errors.TRANSIENT as e:
+                log.warning("events of task %s still not published (%s: %s); retrying in %ss",
+                            task_id, type(e).__name__, e, self.recovery_delay.total_seconds())
+                continue
+            except Exception:
+                log.exception("publishing the recovered events of task %s failed unexpectedly; "
+                              "retrying in %ss", task_id, self.recovery_delay.total_seconds())
+                continue
+            if sent:
+                log.info("published %d recovered event(s) of task %s", sent, task_id)
+            await self.queues.drop(trigger.queue_name, trigger.message_id, trigger.pop_receipt)
+            handled += 1
+        return handled
+
+    async def _recover_writer(self, writer: str, since: int) -> int:
+        """Publish the outbox rows ``writer`` wrote since ``since`` (ns), in order per
+        partition."""
+        by_partition: dict[str, list[tuple[str, Event]]] = defaultdict(list)
+        for partition, row_key, event in await self.tasks.outbox_of(writer, _after(since)):
+            by_partition[partition].append((row_key, event))
+        sent = 0
+        for partition, rows in by_partition.items():
+            for _, event in sorted(rows, key=lambda r: r[0]):
+                await self._republish(partition, event)
+                sent += 1
+        return sent

@@ -1,0 +1,173 @@
+"""Publishing to RabbitMQ with aio-pika: persistent messages, publisher confirms.
+
+The exchanges are declared when the server starts (``start``), so listeners that come up
+before the first event can bind; with the broker away then, a background attempt
+connects (and declares them) as soon as it is back. aio-pika's robust connection declares
+them again after every reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from typing import Protocol
+
+import aio_pika
+from aio_pika.abc import AbstractExchange, AbstractRobustChannel, AbstractRobustConnection
+from aio_pika.connection import make_url
+from aio_pika.exceptions import AMQPError, ChannelInvalidStateError
+from aiormq.abc import FieldValue
+
+from azqueue import metrics
+from azqueue.errors import BrokerError
+from azqueue.model.events import EXCHANGES, Event
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT = 5.0
+RECONNECT_INTERVAL = 1.0
+# After a failed first connection, requests leave their events to recovery this long
+# before one of them tries again.
+FIRST_CONNECT_RETRY = 10.0
+PUBLISH_TIMEOUT = 10.0
+# How often the start-up connection is tried again while the broker is away.
+START_RETRY = 2.0
+# What aio-pika raises when the broker is away, refuses or does not confirm in time.
+BROKER_ERRORS = (AMQPError, ChannelInvalidStateError, OSError, TimeoutError)
+
+
+async def connect(url: str) -> AbstractRobustConnection:
+    """A robust connection to the broker at ``url`` (as aio_pika.connect_robust makes, but
+    one that fails is closed here: left to the garbage collector, it schedules its own
+    close on a loop that may be gone by then)."""
+    connection = aio_pika.RobustConnection(make_url(url, reconnect_interval=RECONNECT_INTERVAL),
+                                           reconnect_interval=RECONNECT_INTERVAL)
+    try:
+        await connection.connect(timeout=CONNECT_TIMEOUT)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await connection.close()
+        raise
+    return connection
+
+
+async def declare_exchanges(channel: AbstractRobustChannel, prefix: str,
+                            names: tuple[str, ...] = EXCHANGES) -> dict[str, AbstractExchange]:
+    """The topic exchanges ``<prefix><name>``, declared durable (as Taskcluster's are)."""
+    return {name: await channel.declare_exchange(f"{prefix}{name}", aio_pika.ExchangeType.TOPIC,
+                                                 durable=True)
+            for name in names}
+
+
+class EventSink(Protocol):
+    """Where the outbox sends the messages of a change: the broker (``Publisher``), or a
+    test's recorder (``azqueue.testing.events.RecordedEvents``)."""
+
+    @property
+    def reachable(self) -> bool:
+        """False while sending would only wait (then the outbox hands the change over)."""
+
+    async def start(self) -> None: ...
+
+    async def publish(self, event: Event) -> None:
+        """Send ``event``; BrokerError if it is not confirmed."""
+
+    async def close(self) -> None: ...
+
+
+class Publisher:
+    """Connects on first use and reconnects by itself (aio-pika's robust connection)."""
+
+    def __init__(self, url: str, exchange_prefix: str) -> None:
+        self._url = url
+        self._prefix = exchange_prefix
+        self._connection: AbstractRobustConnection | None = None
+        self._channel: AbstractRobustChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+        self._lock = asyncio.Lock()
+        self._failed_at: float | None = None  # the last failed first connection attempt
+        self._starting: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        """Connect and declare the exchanges now; if the broker cannot be reached, keep
+        trying in the background (serving does not wait for it)."""
+        try:
+            await self._ready()
+        except BROKER_ERRORS as e:
+            log.warning("RabbitMQ is not reachable at start-up (%s: %s); declaring the "
+                        "exchanges once it is", type(e).__name__, e)
+            self._starting = asyncio.create_task(self._keep_trying())
+
+    async def _keep_trying(self) -> None:
+        while self._connection is None:
+            await asyncio.sleep(START_RETRY)
+            try:
+                await self._ready()
+            except BROKER_ERRORS:
+                continue
+
+    @property
+    def reachable(self) -> bool:
+        """False while the broker is known to be away (connection lost and not yet back,
+        or the first connection failed less than ``FIRST_CONNECT_RETRY`` ago): publishing
+        now would only wait for it."""
+        if self._connection is None:
+            return (self._failed_at is None
+                    or time.monotonic() - self._failed_at > FIRST_CONNECT_RETRY)
+        connected = getattr(self._connection, "connected", None)
+        return connected is None or connected.is_set()
+
+    async def _ready(self) -> None:
+        """Connected, with the exchanges declared; raises if the broker cannot be reached.
+
+        The first connection is retried on every call until it succeeds; after that
+        aio-pika reconnects (and restores the channel and exchanges) by itself, and we
+        only wait a little for it.
+        """
+        async with self._lock:
+            if self._channel is None:
+                try:
+                    connection = await connect(self._url)
+                except BaseException:
+                    self._failed_at = time.monotonic()
+                    raise
+                try:
+                    channel = await connection.channel(publisher_confirms=True)
+                    assert isinstance(channel, AbstractRobustChannel)
+                    self._exchanges = await declare_exchanges(channel, self._prefix)
+                except BaseException:
+                    await connection.close()
+                    raise
+                self._connection, self._channel = connection, channel
+                log.info("publishing events to %s*", self._prefix)
+        assert self._connection is not None
+        connected = getattr(self._connection, "connected", None)
+        if connected is not None and not connected.is_set():
+            await asyncio.wait_for(connected.wait(), CONNECT_TIMEOUT)
+
+    async def publish(self, event: Event) -> None:
+        """Publish and wait for the broker's confirm; BrokerError if it is not confirmed."""
+        headers: dict[str, FieldValue] | None = {"CC": list(event.cc)} if event.cc else None
+        message = aio_pika.Message(json.dumps(event.payload).encode(),
+                                   content_type="application/json",
+                                   delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                                   headers=headers)
+        try:
+            await self._ready()
+            # Not mandatory: a message that no queue is bound for is dropped by the broker,
+            # as in Taskcluster, rather than sent back to us in full.
+            await self._exchanges[event.exchange].publish(message, routing_key=event.routing_key,
+                                                          mandatory=False,
+                                                          timeout=PUBLISH_TIMEOUT)
+        except BROKER_ERRORS as e:
+            raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: "
+                              f"{type(e).__name__}: {e}") from e
+        metrics.count_event(event.exchange)
+
+    async def close(self) -> None:
+        if self._starting is not None:
+            self._starting.cancel()
+        if self._connection is not None:
+            await self._connection.close()

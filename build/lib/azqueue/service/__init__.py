@@ -1,0 +1,1 @@
+"""The queue's operations: model + storage, never HTTP."""

@@ -1,0 +1,48 @@
+"""The tasks this process wrote last, to decide the next change without reading first.
+
+A worker's claim and report usually reach the replica that wrote the task a moment
+before (created it, claimed it). Deciding on the copy kept here saves the read, and is
+safe because every write is conditional on the ETag the copy was written at
+(``TaskStore.modify(..., speculative=True)``): a copy that someone else changed since
+loses its write (412), and only then is the task read. A copy is never used to answer
+without writing: a refusal or a "nothing to do" found on it is decided again on a fresh
+read. Bounded in entries and age; reads for clients (status, definition) never use it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+
+from azqueue.storage.taskrows import Stored
+
+MAX_ENTRIES = 10_000
+MAX_AGE = 60.0
+
+
+class TaskCache:
+    """The last tasks this process wrote, with their ETags: a bounded, aging map by taskId."""
+
+    def __init__(self, max_entries: int = MAX_ENTRIES, max_age: float = MAX_AGE) -> None:
+        self._entries: OrderedDict[str, tuple[float, Stored]] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_age = max_age
+
+    def get(self, task_id: str) -> Stored | None:
+        entry = self._entries.get(task_id)
+        if entry is None:
+            return None
+        if time.monotonic() - entry[0] > self._max_age:
+            del self._entries[task_id]
+            return None
+        return entry[1]
+
+    def put(self, stored: Stored) -> None:
+        task_id = stored.task.task_id
+        self._entries.pop(task_id, None)
+        self._entries[task_id] = (time.monotonic(), stored)
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+
+    def drop(self, task_id: str) -> None:
+        self._entries.pop(task_id, None)

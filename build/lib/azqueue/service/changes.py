@@ -1,0 +1,153 @@
+"""The shared core of every state change: ``change`` writes one, ``settle`` brings the
+run's message in line with it.
+
+Every path that changes a task (createTask's insert aside: ``inserted``) goes through
+``Changes.change``: ``TaskStore.modify`` (a pure transition of ``model.task``, written
+conditionally on the ETag), with the change's events written to the outbox in the same
+transaction and published after, a resolution passed on to the tasks that depend on the
+task (``dependencies``), this process's copy of the task kept (``cache``), and the
+metrics counted. A path that may resolve a run calls ``settle`` after it, which keeps
+the Azure queue invariants written in ``tips`` for the run's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from azqueue import errors, metrics
+from azqueue.events.outbox import Outbox
+from azqueue.model import events
+from azqueue.model.task import RunState, Task
+from azqueue.service.cache import TaskCache
+from azqueue.service.claimindex import ClaimIndex
+from azqueue.service.dependencies import Dependencies
+from azqueue.service.tips import Tips
+from azqueue.storage.queues import Queues
+from azqueue.storage.taskrows import HeldMessage, Stored
+from azqueue.storage.tasks import KEEP, Change, Keep, TaskStore
+
+log = logging.getLogger(__name__)
+
+# How long a resolution whose run's message was taken by a poll waits for the retry to be
+# claimed with it before queuing the retry another tip.
+RETRY_TIP_WAIT = timedelta(seconds=10)
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    """Writing a task's changes, and settling its runs' messages after them.
+
+    ``crash_after_commit`` (a test setting) exits the process right after each stored
+    change, to test what a replica that dies there leaves."""
+
+    tasks: TaskStore
+    outbox: Outbox | None
+    dependencies: Dependencies
+    cache: TaskCache
+    queues: Queues
+    tips: Tips
+    index: ClaimIndex
+    crash_after_commit: bool = False
+
+    async def change(self, task_id: str, fn: Callable[[Task], Task],
+                     loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,
+                     speculative: bool = False) -> Change:
+        """``tasks.modify`` with the change's events written to the outbox and published,
+        a resolution passed on to the tasks that depend on this one, and this process's
+        copy of the task kept up to date."""
+        watch = self.dependencies.watch(task_id)
+        try:
+            if self.outbox is None:
+                change = await self.tasks.modify(task_id, fn, loaded, None, watch.before_write,
+                                                 hold, speculative)
+                if change.changed:
+                    self._fault_point()
+            else:
+                token = self.outbox.begin()
+                try:
+                    change = await self.tasks.modify(task_id, fn, loaded, events.for_change,
+                                                     watch.before_write, hold, speculative)
+                except BaseException as e:
+                    # A decision refused the change and nothing was written. A storage
+                    # failure may have come after the write, though: then its events are
+                    # handed over to recovery.
+                    await self.outbox.abandon(token, task_id, written=isinstance(
+                        e, errors.StorageError) or not isinstance(e, errors.QueueError))
+                    raise
+                if change.changed:
+                    self._fault_point()
+                # The events are a function of the change: published as written, from
+                # memory.
+                await self.outbox.finish(token, task_id, list(change.events),
+                                         alone=change.after.alone_in_group)
+        except BaseException:
+            self.cache.drop(task_id)
+            raise
+        self.cache.put(change.stored)
+        if change.changed:
+            metrics.count_change(change.before, change.after)
+        await watch.after(change.before, change.after)
+        return change
+
+    def inserted(self, stored: Stored) -> None:
+        """A new task was stored (createTask's insert): this process's copy of it, its
+        metrics and the crash fault point, as for a change."""
+        self.cache.put(stored)
+        metrics.count_change(None, stored.task)
+        self._fault_point()
+
+    async def settle(self, change: Change, run_id: int) -> None:
+        """Bring run ``run_id``'s message and claim index in line with the resolution that
+        ``change`` wrote; nothing if the change did not resolve it (whoever did settles)."""
+        task = change.after
+        if not change.changed or run_id < 0 or run_id >= len(task.runs) or \
+                not task.runs[run_id].state.resolved or \
+                (run_id < len(change.before.runs) and change.before.runs[run_id].state.resolved):
+            return
+        retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
+        retry_pending = retry is not None and retry.state is RunState.PENDING
+        held = change.held_before
+        if held is not None and not held.pop_receipt:
+            held = None  # its receipt was lost: the message reappears at takenUntil
+        tip_ready = False
+        if held is not None and held.run_id == run_id:
+            # A message in another priority's queue than the task's (changeTaskPriority)
+            # cannot serve the retry: it goes, and the retry gets a fresh tip.
+            if retry_pending and self.tips.in_own_queue(task, held):
+                tip_ready = await self.tips.release(task, held)
+            else:
+                await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
+        if retry_pending and not tip_ready and not (
+                held is not None and held.run_id == run_id
+                and await self._claimed_soon(task.task_id, run_id + 1)):
+            await self.tips.queue(change.stored, run_id + 1)
+        if run_id < len(change.before.runs) and \
+                change.before.runs[run_id].state is RunState.RUNNING:
+            await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
+
+    async def _claimed_soon(self, task_id: str, run_id: int) -> bool:
+        """Whether pending run ``run_id`` is claimed within ``RETRY_TIP_WAIT``. Asked when
+        the message of the run before could not be released: a poll took it, and the
+        worker who holds it is claiming this run with it (it says ``run_id``), so a new
+        tip would only cost it a refused claim; or it is gone, and the run needs one."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + RETRY_TIP_WAIT.total_seconds()
+        while loop.time() < give_up:
+            await asyncio.sleep(0.5)
+            try:
+                runs = (await self.tasks.get(task_id)).runs
+            except errors.NotFound:
+                return True
+            if run_id >= len(runs) or runs[run_id].state is not RunState.PENDING:
+                return True
+        return False
+
+    def _fault_point(self) -> None:
+        if self.crash_after_commit:
+            log.critical("AZQUEUE_TEST_CRASH_AFTER_COMMIT: exiting after a stored change")
+            os._exit(70)

@@ -1,0 +1,184 @@
+"""Which claims the claim resolver must watch: the claim index, written late.
+
+A claim normally ends through its worker's report, or expires through its tip (the
+message reappears at ``takenUntil`` and the next claim resolves the old run). The claim
+resolver is for the rest: nobody polling that task queue, a claim made without a tip. It
+lists the rows of the claims table (``storage.claims``) whose ``takenUntil`` has passed.
+
+Most runs end within seconds, and their rows would be written and deleted for nothing.
+So a claim is only noted here, in the process that made it, and its row is written once
+the run is still running ``delay`` seconds later (checked with a read first; at most
+half the claim timeout, so the row is there well before ``takenUntil``). A run resolved
+before that costs the index nothing; a longer one costs a read, a write and a delete. A
+reclaim of an indexed run moves its row; a resolution of a run old enough to have a row
+deletes it, and the claim resolver deletes any row whose run it finds resolved.
+
+What a process that dies loses is the notes it had not written yet: those claims still
+expire through their tips when any worker polls the task queue, and at the latest with
+the task's deadline. A process that stops writes its notes before it closes.
+
+The notes are also what the claimed counts and listings read for runs too young to be
+indexed: each process writes its notes to a row of its own (``ClaimNotes``) at most once
+a second while they change, and every replica's counts read those rows with the index.
+That costs a write per replica per second of changing claims, not a request per run, and
+a claim is counted within about two seconds wherever it was made (at once in its own
+process). ``generation`` moves whenever this process's notes do, so that its counts
+cached a moment ago are not answered after a claim or a resolution made here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import replace
+from datetime import datetime, timedelta
+
+from azqueue import errors
+from azqueue.model import timeutil
+from azqueue.model.task import RunState
+from azqueue.service.dependencies import gather_limited
+from azqueue.storage.claims import ClaimNotes, ClaimRecord, ClaimStore
+from azqueue.storage.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+# How long a run must still be running after its claim before it is indexed.
+INDEX_DELAY = timedelta(seconds=30)
+# Another replica's clock may run behind ours: a run this much younger than the delay
+# may have a row too.
+CLOCK_SLACK = timedelta(seconds=5)
+CLOSE_TIMEOUT = 10.0
+# How often the notes are written while they change; how long readers trust a row (a
+# replica rewrites its row at least every NOTES_REFRESH while it has notes).
+NOTES_INTERVAL = 1.0
+NOTES_REFRESH = timedelta(seconds=5)
+NOTES_FRESH = timedelta(seconds=15)
+
+
+class ClaimIndex:
+    """Notes this process's claims and writes the claim index rows of those still running."""
+
+    def __init__(self, store: ClaimStore, notes: ClaimNotes, tasks: TaskStore,
+                 claim_timeout: timedelta) -> None:
+        self.store = store
+        self.notes = notes
+        self.tasks = tasks
+        self.delay = min(INDEX_DELAY, claim_timeout / 2)
+        self.replica = uuid.uuid4().hex
+        self.generation = 0
+        # (taskId, runId) -> when this process claimed it, and the run's claim record
+        self._notes: dict[tuple[str, int], tuple[datetime, ClaimRecord]] = {}
+        self._published: tuple[int, datetime] | None = None  # generation, when
+        self._stop = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+        # Set when a claim is noted or extended here (the claim resolver sleeps until the
+        # earliest takenUntil it knows of).
+        self.changed = asyncio.Event()
+
+    def start(self) -> None:
+        if self._loop is None:
+            self._loop = asyncio.create_task(self._run(), name="claim index")
+
+    def claimed(self, task_id: str, run_id: int, taken_until: datetime, task_queue_id: str,
+                queue: str = "") -> None:
+        """This process claimed the run (or answered a repeated claim of it), holding a
+        message of the pending queue ``queue`` (if any)."""
+        self._notes[(task_id, run_id)] = (
+            timeutil.utcnow(), ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
+        self.generation += 1
+        self.changed.set()
+
+    def local(self) -> list[ClaimRecord]:
+        """This process's claims not indexed yet."""
+        return [record for _, record in self._notes.values()]
+
+    async def extended(self, task_id: str, run_id: int, started: datetime | None,
+                       taken_until: datetime, task_queue_id: str = "", queue: str = "") -> None:
+        """The run was reclaimed until ``taken_until``."""
+        note = self._notes.get((task_id, run_id))
+        if note is not None:
+            self._notes[(task_id, run_id)] = (note[0], replace(note[1], taken_until=taken_until))
+        elif self._may_be_indexed(started):
+            await self.store.put(ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
+        self.changed.set()
+
+    async def ended(self, task_id: str, run_id: int, started: datetime | None) -> None:
+        """The run was resolved: forget its note, or delete its row if it may have one."""
+        self.generation += 1
+        if self._notes.pop((task_id, run_id), None) is None and self._may_be_indexed(started):
+            await self.store.delete(task_id, run_id)
+
+    def _may_be_indexed(self, started: datetime | None) -> bool:
+        return started is None or started <= timeutil.utcnow() - self.delay + CLOCK_SLACK
+
+    async def flush(self, everything: bool = False) -> None:
+        """Write the rows of the noted runs that are old enough (all, with ``everything``)
+        and still running."""
+        due_before = timeutil.utcnow() - self.delay
+        due = [key for key, (made, _) in self._notes.items() if everything or made <= due_before]
+        notes = {key: self._notes.pop(key) for key in due}
+        results = await gather_limited(self._index(notes[key][1]) for key in due)
+        for key, ok in zip(due, results):
+            if not ok:  # try again at the next round
+                self._notes.setdefault(key, notes[key])
+        if due:
+            self.generation += 1
+
+    async def publish(self, everything: bool = False) -> None:
+        """Write this process's notes for the other replicas' counts, if they changed
+        since they were last written (or are due for a refresh)."""
+        now = timeutil.utcnow()
+        last = self._published
+        if not everything and last is not None and (
+                now - last[1] < timedelta(seconds=NOTES_INTERVAL) or
+                (last[0] == self.generation and (not self._notes or
+                                                 now - last[1] < NOTES_REFRESH))):
+            return
+        if last is None and not self._notes:
+            return  # nothing to say, nothing said before
+        generation = self.generation
+        await self.notes.publish(self.replica, self.local(), now + NOTES_FRESH)
+        self._published = (generation, now)
+
+    async def _index(self, note: ClaimRecord) -> bool:
+        task_id, run_id = note.task_id, note.run_id
+        try:
+            task = await self.tasks.find(task_id)
+            if task is None or run_id >= len(task.runs):
+                return True
+            run = task.runs[run_id]
+            if run.state is RunState.RUNNING and run.taken_until is not None:
+                await self.store.put(ClaimRecord(task_id, run_id, run.taken_until,
+                                                 task.task_queue_id, note.queue))
+        except errors.StorageError as e:
+            log.warning("could not index the claim of %s/%d: %s", task_id, run_id, e)
+            return False
+        return True
+
+    async def _run(self) -> None:
+        interval = min(NOTES_INTERVAL, self.delay.total_seconds() / 2)
+        while not self._stop.is_set():
+            try:
+                await self.flush()
+                await self.publish()
+            except errors.StorageError as e:
+                log.warning("indexing claims failed (%s); trying again in %.1fs", e, interval)
+            except Exception:
+                log.exception("indexing claims failed; trying again in %.1fs", interval)
+            try:
+                await asyncio.wait_for(self._stop.wait(), interval)
+            except TimeoutError:
+                pass
+
+    async def close(self) -> None:
+        """Stop the loop and write every note left (briefly)."""
+        self._stop.set()
+        if self._loop is not None:
+            await self._loop
+        try:
+            await asyncio.wait_for(self.flush(everything=True), CLOSE_TIMEOUT)
+            if self._published is not None:
+                await asyncio.wait_for(self.notes.remove(self.replica), CLOSE_TIMEOUT)
+        except (TimeoutError, errors.StorageError) as e:
+            log.warning("could not index %d claim(s) before closing: %s", len(self._notes), e)

@@ -1,0 +1,449 @@
+"""Claims: claimTask and reclaimTask, by the rewrite of the tip (see docs/workers/sas.md).
+
+claimTask verifies the tip's signature, decides the claim on the task (refusing early,
+before the message is touched), rewrites the message to ``{taskId, runId + 1}``
+invisible until ``takenUntil``, and then writes the claim and the message it now holds
+(``HeldMessage``) to the task in one conditional write. reclaimTask pushes the message's
+invisibility out with the held receipt and writes the new receipt with the new
+``takenUntil``. With a copy of the task from this process (``cache``) a claim costs two
+storage requests (the rewrite and the write), else three.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from typing import Any
+
+from azqueue import errors
+from azqueue.model import task as model
+from azqueue.model import credentials, taskcreds, timeutil
+from azqueue.model.task import RunState, Task
+from azqueue.model.tip import TipSigner
+from azqueue.service.cache import TaskCache
+from azqueue.service.changes import Changes
+from azqueue.service.claimindex import ClaimIndex
+from azqueue.service.tips import Tips
+from azqueue.service.workers import WorkerInfo
+from azqueue.storage.errors import MessageGone, ReceiptLost
+from azqueue.storage.queues import PendingQueues, Queues
+from azqueue.storage.taskrows import HeldMessage, Stored
+from azqueue.storage.tasks import KEEP, Keep, TaskStore
+
+log = logging.getLogger(__name__)
+
+# A tip that reappears this close before takenUntil still expires the claim: the
+# message's visibility is Azure's clock, takenUntil ours.
+EXPIRY_TOLERANCE = timedelta(seconds=5)
+RECLAIM_RECEIPT_ATTEMPTS = 3
+# How long a claim waits for the task (or the record of its tip) that a createTask put
+# the tip of a moment ago.
+TIP_WAIT = timedelta(seconds=2)
+# How long a claim waits for the record of its tip when the task is stored already: the
+# record comes right after the tip's put (``Tips.queue``). A tip put again after its
+# answer was lost is never recorded: its claim should not wait long to be refused.
+RECORD_WAIT = timedelta(seconds=0.5)
+
+
+@dataclass(frozen=True, slots=True)
+class TipClaim:
+    """The message a worker polled, presented with claimTask."""
+
+    message_id: str
+    receipt: str
+    signature: str
+
+
+class _Stale(Exception):
+    """A decision made on this process's copy of the task must be made again on a fresh read."""
+
+
+@dataclass(frozen=True, slots=True)
+class Claims:
+    """claimTask and reclaimTask: the claims of runs, and the messages they hold.
+
+    ``issuer`` is the principal that signs the temporary credentials of a claim;
+    ``claim_timeout`` how long a claim lasts before it must be reclaimed."""
+
+    tasks: TaskStore
+    queues: Queues
+    pending: PendingQueues
+    signer: TipSigner
+    cache: TaskCache
+    changes: Changes
+    tips: Tips
+    index: ClaimIndex
+    workerinfo: WorkerInfo
+    issuer: credentials.Principal
+    claim_timeout: timedelta
+
+    async def claim_task(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
+                         tip: TipClaim | None = None,
+                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """claimTask: claim a run (see ``claim``) and note the worker active, with its claim."""
+        claim = await self.claim(task_id, run_id, worker_group, worker_id, tip, authorize)
+        self.workerinfo.worker_active(claim["status"]["taskQueueId"], worker_group, worker_id,
+                                      [(task_id, run_id)])
+        return claim
+
+    async def claim(self, task_id: str, run_id: int, worker_group: str, worker_id: str,
+                    tip: TipClaim | None = None,
+                    authorize: Callable[[Task], None] = lambda t: None,
+                    polled_from: str | None = None) -> dict[str, Any]:
+        """Claim a run; ``authorize`` sees the task on its first read, before anything
+        else is read or changed. The worker is not noted active: claimTask and claimWork
+        do that.
+
+        A ``tip`` presented by a worker must be signed for the task's own task queue and
+        name a message recorded as one of the task's tips, so that a worker mixing up
+        messages cannot rewrite another task's tip. ``polled_from`` is the task queue
+        claimWork received the tip from (and authorized its caller for): the task must
+        belong to it, and the record check is skipped (claimWork read the message itself)."""
+        now = timeutil.utcnow()
+        tolerance = EXPIRY_TOLERANCE if tip else timedelta(0)
+
+        def decide(task: Task) -> Task:
+            return model.claim(task, run_id, worker_group, worker_id, now, self.claim_timeout,
+                               tolerance)
+
+        if tip and polled_from is not None and \
+                not self.signer.verify(polled_from, task_id, run_id, tip.signature):
+            raise self._bad_signature(task_id, run_id)
+
+        def admit(task: Task) -> None:
+            """The checks made on the first read of the task, before any other request."""
+            authorize(task)
+            if polled_from is not None and task.task_queue_id != polled_from:
+                # A tip in a pending queue of another task queue than its task's: left by a
+                # refused createTask that named this taskId. Only the task's own task queue
+                # may claim it.
+                raise errors.InputError(
+                    f"task {task_id} belongs to task queue {task.task_queue_id}, not "
+                    f"{polled_from}, whose pending queue this message came from; delete it")
+            if tip and not self.signer.verify(task.task_queue_id, task_id, run_id,
+                                              tip.signature):
+                raise self._bad_signature(task_id, run_id)
+
+        need_record = tip is not None and polled_from is None
+        stored = self.cache.get(task_id)
+        if stored is not None and need_record and tip is not None and \
+                tip.message_id not in stored.tips:
+            stored = None
+        guess = stored is not None
+        while True:
+            if stored is None:
+                stored = await (self._load_for_tip(task_id, tip, need_record, admit) if tip
+                                else self.tasks.load(task_id))
+            current = stored.task
+            admit(current)
+            if polled_from is None:  # claimWork checked when it was called
+                await self._refuse_quarantined(current, worker_group, worker_id, tip)
+            try:
+                if model.is_claimed_by(current, run_id, worker_group, worker_id):
+                    if guess:
+                        raise _Stale
+                    return await self._repeated_claim(stored, run_id, tip)
+                try:
+                    decide(current)  # refuse early, before touching the message
+                except errors.Conflict:
+                    if guess:
+                        raise _Stale from None
+                    if tip:
+                        await self._repair_orphaned_tip(stored, run_id)
+                    raise
+                break
+            except _Stale:
+                stored, guess = None, False
+
+        hold: HeldMessage | None = None
+        if tip:
+            queue_name = self.pending.name(current.task_queue_id, current.priority)
+            try:
+                receipt = await self.queues.update(
+                    queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
+                    text=self.signer.tip(current.task_queue_id, task_id, run_id + 1).encode())
+            except ReceiptLost:
+                # Rewritten as asked, most likely, by an attempt whose answer was lost: the
+                # claim holds no message (it reappears at takenUntil and is refused then).
+                receipt = ""
+            except MessageGone:
+                # The receipt is stale: this claim was sent before and its first attempt
+                # rewrote the message and died before storing the claim (the retry of an
+                # in-flight claim), or the message's visibility from its poll ended (a
+                # claimWork hold is seconds) and another poll took it. The task decides,
+                # as for a claim without a tip: the run is claimed holding no message (and
+                # the other poll's claim is refused and deletes it; the claim index expires
+                # the run), or the other poll's claim was stored first and this one is
+                # refused; the rewritten message, when it reappears, is a tip like any other.
+                log.info("task %s run %d: claiming without the message, whose receipt is stale",
+                         task_id, run_id)
+                receipt = ""
+            # Without its receipt the claim cannot move the message, but it records which
+            # message it took: a second tip of the run presented by the same worker is then
+            # told apart from a retry of this claim (``_repeated_claim``).
+            hold = HeldMessage(run_id, queue_name, tip.message_id, receipt)
+        movable = hold if hold is not None and hold.pop_receipt else None
+        try:
+            change = await self.changes.change(task_id, decide, stored, hold=hold,
+                                               speculative=guess)
+        except errors.Conflict:
+            if movable:
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
+            raise
+        except BaseException as e:
+            if movable:
+                await self._after_failed_write(movable, current, worker_group, worker_id, e,
+                                               now)
+            raise
+        after = change.after
+        if not change.changed:
+            # A concurrent claim of this worker (a duplicate tip, a retried request) got
+            # there first: answer as to a repeated claim.
+            held = change.stored.held
+            if movable and (held is None or held.message_id != movable.message_id):
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
+            return await self._repeated_claim(change.stored, run_id, tip)
+        if not model.is_claimed_by(after, run_id, worker_group, worker_id):
+            # The claim expired run run_id - 1 and no retries were left: the task is resolved.
+            if movable:
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
+            await self.changes.settle(change, run_id - 1)
+            raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
+                                  "are left: the task is resolved exception")
+        run = after.runs[run_id]
+        assert run.taken_until is not None
+        self.index.claimed(task_id, run_id, run.taken_until, after.task_queue_id,
+                           hold.queue_name if hold is not None else "")
+        if run_id > 0 and change.before.runs[run_id - 1].state is RunState.RUNNING:
+            # This claim expired the previous run, whose message it now holds.
+            await self.index.ended(task_id, run_id - 1, change.before.runs[run_id - 1].started)
+        return self.answer(after, run_id, with_task=True)
+
+    async def _refuse_quarantined(self, task: Task, worker_group: str, worker_id: str,
+                                  tip: TipClaim | None) -> None:
+        """Quarantined (403) if the worker may not claim now; the task's tip it presented
+        is made visible again at once, for other workers (a worker keeps a message after a
+        403, and it would stay hidden for the rest of its poll's visibility timeout)."""
+        try:
+            await self.workerinfo.refuse_quarantined(task.task_queue_id, worker_group, worker_id)
+        except errors.Quarantined:
+            if tip is not None:
+                try:
+                    await self.queues.release(self.pending.name(task.task_queue_id,
+                                                                task.priority),
+                                              tip.message_id, tip.receipt)
+                except errors.StorageError as e:  # it reappears when its poll's hold ends
+                    log.warning("could not give back the tip of %s that a quarantined worker "
+                                "presented: %s", task.task_id, e)
+                else:
+                    self.tips.visible(task)
+            raise
+
+    async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool,
+                            admit: Callable[[Task], None]) -> Stored:
+        """The task, once it is stored and (with ``need_record``) ``tip.message_id`` is
+        known to be one of its tips; NotFound, or InputError (and a fresh tip for a pending
+        run) when that does not happen within ``TIP_WAIT`` (``RECORD_WAIT`` once the task
+        is stored). ``admit`` sees the task on its first read: a caller it refuses waits
+        for nothing and costs nothing more."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + TIP_WAIT.total_seconds()
+        record_give_up = loop.time() + RECORD_WAIT.total_seconds()
+        admitted = False
+        pause = 0.05  # doubling: a task stored a moment after its tip is found at once, and
+        # a claim of a task that never comes costs a handful of reads, not one per 100 ms
+        while True:
+            try:
+                stored: Stored | None = await self.tasks.load(
+                    task_id, tip=tip.message_id if need_record else None)
+            except errors.NotFound:
+                stored = None  # a createTask puts the tip just before the task
+            if stored is not None and not admitted:
+                admit(stored.task)
+                admitted = True
+            if stored is not None and (not need_record or tip.message_id in stored.tips):
+                return stored
+            if loop.time() >= (give_up if stored is None else record_give_up):
+                break
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 0.4)
+        if stored is None:
+            raise errors.NotFound(f"task {task_id} does not exist (or has expired)")
+        last = stored.task.last_run
+        if last is not None and last.state is RunState.PENDING:
+            # In case the presented message is this task's tip whose record was lost.
+            await self._repair_tip(stored, last.run_id)
+        raise errors.InputError(
+            f"`messageId` {tip.message_id} does not carry a tip of task {task_id}: give the "
+            "MessageId and PopReceipt of the message this tip came from, as received")
+
+    @staticmethod
+    def _bad_signature(task_id: str, run_id: int) -> errors.InputError:
+        return errors.InputError(
+            f"`signature` does not match task {task_id} run {run_id} in its task queue: the "
+            "message was altered, came from another task queue's pending queue, or was not "
+            "issued by this queue; delete it and poll again")
+
+    async def _repeated_claim(self, stored: Stored, run_id: int,
+                              tip: TipClaim | None) -> dict[str, Any]:
+        """The caller already holds this run: answer as before, unless it presents another
+        message than the one its claim took (a duplicate tip, which it should delete)."""
+        held = stored.held
+        if tip and held is not None and held.run_id == run_id and held.message_id != tip.message_id:
+            raise errors.Conflict(
+                f"run {run_id} of task {stored.task.task_id} is already claimed by you through "
+                "another message; this message is a duplicate tip: delete it")
+        run = stored.task.runs[run_id]
+        assert run.taken_until is not None
+        # The first claim's process may have died before indexing it.
+        self.index.claimed(stored.task.task_id, run_id, run.taken_until,
+                           stored.task.task_queue_id,
+                           held.queue_name if held is not None and held.run_id == run_id else "")
+        return self.answer(stored.task, run_id, with_task=True)
+
+    async def _after_failed_write(self, hold: HeldMessage, task: Task, worker_group: str,
+                                  worker_id: str, error: BaseException, now: datetime) -> None:
+        """The claim's write failed after its message was rewritten. A failure of storage
+        (or a cancellation) may have come after the write was stored: the run gets its tip
+        back only once a fresh read shows it unclaimed. Otherwise the message stays as
+        rewritten (it reappears at takenUntil) and the claim is noted for the index, so that
+        a claim its worker never heard of still expires."""
+        task_id = task.task_id
+        if isinstance(error, errors.StorageError):
+            try:
+                fresh: Stored | None = await self.tasks.load(task_id)
+            except (errors.QueueError, errors.StorageError):
+                fresh = None
+            if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
+                                                             worker_group, worker_id):
+                await self._restore_tip(hold, task)
+                return
+        elif not isinstance(error, asyncio.CancelledError):
+            await self._restore_tip(hold, task)  # refused before anything was written
+            return
+        self.index.claimed(task_id, hold.run_id, now + self.claim_timeout, task.task_queue_id,
+                           hold.queue_name)
+
+    async def _restore_tip(self, hold: HeldMessage, task: Task) -> None:
+        text = self.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
+        try:
+            await self.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
+                                      text=text)
+            self.tips.visible(task)
+        except errors.StorageError as e:  # the tip reappears at takenUntil regardless
+            log.warning("could not give task %s run %d its tip back: %s", task.task_id,
+                        hold.run_id, e)
+        except Exception:
+            log.exception("could not give task %s run %d its tip back", task.task_id, hold.run_id)
+
+    async def _repair_orphaned_tip(self, stored: Stored, run_id: int) -> None:
+        """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
+        died before it was recorded; the worker will delete it, so queue a fresh tip for ``r``."""
+        task = stored.task
+        last = task.last_run
+        if last is not None and last.state is RunState.PENDING and run_id == last.run_id + 1:
+            log.warning("task %s: re-queuing run %d, whose claim was never completed",
+                        task.task_id, last.run_id)
+            await self._repair_tip(stored, last.run_id)
+
+    async def _repair_tip(self, stored: Stored, run_id: int) -> None:
+        """Queue a tip for pending run ``run_id`` because a claim suggests its tip is lost,
+        at most once per run in half a claim timeout, whichever replica is asked and
+        however often: a worker presenting odd messages cannot multiply tips. (A lost tip
+        comes back no sooner than a claim timeout after the repair put one: a claim that
+        rewrote it and died leaves it invisible until then.)"""
+        now = timeutil.utcnow()
+        noted_run, _, noted_at = stored.tip_repair.partition(" ")
+        if noted_run == str(run_id) and noted_at.isdigit() and \
+                now.timestamp() - int(noted_at) < self.claim_timeout.total_seconds() / 2:
+            return
+        if await self.tasks.note_tip_repair(stored, run_id, now):
+            await self.tips.queue(stored, run_id)
+
+    async def reclaim_task(self, task_id: str, run_id: int) -> dict[str, Any]:
+        """reclaimTask: push the claim's takenUntil out (and its message's invisibility),
+        and note the worker active."""
+        now = timeutil.utcnow()
+
+        def decide(task: Task) -> Task:
+            return model.reclaim(task, run_id, now, self.claim_timeout)
+
+        stored = self.cache.get(task_id)
+        guess = stored is not None
+        if stored is not None:
+            try:
+                decide(stored.task)
+            except errors.Conflict:
+                stored, guess = None, False
+        if stored is None:
+            stored = await self.tasks.load(task_id)
+            decide(stored.task)  # refuse early
+        held = stored.held if stored.held is not None and stored.held.run_id == run_id \
+            and stored.held.pop_receipt else None
+        receipt = ""
+        if held is not None:
+            for _ in range(RECLAIM_RECEIPT_ATTEMPTS):
+                try:
+                    receipt = await self.queues.update(held.queue_name, held.message_id,
+                                                       held.pop_receipt, self.claim_timeout)
+                    break
+                except ReceiptLost:
+                    # Pushed out as asked, most likely, by an attempt whose answer was lost:
+                    # the run holds the message no more. It reappears at this takenUntil and
+                    # expires the run then, unless a later reclaim was made (then it is
+                    # refused; the claim resolver expires the run when its time comes).
+                    break
+                except MessageGone:
+                    # A concurrent reclaim may have moved the receipt on; else the claim lapsed.
+                    stored, guess = await self.tasks.load(task_id), False
+                    fresh = stored.held
+                    if fresh is None or fresh.run_id != run_id or \
+                            fresh.pop_receipt == held.pop_receipt:
+                        raise errors.ClaimLost(
+                            f"the claim on run {run_id} of task {task_id} expired: its message "
+                            "became visible again and the run will be retried; stop working on "
+                            "it") from None
+                    held = fresh
+            else:
+                raise errors.ClaimLost(f"run {run_id} of task {task_id} is being reclaimed "
+                                       "concurrently; try again")
+        hold: HeldMessage | None | Keep = (KEEP if held is None else
+                                            replace(held, pop_receipt=receipt) if receipt
+                                            else None)
+        try:
+            change = await self.changes.change(task_id, decide, stored, hold=hold,
+                                               speculative=guess)
+        except errors.Conflict:
+            if held is not None and receipt:
+                await self.queues.release(held.queue_name, held.message_id, receipt)
+                self.tips.visible(stored.task)
+            raise
+        run = change.after.runs[run_id]
+        assert run.taken_until is not None
+        held_now = change.stored.held
+        await self.index.extended(task_id, run_id, run.started, run.taken_until,
+                                  change.after.task_queue_id,
+                                  held_now.queue_name if held_now is not None else "")
+        claim = self.answer(change.after, run_id)
+        self.workerinfo.worker_active(claim["status"]["taskQueueId"], claim["workerGroup"],
+                                      claim["workerId"])
+        return claim
+
+    def answer(self, task: Task, run_id: int, with_task: bool = False) -> dict[str, Any]:
+        """Status, the claim, and temporary credentials for working on the run (claimTask
+        and reclaimTask answers; claimTask's with the task definition)."""
+        run = task.runs[run_id]
+        assert run.taken_until is not None
+        answer = {"status": task.status(), "runId": run_id, "workerGroup": run.worker_group,
+                  "workerId": run.worker_id, "takenUntil": timeutil.fmt(run.taken_until),
+                  "credentials": taskcreds.for_run(self.issuer, task, run_id,
+                                                   timeutil.utcnow())}
+        if with_task:
+            answer["task"] = dict(task.definition)
+        return answer

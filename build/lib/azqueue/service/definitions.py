@@ -1,0 +1,310 @@
+"""Task definitions: createTask and scheduleTask, and what reads definitions and statuses
+(task, status, listTaskGroup's page of tasks, listDependentTasks).
+
+createTask writes, before the task itself and all at once, the task's deadline message
+(which also triggers the tip repair, ``repair``), its task group's member row (a task
+whose schedulerId is not its group's, or new to a sealed group, is refused with 409
+before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the
+Azure queue invariants are written), so that the tip's record is written in the same
+transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
+first and no tip (``dependencies``). A repeated createTask with the same definition
+finishes what a first attempt that failed may have left undone and answers the same; a
+different definition is 409. scheduleTask, and a dependency resolved, give an unscheduled
+task its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from azqueue import errors
+from azqueue.events.outbox import Outbox
+from azqueue.model import definition as definitions
+from azqueue.model import events
+from azqueue.model import task as model
+from azqueue.model import timeutil
+from azqueue.model.task import RunState, Task
+from azqueue.service import paging
+from azqueue.service.changes import Changes
+from azqueue.service.claims import TIP_WAIT
+from azqueue.service.dependencies import Dependencies, gather_limited
+from azqueue.service.groupowner import GroupOwners
+from azqueue.service.tips import Tips, live
+from azqueue.service.workers import WorkerInfo
+from azqueue.storage.groups import GroupStore
+from azqueue.storage.queues import Message, Queues, encode_json
+from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, definition_size
+from azqueue.storage.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Definitions:
+    """Defining and scheduling tasks, and reading their definitions and statuses.
+
+    ``deadline_queue`` is the internal queue of deadline messages, each put to surface
+    first ``repair_delay`` after createTask (the tip repair's look) or at the deadline."""
+
+    tasks: TaskStore
+    groups: GroupStore
+    owners: GroupOwners
+    queues: Queues
+    deadline_queue: str
+    repair_delay: timedelta
+    dependencies: Dependencies
+    tips: Tips
+    changes: Changes
+    outbox: Outbox | None
+    workerinfo: WorkerInfo
+
+    async def setup(self) -> None:
+        """Create the tasks and groups tables and the deadline queue (idempotent)."""
+        await self.tasks.ensure()
+        await self.groups.ensure()
+        await self.queues.ensure(self.deadline_queue)
+
+    async def create_task(self, task_id: str, body: dict[str, Any],
+                          authorize: Callable[[dict[str, Any]], None] = lambda d: None
+                          ) -> dict[str, Any]:
+        """Define and schedule a task; ``authorize`` sees the normalized definition first."""
+        now = timeutil.utcnow()
+        definition = definitions.normalize(task_id, body, now)
+        if definition_size(definition) > MAX_DEFINITION_CHARS:
+            raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
+                                  "characters as JSON; keep large data in artifacts")
+        authorize(definition)
+        joined = await self._check_group_open(task_id, definition)
+        new = None
+        if definition["dependencies"]:
+            try:
+                existing = await self.tasks.load(task_id)
+            except errors.NotFound:
+                pass
+            else:  # nothing of a repeated or refused definition is written
+                return await self._defined_before(existing, definition, None)
+            new = await self.dependencies.check_new(task_id, definition)
+        waiting = new is not None and bool(new.waiting)
+        task = model.new_task(task_id, definition, now, scheduled=not waiting)
+        if self.outbox is not None and joined is not None:
+            # Its resolution will know from the task alone whether it resolves its group.
+            task = replace(task, group_members=joined)
+        defining = None
+        if new is not None:
+            if waiting:
+                defining = await self.dependencies.begin_definition(task_id)
+            await self.dependencies.track(task_id, definition, new)
+        # Before the task, all at once: the deadline trigger (if we died after the insert
+        # without it, nothing would ever resolve the task; without the task, the resolver
+        # drops it), the group member, and the tip, so that its record is written with
+        # the task. What a createTask that dies before the insert leaves is harmless.
+        loop = asyncio.get_running_loop()
+        tip_visible = loop.time()
+
+        async def put_tip() -> Message:
+            nonlocal tip_visible
+            message = await self.tips.put(task, 0)
+            tip_visible = loop.time()  # a worker may poll it from now on
+            return message
+
+        _, _, tip = await asyncio.gather(
+            self.queues.put(self.deadline_queue, encode_json({"taskId": task_id}),
+                            visible_in=min(task.deadline - now, self.repair_delay),
+                            forever=True),
+            self._add_to_group(task),
+            self._no_tip() if waiting else put_tip())
+        token = self.outbox.begin() if self.outbox is not None else None
+        # The events of the new task: written with it, published from here.
+        written = events.for_change(None, task) if token is not None else []
+        try:
+            stored = await self.tasks.insert(task, written,
+                                             tips=(tip.message_id,) if tip else (),
+                                             live_tip=live(tip, 0) if tip else None)
+        except BaseException as e:
+            if self.outbox is not None and token is not None:
+                await self.outbox.abandon(token, task_id, written=isinstance(
+                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
+            raise
+        if stored is not None and tip is not None and \
+                loop.time() - tip_visible > TIP_WAIT.total_seconds() / 2:
+            # A claim of the tip waits only so long for the task: one that gave up had its
+            # worker delete the tip, so the run gets another.
+            log.warning("task %s was stored %.1fs after its tip: queuing another",
+                        task_id, loop.time() - tip_visible)
+            await self.tips.queue(stored, 0)
+        if stored is not None:
+            self.changes.inserted(stored)
+            self.workerinfo.task_queue_active(task.task_queue_id)
+        if self.outbox is not None and token is not None:
+            # Published before a worker can claim the task (a claim waits for the task
+            # to be stored), so task-defined and task-pending precede its task-running.
+            await self.outbox.finish(token, task_id, written if stored is not None else [])
+        if stored is None:
+            existing = await self.tasks.load(task_id)
+            if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
+                # The group row just written belongs to a definition that is refused.
+                await self.groups.drop(definition["taskGroupId"], task_id)
+            return await self._defined_before(existing, definition, tip)
+        if defining is not None:
+            await self.dependencies.recheck(task)
+            await self.dependencies.drop(defining)
+            return (await self.tasks.get(task_id)).status()
+        if tip is not None:
+            self.tips.hand_over(task, tip)
+        return task.status()
+
+    async def _defined_before(self, stored: Stored, definition: dict[str, Any],
+                              tip: Message | None) -> dict[str, Any]:
+        """The answer to a createTask for a task that exists: its status if the definition
+        is the same (finishing what a failed first attempt may have left undone), else 409.
+        ``tip`` is the run-0 tip this attempt put already."""
+        existing = stored.task
+        last = existing.last_run
+        if dict(existing.definition) != definition:
+            if tip is not None:
+                await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
+            raise errors.Conflict(
+                f"task {existing.task_id} already exists with a different definition; "
+                "createTask is idempotent only for an identical definition: use a new taskId")
+        pending = last is not None and last.state is RunState.PENDING
+        if tip is not None and pending and last is not None and last.run_id == 0 and \
+                len(stored.tips) < MAX_TIPS:
+            await self.tips.record(existing, tip, 0)
+            return existing.status()
+        if tip is not None:
+            await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
+        if pending and last is not None:
+            await self.tips.queue(stored, last.run_id)
+        elif last is None and existing.dependencies:
+            await self.dependencies.recheck(existing)
+            existing = await self.tasks.get(existing.task_id)
+        return existing.status()
+
+    async def schedule_task(self, task_id: str,
+                            authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """Schedule an unscheduled task whatever its dependencies say (scheduleTask)."""
+        loaded = await self.tasks.load(task_id)
+        authorize(loaded.task)
+        if not loaded.task.runs and timeutil.utcnow() >= loaded.task.deadline:
+            raise errors.Conflict(f"task {task_id} passed its deadline "
+                                  f"{loaded.task.definition['deadline']} and cannot be scheduled")
+        return (await self.schedule(task_id, loaded, True)).status()
+
+    async def schedule(self, task_id: str, loaded: Stored | None, requeue: bool) -> Task:
+        """Give an unscheduled task its pending run 0 and queue its tip. With ``requeue``,
+        a task that was pending already gets a tip again (the first may have been lost)."""
+        now = timeutil.utcnow()
+        change = await self.changes.change(task_id, lambda t: model.schedule(t, now), loaded)
+        last = change.after.last_run
+        if last is not None and last.state is RunState.PENDING and (change.changed or requeue):
+            await self.tips.queue(change.stored, last.run_id)
+        return change.after
+
+    async def list_task_group(self, task_group_id: str, continuation: str | None,
+                              limit: int) -> dict[str, Any]:
+        """listTaskGroup: the tasks of a task group, a page at a time."""
+        after = paging.after(continuation)
+        rows, last = await self.groups.page(task_group_id, after, limit)
+        page = rows
+        # The group's own task has no member row: it takes its place in taskId order.
+        if (after is None or task_group_id > after) and \
+                (last is None or task_group_id <= last) and task_group_id not in rows:
+            page = sorted([*rows, task_group_id])
+            if len(page) > limit:
+                page = page[:limit]
+                last = page[-1]
+        tasks = await self._definitions_and_statuses(
+            page, lambda t: t.definition["taskGroupId"] == task_group_id)
+        if not rows and not tasks and after is None:
+            raise errors.NotFound(f"task group {task_group_id} has no tasks (or does not exist)")
+        return {"taskGroupId": task_group_id, "tasks": tasks,
+                **({"continuationToken": paging.token(last)} if last is not None else {})}
+
+    async def _definitions_and_statuses(self, task_ids: list[str], belongs: Callable[[Task], bool]
+                                        ) -> list[dict[str, Any]]:
+        """``{status, task}`` of each task that exists and ``belongs`` (a row may outlive a
+        createTask that died, or be left by a refused one)."""
+        found = await gather_limited(self.tasks.find(t) for t in task_ids)
+        return [{"status": t.status(), "task": dict(t.definition)}
+                for t in found if t is not None and belongs(t)]
+
+    async def list_dependents(self, task_id: str, continuation: str | None,
+                              limit: int) -> dict[str, Any]:
+        """listDependentTasks: the tasks that depend on ``task_id``, a page at a time."""
+        await self.tasks.get(task_id)
+        page, last = await self.dependencies.dependents.page(task_id, paging.after(continuation),
+                                                              limit)
+        return {"taskId": task_id,
+                "tasks": await self._definitions_and_statuses(
+                    page, lambda t: task_id in t.dependencies),
+                **({"continuationToken": paging.token(last)} if last is not None else {})}
+
+    async def definition(self, task_id: str) -> dict[str, Any]:
+        return dict((await self.tasks.get(task_id)).definition)
+
+    async def status(self, task_id: str) -> dict[str, Any]:
+        return (await self.tasks.get(task_id)).status()
+
+    # -- task groups -----------------------------------------------------------------
+
+    async def _add_to_group(self, task: Task) -> None:
+        """A member row for the task's group; the group's own task (taskGroupId = its
+        taskId, Taskcluster's default) needs none: listings and group checks read it."""
+        d = task.definition
+        if d["taskGroupId"] != task.task_id:
+            await self.groups.add(d["taskGroupId"], task.task_id, d["expires"], d["schedulerId"])
+
+    async def _check_group_open(self, task_id: str, definition: dict[str, Any]
+                                ) -> bool | None:
+        """Conflict if the task's schedulerId is not its group's, or if the group is sealed
+        and the task is not in it already (a repeated createTask answers as before). For
+        the task the group is named after: whether another task has joined the group, as
+        its record says (None if it does not: a record of an earlier version); None for
+        any other task.
+
+        The first task of a group records its schedulerId (``groups.record_owner``, a
+        conditional insert): a group's own task always tries to (one request; two when the
+        group had a task first), another task reads the group's records (one request, as
+        the sealed check needs anyway) and records it only if none did yet. Nothing of a
+        refused task is written: this runs before its writes.
+
+        A task other than the group's own is noted as a member before its member row is
+        written, once per group (the record read says whether it was): on the group's own
+        task (``tasks.note_group_member``), then in the record, so that the own task's
+        resolution knows from the task alone whether it resolves its group."""
+        group, scheduler = definition["taskGroupId"], definition["schedulerId"]
+        own = group == task_id
+        if own and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=False, members=False):
+            return False  # the group's first task
+        records = await self.groups.records(group)
+        noted = records.owner is not None and records.owner.members is True
+        joined = records.owner.members if records.owner is not None else None
+        owner = await self.owners.scheduler(group, records.owner)
+        if owner is None and await self.groups.record_owner(
+                group, scheduler, definition["expires"], verified=True, members=not own):
+            owner, noted, joined = scheduler, True, False
+        elif owner is None:  # another first task of the group recorded it just now
+            owner = await self.owners.scheduler(group, await self.groups.owner(group))
+            joined = None
+        if owner != scheduler:
+            raise errors.Conflict(
+                f"task group {group} belongs to schedulerId {owner!r}, this task has "
+                f"schedulerId {scheduler!r}: all tasks of a task group must have the same "
+                f"schedulerId; create the task with schedulerId {owner!r} or in another "
+                "taskGroupId")
+        if records.sealed is not None and await self.tasks.find(task_id) is None:
+            raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
+                                  "no new tasks; create the task in another taskGroupId")
+        if not own and not noted:
+            await self.tasks.note_group_member(group)
+            await self.groups.note_members(group)
+        return joined if own else None
+
+    async def _no_tip(self) -> None:
+        return None

@@ -1,0 +1,53 @@
+"""rerunTask: a resolved task runs again.
+
+The new pending run (``model.task.rerun``: reason ``rerun``, retries reset, at most
+``MAX_RUNS`` runs) is written conditionally like every change, so reruns racing on any
+replicas add one run: the others decide again on the task as the winner left it, find it
+pending, and answer its status. Its tip is queued after the write, which publishes
+``task-pending``. A rerun of a task that is pending already queues its tip again, as a
+repeated scheduleTask does: a rerun whose process died between the write and the tip is
+finished by the client's retry (duplicate tips are harmless).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from azqueue.model import task as model
+from azqueue.model import timeutil
+from azqueue.model.task import RunState, Task
+from azqueue.service.changes import Changes
+from azqueue.service.tips import Tips
+from azqueue.storage.groups import GroupStore
+from azqueue.storage.tasks import TaskStore
+
+
+@dataclass(frozen=True, slots=True)
+class Rerun:
+    """rerunTask. ``events_on``: whether events are published (then a rerun of a group's
+    member marks its member row unresolved, see ``storage.groups``)."""
+
+    tasks: TaskStore
+    groups: GroupStore
+    changes: Changes
+    tips: Tips
+    events_on: bool
+
+    async def rerun_task(self, task_id: str,
+                         authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """rerunTask; ``authorize`` sees the task before anything changes."""
+        loaded = await self.tasks.load(task_id)
+        authorize(loaded.task)
+        now = timeutil.utcnow()
+        change = await self.changes.change(task_id, lambda t: model.rerun(t, now), loaded)
+        task = change.after
+        last = task.last_run
+        if last is not None and last.state is RunState.PENDING:
+            await self.tips.queue(change.stored, last.run_id)
+        group = task.definition["taskGroupId"]
+        if change.changed and self.events_on and group != task_id:
+            # With events on, the member row says whether the group may be announced resolved.
+            await self.groups.unresolve(group, task_id)
+        return task.status()

@@ -1,0 +1,155 @@
+"""Resolution: reports, cancelTask, and the resolvers' steps (claim expiry, deadlines).
+
+Every path resolves a run through a transition of ``model.task`` written by
+``Changes.change`` (conditional on the ETag), then ``Changes.settle`` deletes or releases
+the message the run held. A report from the worker that this process saw claim the run
+starts from this process's copy of the task, so it costs two storage requests: the
+write and the message's delete.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from azqueue import errors
+from azqueue.model import task as model
+from azqueue.model import timeutil
+from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.service.cache import TaskCache
+from azqueue.service.changes import Changes
+from azqueue.service.repair import Repair
+from azqueue.storage.claims import ClaimRecord, ClaimStore
+from azqueue.storage.queues import Message, Queues, decode_json
+from azqueue.storage.tasks import TaskStore
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Resolution:
+    """Resolving runs: workers' reports, cancelTask, expired claims and deadlines.
+
+    ``claim_store``: the claim index's rows (``claimindex``); ``deadline_queue``:
+    the internal queue of deadline messages (one that surfaces before the deadline is
+    ``repair``'s look at the task)."""
+
+    tasks: TaskStore
+    queues: Queues
+    cache: TaskCache
+    changes: Changes
+    claim_store: ClaimStore
+    deadline_queue: str
+    repair: Repair
+
+    async def report(self, task_id: str, run_id: int, state: RunState,
+                     reason: ReasonResolved) -> dict[str, Any]:
+        """reportCompleted, reportFailed, reportException."""
+        now = timeutil.utcnow()
+        cached = self.cache.get(task_id)
+        change = await self.changes.change(
+            task_id, lambda t: model.resolve(t, run_id, state, reason, now), cached,
+            speculative=cached is not None)
+        await self.changes.settle(change, run_id)
+        return change.after.status()
+
+    async def cancel_task(self, task_id: str,
+                          authorize: Callable[[Task], None] = lambda t: None) -> dict[str, Any]:
+        """Resolve the task's unresolved run exception ``canceled``; ``authorize`` sees the
+        task first. A resolved task answers its status unchanged."""
+        now = timeutil.utcnow()
+        loaded = await self.tasks.load(task_id)
+        authorize(loaded.task)
+        change = await self.changes.change(task_id, lambda t: model.cancel(t, now), loaded)
+        last = change.after.last_run
+        if last is not None:
+            # A running run's tip is deleted with its receipt; a pending run's tip stays
+            # until a worker finds it, is refused (409) and deletes it.
+            await self.changes.settle(change, last.run_id)
+        return change.after.status()
+
+    # -- resolver steps --------------------------------------------------------------
+
+    async def expired_claims(self) -> tuple[list[ClaimRecord], datetime | None]:
+        """The claim index rows whose ``takenUntil`` has passed, and the earliest
+        ``takenUntil`` of the others (None if there are none): one scan."""
+        now = timeutil.utcnow()
+        expired: list[ClaimRecord] = []
+        earliest: datetime | None = None
+        async for record in self.claim_store.every():
+            if record.taken_until < now:
+                expired.append(record)
+            elif earliest is None or record.taken_until < earliest:
+                earliest = record.taken_until
+        return expired, earliest
+
+    async def expire_claim(self, record: ClaimRecord) -> bool:
+        """Resolve the claim of ``record`` if it expired; True if this call resolved it."""
+        store = self.claim_store
+        now = timeutil.utcnow()
+        try:
+            change = await self.changes.change(
+                record.task_id, lambda t: model.expire_claim(t, record.run_id, now))
+        except errors.NotFound:
+            await store.delete(record.task_id, record.run_id)
+            return False
+        after = change.after
+        run = after.runs[record.run_id] if record.run_id < len(after.runs) else None
+        if run is not None and run.state is RunState.RUNNING and run.taken_until is not None:
+            if run.taken_until != record.taken_until:  # a reclaim whose row write was lost
+                await store.put(ClaimRecord(record.task_id, record.run_id, run.taken_until,
+                                            after.task_queue_id))
+            return False
+        if not change.changed:  # resolved by other means: the row is left over
+            await store.delete(record.task_id, record.run_id)
+            return False
+        await self.changes.settle(change, record.run_id)
+        return True
+
+    async def resolve_deadlines(self, invisible_for: timedelta) -> int:
+        """Handle the deadline messages that are due; the number of messages handled. A
+        message that fails for a storage outage is left to reappear after
+        ``invisible_for``; the others are handled meanwhile."""
+        messages = await self.queues.receive(self.deadline_queue, invisible_for)
+        for message in messages:
+            try:
+                await self._deadline_message(message)
+            except errors.TRANSIENT as e:
+                log.warning("could not handle deadline message %s (%s); it comes back in %ds",
+                            message.message_id, e, invisible_for.total_seconds())
+        return len(messages)
+
+    async def _deadline_message(self, message: Message) -> None:
+        """A deadline message that surfaced: before the task's deadline it is the task's
+        tip repair check (``repair``), and is postponed to the next one; at the deadline
+        it resolves the task."""
+        now = timeutil.utcnow()
+        try:
+            task_id = str(decode_json(message.text)["taskId"])
+        except (ValueError, KeyError):
+            log.error("dropping malformed message %s from %s", message.message_id,
+                      self.deadline_queue)
+            await self.queues.drop(self.deadline_queue, message.message_id, message.pop_receipt)
+            return
+        try:
+            stored = await self.tasks.load(task_id)
+        except errors.NotFound:
+            pass  # the task was never written, or has expired
+        else:
+            deadline = stored.task.deadline
+            if deadline > now:
+                check = await self.repair.look(stored, now)
+                if check is not None:
+                    await self.queues.postpone(message.queue_name, message.message_id,
+                                               message.pop_receipt, min(check, deadline) - now)
+                    return
+            else:
+                change = await self.changes.change(
+                    task_id, lambda t: model.resolve_deadline(t, now), stored)
+                if change.changed:
+                    log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
+                await self.changes.settle(change, len(change.after.runs) - 1)
+        await self.queues.drop(self.deadline_queue, message.message_id, message.pop_receipt)

@@ -1,0 +1,188 @@
+"""Receiving an ``s3`` artifact's content: the plain ``PUT`` to ``putUrl``
+(docs/workers/artifacts.md).
+
+Promises:
+
+* Nothing is written unless the grant is genuine and unexpired, the declared
+  ``Content-Type`` and ``Content-Length`` are what it allows, the artifact exists (as
+  ``s3``) and its run may still get artifacts: "Artifacts can be uploaded until
+  reportCompleted or reportFailed is called" (docs/workers/artifacts.md), or for 20 minutes after an
+  exception, the rule of createArtifact. An upload under way when the run is reported
+  is finished.
+* The body is never held whole: it is staged in blocks of ``BLOCK_SIZE`` with at most
+  ``PARALLEL`` blocks in flight, so a request holds those and the block being read. A
+  body of one block or less is stored in a single request.
+* The content appears whole or not at all: only the final Put Block List (or the single
+  Put Blob) makes it the blob, and only once exactly ``Content-Length`` bytes arrived.
+  A body that ends early stages blocks nobody commits (Azure discards them after a week).
+  Block ids carry a random per-upload part, so two uploads of one artifact at once cannot
+  mix their blocks: the blob is one of them, whole. Writing a blob discards its
+  uncommitted blocks, so of two overlapping uploads the first to finish wins and the
+  other answers 409 having stored nothing.
+* Once the content is committed the artifact is marked present; a PUT of the same
+  artifact again (a retry) replaces the content with its own, like S3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import Awaitable, Callable
+
+from azqueue import errors
+from azqueue.model import timeutil
+from azqueue.model import artifact as rules
+from azqueue.model.artifact import Artifact
+from azqueue.model.upload import UploadGrant, UploadSigner
+from azqueue.storage.artifacts import ArtifactStore
+from azqueue.storage.blobs import BlobStore
+from azqueue.storage.tasks import TaskStore
+
+BLOCK_SIZE = 4 * 1024 * 1024
+PARALLEL = 4
+# Azure allows 50,000 committed blocks per blob.
+MAX_LENGTH = 50_000 * BLOCK_SIZE
+# Seconds a body may send nothing before the upload is cut off, storing nothing (the
+# default of AZQUEUE_UPLOAD_READ_TIMEOUT).
+READ_TIMEOUT = 60.0
+
+Read = Callable[[int], Awaitable[bytes]]
+
+
+def _media_type(value: str) -> str:
+    return ";".join(part.strip() for part in value.split(";")).lower()
+
+
+class UploadReceiver:
+    """Checks a PUT to a ``putUrl`` against its grant and streams its body into Blob storage."""
+
+    def __init__(self, tasks: TaskStore, records: ArtifactStore, blobs: BlobStore,
+                 signer: UploadSigner, read_timeout: float = READ_TIMEOUT) -> None:
+        self.tasks = tasks
+        self.read_timeout = read_timeout
+        self.records = records
+        self.blobs = blobs
+        self.signer = signer
+
+    def check(self, grant: UploadGrant, signature: str, content_type: str | None,
+              content_length: int | None) -> None:
+        """Refuse a request the grant does not allow, before anything is read or written."""
+        if not self.signer.verify(grant, signature):
+            raise errors.AuthenticationFailed(
+                "this upload URL's signature does not match it: use the putUrl exactly as "
+                "createArtifact answered it (call createArtifact again for a fresh one)")
+        if timeutil.utcnow() >= grant.expires:
+            raise errors.AuthenticationFailed(
+                f"this upload URL expired at {timeutil.fmt(grant.expires)}: call "
+                "createArtifact again (with the same definition) for a fresh putUrl")
+        if content_type is None or _media_type(content_type) != _media_type(grant.content_type):
+            sent = "there is no Content-Type header" if content_type is None else (
+                f"the Content-Type header is {content_type!r}")
+            raise errors.InputError(
+                f"{sent}, but the artifact was created with contentType "
+                f"{grant.content_type!r}: send `Content-Type: {grant.content_type}`")
+        if content_length is None:
+            raise errors.LengthRequired("the upload has no Content-Length header: send the body's "
+                                 "length in bytes as Content-Length (not chunked)")
+        if grant.length is not None and content_length != grant.length:
+            raise errors.InputError(
+                f"Content-Length is {content_length}, but the artifact was created with "
+                f"contentLength {grant.length}: send exactly {grant.length} bytes")
+        if content_length > MAX_LENGTH:
+            raise errors.TooLarge(f"Content-Length is {content_length}; an artifact holds at "
+                                  f"most {MAX_LENGTH} bytes")
+
+    async def receive(self, grant: UploadGrant, content_length: int, read: Read) -> Artifact:
+        """Store the body (``read(n)`` gives up to n more bytes, b"" at its end;
+        ``content_length`` in all) as the artifact's content and mark it present.
+        InputError if the body is shorter or longer than that."""
+        task, found = await asyncio.gather(
+            self.tasks.get(grant.task_id),
+            self.records.get(grant.task_id, grant.run_id, grant.name))
+        rules.check_can_create(task, grant.run_id, timeutil.utcnow(), "uploaded")
+        if found is None:
+            raise errors.NotFound(f"run {grant.run_id} of task {grant.task_id} has no artifact "
+                                  f"{grant.name!r} (it expired, or was never created)")
+        if found.storage_type != "s3":
+            raise errors.Conflict(f"artifact {grant.name!r} is a {found.storage_type!r} "
+                                  "artifact, not s3: it has no content to upload")
+        body = _Body(read, content_length, self.read_timeout)
+        if content_length <= BLOCK_SIZE:
+            data = await body.take(content_length)
+            await body.end()
+            await self.blobs.put(found.blob_name, data, grant.content_type)
+        else:
+            await self._blocks(found, grant.content_type, body)
+        if not found.present:
+            await self.records.mark_present(found, grant.content_type)
+        return found
+
+    async def _blocks(self, artifact: Artifact, content_type: str, body: _Body) -> None:
+        nonce = secrets.token_hex(8)
+        ids: list[str] = []
+        staging: set[asyncio.Task[None]] = set()
+        try:
+            while body.remaining:
+                block = await body.take(min(BLOCK_SIZE, body.remaining))
+                if len(staging) >= PARALLEL:
+                    done, staging = await asyncio.wait(staging,
+                                                       return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        task.result()  # a failed stage fails the upload
+                ids.append(f"{nonce}-{len(ids):06d}")
+                staging.add(asyncio.create_task(
+                    self.blobs.stage(artifact.blob_name, ids[-1], block)))
+            await body.end()
+            await asyncio.gather(*staging)
+        finally:  # after a failure: stop staging, and collect what the stages raised
+            for task in staging:
+                task.cancel()
+            await asyncio.gather(*staging, return_exceptions=True)
+        if not await self.blobs.commit(artifact.blob_name, ids, content_type):
+            raise errors.Conflict(
+                f"another upload of artifact {artifact.name!r} finished while this one was "
+                "under way; the content is that upload's, whole, and nothing of this one was "
+                "stored: PUT again to replace it")
+
+
+class _Body:
+    """A request body of a known length, read in pieces of exactly the size asked for;
+    InputError once a read waits ``timeout`` seconds without a byte."""
+
+    def __init__(self, read: Read, length: int, timeout: float) -> None:
+        self._given = read
+        self.length = length
+        self.remaining = length
+        self.timeout = timeout
+        self.received = 0
+
+    async def _read(self, size: int) -> bytes:
+        try:
+            async with asyncio.timeout(self.timeout):
+                chunk = await self._given(size)
+        except TimeoutError:
+            raise errors.InputError(
+                f"the body sent nothing for {self.timeout:g} s after {self.received} of the "
+                f"{self.length} bytes its Content-Length announced; nothing was stored: "
+                "send the whole body without pausing") from None
+        self.received += len(chunk)
+        return chunk
+
+    async def take(self, size: int) -> bytes:
+        chunks: list[bytes] = []
+        got = 0
+        while got < size:
+            chunk = await self._read(size - got)
+            if not chunk:
+                raise errors.InputError(
+                    f"the body ended after {self.length - self.remaining + got} of the "
+                    f"{self.length} bytes its Content-Length announced; nothing was stored")
+            chunks.append(chunk)
+            got += len(chunk)
+        self.remaining -= size
+        return b"".join(chunks)
+
+    async def end(self) -> None:
+        if await self._read(1):
+            raise errors.InputError(f"the body is longer than the {self.length} bytes its "
+                                    "Content-Length announced; nothing was stored")

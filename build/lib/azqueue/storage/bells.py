@@ -1,0 +1,128 @@
+"""The doorbell table: how replicas without a broker tell each other that a task queue's
+tips became visible (``service.doorbell``).
+
+Table ``<prefix>doorbell``, one partition ``bell``:
+
+* RowKey ``r:<taskQueueId>`` (key-encoded) is the task queue's **ring**: a property
+  ``p<rank>`` per priority, the time of the last ring of that priority's queue. A ring
+  merges only the priorities it rings, so rings of one task queue by several replicas
+  never undo one another.
+* RowKey ``e:<taskQueueId>:<replica>`` is an **ear**: the replica has claimWork callers
+  or SAS workers waiting on that task queue until ``until`` (it rewrites the row before
+  then while they wait). A replica rings a task queue only while another replica's ear
+  on it is fresh, so tasks nobody waits for elsewhere cost no ring.
+
+Every replica reads the rows changed since its last read (Azure's ``Timestamp``, with a
+margin for writes that commit out of order), one request per read whatever the number
+of task queues, and hears the rings whose ETag it has not seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from azure.data.tables import UpdateMode
+
+from azqueue.model import timeutil
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.errors import translate
+from azqueue.storage.keys import decode, encode
+from azqueue.storage.tables import TableStore
+
+_PARTITION = "bell"
+_RING, _EAR = "r:", "e:"
+# Writes may commit out of the order of their Timestamps: each read goes back this far.
+MARGIN = timedelta(seconds=5)
+
+
+@dataclass(frozen=True, slots=True)
+class Ring:
+    """A task queue's ring row as read: when each priority's queue was last rung."""
+
+    task_queue_id: str
+    rung: dict[int, float]  # rank -> time of the ring (seconds since the epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class Ear:
+    """A replica waiting on a task queue until ``until``."""
+
+    task_queue_id: str
+    replica: str
+    until: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    rings: list[tuple[str, Ring]]  # (ETag, ring)
+    ears: list[Ear]
+    newest: datetime | None  # the newest Timestamp read
+
+
+class BellTable(TableStore):
+    """The doorbell table of one deployment."""
+
+    def __init__(self, account: StorageAccount) -> None:
+        super().__init__(account, "doorbell")
+
+    async def ring(self, rings: dict[str, set[int]], now: datetime) -> None:
+        """Ring the priorities (ranks) of each task queue: one transaction per 100 task
+        queues."""
+        stamp = now.timestamp()
+        items = sorted(rings.items())
+        for i in range(0, len(items), 100):
+            operations: list[Any] = [
+                ("upsert", {"PartitionKey": _PARTITION, "RowKey": _RING + encode(tq),
+                            **{f"p{rank}": stamp for rank in ranks}}, {"mode": UpdateMode.MERGE})
+                for tq, ranks in items[i:i + 100]]
+            with translate("ringing the doorbell"):
+                await self._table.submit_transaction(operations)
+
+    async def listen(self, task_queue_ids: Iterable[str], replica: str, until: datetime) -> None:
+        """Note that ``replica`` waits on these task queues until ``until``."""
+        items = sorted(task_queue_ids)
+        for i in range(0, len(items), 100):
+            operations: list[Any] = [
+                ("upsert", {"PartitionKey": _PARTITION,
+                            "RowKey": f"{_EAR}{encode(tq)}:{replica}", "until": until},
+                 {"mode": UpdateMode.REPLACE})
+                for tq in items[i:i + 100]]
+            with translate("noting the task queues this replica waits on"):
+                await self._table.submit_transaction(operations)
+
+    async def changes(self, since: datetime | None) -> Changes:
+        """The rows changed since ``since`` (less ``MARGIN``); all rows without it."""
+        query = "PartitionKey eq @pk"
+        parameters: dict[str, Any] = {"pk": _PARTITION}
+        if since is not None:
+            query += " and Timestamp ge @since"
+            parameters["since"] = since - MARGIN
+        rings: list[tuple[str, Ring]] = []
+        ears: list[Ear] = []
+        newest: datetime | None = None
+        with translate("reading the doorbell"):
+            async for e in self._table.query_entities(query, parameters=parameters,
+                                                      results_per_page=1000):
+                stamp = e.metadata.get("timestamp")
+                if stamp is not None and (newest is None or stamp > newest):
+                    newest = stamp
+                key = str(e["RowKey"])
+                if key.startswith(_RING):
+                    rung = {int(name[1:]): float(value) for name, value in e.items()
+                            if name[:1] == "p" and name[1:].isdigit()}
+                    rings.append((str(e.metadata.get("etag", "")),
+                                  Ring(decode(key[len(_RING):]), rung)))
+                elif key.startswith(_EAR):
+                    queue, _, replica = key[len(_EAR):].rpartition(":")
+                    until = e.get("until")
+                    if isinstance(until, datetime):
+                        ears.append(Ear(decode(queue), replica, until))
+        return Changes(rings, ears, newest)
+
+    async def forget(self, task_queue_ids: Iterable[str], replica: str) -> None:
+        """Remove ``replica``'s ears (it stops); an ear left behind expires by itself."""
+        now = timeutil.utcnow()
+        await self.listen(task_queue_ids, replica, now)

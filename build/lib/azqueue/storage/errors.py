@@ -1,0 +1,92 @@
+"""Azure SDK errors, translated once into what the layers above act on.
+
+The exceptions raised here are the ``StorageCondition``s of ``azqueue.errors`` (the one
+error tree; they are importable from here too), ``StorageUnavailable`` when Azure stayed
+busy, failing or silent through every retry (``storage.retry``), and ``StorageError`` for
+everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from azure.data.tables import TableTransactionError
+from azure.core.exceptions import (
+    AzureError,
+    HttpResponseError,
+    ResourceExistsError,
+    ResourceModifiedError,
+    ResourceNotFoundError,
+    ServiceRequestError,
+    ServiceResponseError,
+)
+
+from azqueue.errors import EntityExists as EntityExists
+from azqueue.errors import EntityNotFound as EntityNotFound
+from azqueue.errors import ETagMismatch as ETagMismatch
+from azqueue.errors import MessageGone as MessageGone
+from azqueue.errors import ReceiptLost as ReceiptLost
+from azqueue.errors import StorageCondition as StorageCondition
+from azqueue.errors import StorageError as StorageError
+from azqueue.errors import StorageUnavailable as StorageUnavailable
+from azqueue.errors import TransactionConflict as TransactionConflict
+from azqueue.storage.retry import RETRIED_STATUS
+
+
+def _failed(what: str, e: AzureError) -> StorageError:
+    """What a failure that is none of the conditions becomes: StorageUnavailable when the
+    retries ran out on a busy, failing or silent service, else StorageError."""
+    if isinstance(e, (ServiceRequestError, ServiceResponseError)):
+        return StorageUnavailable(f"Azure Storage did not answer during {what}: {e}; "
+                                  "try again in a moment")
+    status = getattr(e, "status_code", None)
+    code = getattr(e, "error_code", None) or getattr(e, "reason", None)
+    code = getattr(code, "value", code)  # the Tables SDK's codes are enums
+    if status in RETRIED_STATUS:
+        return StorageUnavailable(f"Azure Storage is busy or failing ({status} {code}) during "
+                                  f"{what}; try again in a moment")
+    if isinstance(e, HttpResponseError):
+        return StorageError(f"Azure Storage failed during {what}: {status} {code}")
+    return StorageError(f"Azure Storage failed during {what}: {type(e).__name__}")
+
+
+@contextmanager
+def translate(what: str) -> Iterator[None]:
+    """Run Azure SDK calls, raising this module's exceptions (or StorageError) instead."""
+    try:
+        yield
+    except TableTransactionError as e:
+        if e.status_code in (409, 412) or getattr(e, "error_code", "") in (
+                "EntityAlreadyExists", "UpdateConditionNotSatisfied"):
+            raise TransactionConflict(what) from None
+        raise _failed(what, e) from e
+    except ResourceModifiedError:
+        raise ETagMismatch(what) from None
+    except ResourceExistsError:
+        raise EntityExists(what) from None
+    except ResourceNotFoundError:
+        raise EntityNotFound(what) from None
+    except HttpResponseError as e:
+        if e.status_code == 412:
+            raise ETagMismatch(what) from None
+        raise _failed(what, e) from e
+    except AzureError as e:
+        raise _failed(what, e) from e
+
+
+@contextmanager
+def translate_message(what: str) -> Iterator[None]:
+    """Like ``translate``, for operations on one queue message by pop receipt: ReceiptLost
+    when the receipt stopped matching after an attempt of ours whose answer was lost."""
+    try:
+        yield
+    except HttpResponseError as e:
+        if e.status_code == 404 or (
+                e.status_code == 400 and getattr(e, "error_code", "") == "PopReceiptMismatch"):
+            if getattr(e, "after_lost_answer", False):
+                raise ReceiptLost(what) from None
+            raise MessageGone(what) from None
+        raise _failed(what, e) from e
+    except AzureError as e:
+        raise _failed(what, e) from e

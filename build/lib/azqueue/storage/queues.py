@@ -1,0 +1,243 @@
+"""Azure queues: the pending queues that carry tips, and internal trigger queues.
+
+Pending queues: one per (taskQueueId, priority), named
+``<prefix>-<sha256(taskQueueId)[:40]>-<rank>`` (rank 0 = highest), so any
+taskQueueId maps to a valid, practically collision-free name; the queue's metadata
+records the real provisionerId, workerType and priority. Workers poll them directly
+through SAS URLs that carry only the ``process`` permission (get and delete).
+
+Internal queues (e.g. ``<prefix>-deadline``) hold messages invisible until the moment
+they stand for; a resolver acts when one becomes visible. They are durable triggers,
+never the truth: the Task entity decides.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from azure.storage.queue import QueueSasPermissions, generate_queue_sas
+from azure.storage.queue.aio import QueueClient
+
+from azqueue.errors import NotConfigured
+from azqueue.model.priority import ORDER, Priority
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone, translate,
+                                    translate_message)
+
+MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A message as received, with what is needed to update or delete it."""
+
+    queue_name: str
+    message_id: str
+    pop_receipt: str
+    text: str
+    dequeue_count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """What one receive got, and whether an attempt of it whose answer was lost may have
+    received other messages: those are hidden, receipts unknown, until its visibility
+    timeout ends."""
+
+    messages: list[Message]
+    others_hidden: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Peeked:
+    """A message as peeked: visible now, left as it is."""
+
+    message_id: str
+    text: str
+    inserted: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class SignedQueueUrls:
+    """SAS URLs: credentials, kept out of reprs."""
+
+    signed_poll_url: str = field(repr=False)
+    signed_delete_url: str = field(repr=False)
+
+
+def _seconds(delta: timedelta) -> int:
+    return max(0, min(int(delta.total_seconds() + 0.999), int(MAX_VISIBILITY.total_seconds())))
+
+
+class Queues:
+    """Operations on any queue of the account, by name; clients are cached per name."""
+
+    def __init__(self, account: StorageAccount) -> None:
+        self._account = account
+        self._rest = account.rest
+        self._clients: dict[str, QueueClient] = {}
+        self._ensured: set[str] = set()
+        self._creating: dict[str, asyncio.Future[None]] = {}
+
+    def client(self, name: str) -> QueueClient:
+        client = self._clients.get(name)
+        if client is None:
+            client = self._clients[name] = self._account.queues.get_queue_client(name)
+        return client
+
+    async def ensure(self, name: str, metadata: Mapping[str, str] | None = None) -> None:
+        """Create the queue unless this process already knows it exists (callers asking
+        at the same time share one request)."""
+        if name in self._ensured:
+            return
+        creating = self._creating.get(name)
+        if creating is None:
+            creating = self._creating[name] = asyncio.ensure_future(self._create(name, metadata))
+            creating.add_done_callback(lambda _: self._creating.pop(name, None))
+        await asyncio.shield(creating)
+
+    async def _create(self, name: str, metadata: Mapping[str, str] | None) -> None:
+        try:
+            with translate(f"creating queue {name}"):
+                await self.client(name).create_queue(metadata=dict(metadata or {}))
+        except EntityExists:
+            pass  # exists already, with other metadata: fine
+        self._ensured.add(name)
+
+    async def put(self, name: str, text: str, visible_in: timedelta = timedelta(0),
+                  forever: bool = False) -> Message:
+        with translate(f"adding a message to {name}"):
+            msg = await self._rest.put_message(name, text, _seconds(visible_in) or None,
+                                               -1 if forever else None)
+        return Message(name, msg.message_id, msg.pop_receipt, text, 0)
+
+    async def update(self, name: str, message_id: str, pop_receipt: str, visible_in: timedelta,
+                     text: str | None = None) -> str:
+        """Change a message's visibility (and text); the new pop receipt. MessageGone if stale."""
+        with translate_message(f"updating message {message_id} in {name}"):
+            return await self._rest.update_message(name, message_id, pop_receipt,
+                                                   _seconds(visible_in), text)
+
+    async def delete(self, name: str, message_id: str, pop_receipt: str) -> None:
+        """Delete a message. MessageGone if it is gone or the receipt is stale."""
+        with translate_message(f"deleting message {message_id} from {name}"):
+            await self._rest.delete_message(name, message_id, pop_receipt)
+
+    async def drop(self, name: str, message_id: str, pop_receipt: str) -> bool:
+        """Delete a message if it is still ours; False if it was gone or not ours any more."""
+        try:
+            await self.delete(name, message_id, pop_receipt)
+        except MessageGone:
+            return False
+        return True
+
+    async def release(self, name: str, message_id: str, pop_receipt: str,
+                      text: str | None = None) -> bool:
+        """Make a message visible again at once (with ``text``, rewritten); False if it was
+        gone or not ours any more."""
+        return await self.postpone(name, message_id, pop_receipt, timedelta(0), text)
+
+    async def postpone(self, name: str, message_id: str, pop_receipt: str, delay: timedelta,
+                       text: str | None = None) -> bool:
+        """Make a message visible again in ``delay``; False if it was gone or not ours any
+        more."""
+        try:
+            await self.update(name, message_id, pop_receipt, delay, text=text)
+        except MessageGone:
+            return False
+        return True
+
+    async def receive(self, name: str, invisible_for: timedelta, limit: int = 32) -> list[Message]:
+        """Up to ``limit`` (at most 32) visible messages, hidden for ``invisible_for``."""
+        return (await self.receive_batch(name, invisible_for, limit)).messages
+
+    async def receive_batch(self, name: str, invisible_for: timedelta,
+                            limit: int = 32) -> Received:
+        """``receive``, saying whether other messages may have been hidden by an attempt
+        whose answer was lost."""
+        with translate(f"receiving messages from {name}"):
+            got, lost = await self._rest.receive_messages(name, min(limit, 32),
+                                                          _seconds(invisible_for))
+        return Received([Message(name, m.message_id, m.pop_receipt, m.text, m.dequeue_count)
+                         for m in got], lost)
+
+    async def peek(self, name: str, limit: int = 32) -> list[Peeked]:
+        """Up to ``limit`` (at most 32, Azure's limit) of the messages visible now, oldest
+        first, without changing them; none if the queue does not exist."""
+        try:
+            with translate(f"peeking at {name}"):
+                got = await self.client(name).peek_messages(max_messages=min(limit, 32))
+        except EntityNotFound:
+            return []
+        return [Peeked(m.id, str(m.content), m.inserted_on or _EPOCH) for m in got]
+
+    async def approximate_count(self, name: str) -> int:
+        """Azure's approximate number of messages in queue ``name``, invisible ones
+        included (0 if the queue does not exist): one request."""
+        try:
+            with translate(f"reading the properties of queue {name}"):
+                properties = await self.client(name).get_queue_properties()
+        except EntityNotFound:
+            return 0
+        return int(properties.approximate_message_count or 0)
+
+    def signed_urls(self, name: str, start: datetime, expiry: datetime) -> SignedQueueUrls:
+        key = self._account.account_key
+        if not key:
+            raise NotConfigured(
+                "pollTaskUrls needs the storage account key to sign queue SAS URLs, and this "
+                "deployment has none (it signs in with azure-identity, or a SAS token): Azure has "
+                "no user-delegation SAS for queues. Have workers use claimWork, or configure a "
+                "connection string with AccountKey")
+        sas = generate_queue_sas(self._account.account_name, name, key,
+                                 permission=QueueSasPermissions(process=True),
+                                 start=start, expiry=expiry)
+        base = self._account.public_url("queue", f"{self.client(name).url}/messages")
+        return SignedQueueUrls(
+            signed_poll_url=f"{base}?{sas}",
+            signed_delete_url=f"{base}/{{{{messageId}}}}?popreceipt={{{{popReceipt}}}}&{sas}",
+        )
+
+
+class PendingQueues:
+    """The seven pending queues of every task queue."""
+
+    def __init__(self, account: StorageAccount, queues: Queues) -> None:
+        self._account = account
+        self.queues = queues
+
+    def name(self, task_queue_id: str, priority: Priority) -> str:
+        digest = hashlib.sha256(task_queue_id.encode()).hexdigest()[:40]
+        return self._account.queue_name(f"{digest}-{priority.rank}")
+
+    async def ensure(self, task_queue_id: str, priority: Priority) -> str:
+        name = self.name(task_queue_id, priority)
+        provisioner_id, worker_type = task_queue_id.split("/", 1)
+        await self.queues.ensure(name, {"provisionerid": provisioner_id,
+                                        "workertype": worker_type, "priority": str(priority)})
+        return name
+
+    async def signed_urls(self, task_queue_id: str, start: datetime,
+                          expiry: datetime) -> list[SignedQueueUrls]:
+        """SAS URLs of all seven queues, highest priority first (created if missing)."""
+        urls = []
+        for priority in ORDER:
+            name = await self.ensure(task_queue_id, priority)
+            urls.append(self.queues.signed_urls(name, start, expiry))
+        return urls
+
+
+def encode_json(data: Mapping[str, Any]) -> str:
+    return base64.b64encode(json.dumps(dict(data), separators=(",", ":")).encode()).decode()
+
+
+def decode_json(text: str) -> dict[str, Any]:
+    return dict(json.loads(base64.b64decode(text)))

@@ -1,0 +1,16 @@
+"""How the SDK's commands end: the exit codes of ``azqueue worker``, ``task …`` and
+``queue …``, which the command line (``azqueue.cli``) uses too.
+
+0 done; 1 an error (one line on stderr saying what and how to fix it); 2 a mistake in
+the arguments or the settings; 130 interrupted (Ctrl-C). ``task wait`` and
+``task log --follow`` end by the task's resolution (``WAIT_EXIT_CODES``).
+"""
+
+from __future__ import annotations
+
+OK = 0
+ERROR = 1
+USAGE = 2
+INTERRUPTED = 130
+# `azqueue task wait`: how it ends, by the task's state (or by running out of time).
+WAIT_EXIT_CODES = {"completed": 0, "failed": 3, "exception": 4, "timeout": 5}
