@@ -116,15 +116,23 @@ async def test_a_blob_artifact_cannot_be_finished_after_report_completed(
         assert r.status == 404, await r.text()
 
 
-async def test_a_live_log_serves_what_it_held_when_last_finished_once_the_run_is_resolved(
-        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
-    task_id = await _running_task(http, server)
-    name = "public/logs/live.log"
+async def _live_log(http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession,
+                    server: Server, task_id: str, name: str) -> tuple[str, dict[str, Any]]:
+    """An append blob artifact with its blob created, empty: its URL and createArtifact's
+    answer."""
     url = await _artifact_url(server, task_id, name)
     code, made = await sas.post(http, url, _blob(blobType="append"))
     assert code == 200, made
     async with anonymous.put(made["putUrl"], data=b"", headers=made["headers"]) as r:
         assert r.status == 201, await r.text()
+    return url, made
+
+
+async def test_a_live_log_serves_what_it_held_when_last_finished_once_the_run_is_resolved(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
+    task_id = await _running_task(http, server)
+    name = "public/logs/live.log"
+    url, made = await _live_log(http, anonymous, server, task_id, name)
     assert await _finish(http, server, task_id, name) == 200
     async with anonymous.put(f"{made['putUrl']}&comp=appendblock", data=b"step 1\n") as r:
         assert r.status == 201, await r.text()
@@ -213,11 +221,7 @@ async def test_a_live_log_copied_over_while_its_run_runs_serves_what_was_finishe
     victim, secret_name = await _private_artifact(http, anonymous, server)
     task_id = await _running_task(http, server)
     name = "public/logs/live.log"
-    url = await _artifact_url(server, task_id, name)
-    code, made = await sas.post(http, url, _blob(blobType="append"))
-    assert code == 200, made
-    async with anonymous.put(made["putUrl"], data=b"", headers=made["headers"]) as r:
-        assert r.status == 201, await r.text()
+    url, made = await _live_log(http, anonymous, server, task_id, name)
     async with anonymous.put(f"{made['putUrl']}&comp=appendblock", data=b"step 1\n") as r:
         assert r.status == 201, await r.text()
     assert await _finish(http, server, task_id, name) == 200
