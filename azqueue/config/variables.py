@@ -42,6 +42,16 @@ def _port(name: str, raw: str) -> int:
     return port
 
 
+def _count(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} is not a whole number greater than zero")
+    return value
+
+
 def _clients_file(name: str, raw: str) -> tuple[Client, ...]:
     return load_clients(raw)
 
@@ -95,6 +105,7 @@ class Setting:
 
 
 _FAILURES = "[When Azure Storage fails](failures.md)"
+_CONNECTIONS = "[Slow and idle connections](running.md#slow-and-idle-connections)"
 
 # Every variable, in the order of the docs table.
 SETTINGS: tuple[Setting, ...] = (
@@ -223,6 +234,20 @@ SETTINGS: tuple[Setting, ...] = (
             parse=_seconds, note="seconds a putUrl PUT may send nothing",
             meaning="seconds a PUT to an `s3` artifact's `putUrl` may send nothing before it is "
                     "answered 400 with nothing stored (see Uploading an `s3` artifact)"),
+    Setting("AZQUEUE_HEADER_TIMEOUT", "connections", field="header_timeout", parse=_seconds,
+            meaning="seconds within which a request's headers must be complete, counted from "
+                    "the connection's start or the answer before it (so also how long a "
+                    "connection may stay idle between requests); then the connection is closed "
+                    f"(see {_CONNECTIONS})"),
+    Setting("AZQUEUE_BODY_TIMEOUT", "connections", field="body_timeout", parse=_seconds,
+            meaning="seconds within which an API request's body must have arrived whole, "
+                    "counted from its headers; then it is answered 408 and the connection "
+                    "closed. A PUT to an `s3` `putUrl` has `AZQUEUE_UPLOAD_READ_TIMEOUT` "
+                    f"instead (see {_CONNECTIONS})"),
+    Setting("AZQUEUE_MAX_CONNECTIONS", "connections", field="max_connections", parse=_count,
+            meaning="connections one process keeps open at once; one more is answered 503 "
+                    "with `Retry-After` and closed, and the log says so (at most once a "
+                    f"minute) (see {_CONNECTIONS})"),
     Setting("AZQUEUE_LOG_LEVEL", "logging", default="`INFO`",
             meaning="log level (at INFO, one line per API request)"),
     Setting("AZQUEUE_LOG_FORMAT", "logging", default="`text`",
@@ -241,7 +266,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 # The order from_env reads in, so that its error lines keep theirs.
 _PHASES: tuple[Callable[[str, str], object], ...] = (
-    _text, _flag, _seconds, _port, _clients_file, _origins, _scopes)
+    _text, _flag, _seconds, _count, _port, _clients_file, _origins, _scopes)
 
 
 def read_in_order() -> list[Setting]:

@@ -15,6 +15,7 @@ import aiohttp
 from aiohttp import web
 
 from azqueue.api.app import create_app
+from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Client, Settings, StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
 from azqueue.storage.account import StorageAccount
@@ -103,11 +104,11 @@ class AzqueueServer:
     async def start(cls, settings: Settings) -> AzqueueServer:
         # What is still being answered when the test is over (a worker's last claimWork
         # call, given up) is cancelled at once rather than waited for.
-        runner = web.AppRunner(create_app(settings), access_log=None,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT)
+        runner = make_runner(create_app(settings), settings, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
         try:
-            await web.TCPSite(runner, settings.host, settings.port).start()
+            await ListeningSite(runner, settings.host, settings.port,
+                                settings.max_connections).start()
         except BaseException:
             await runner.cleanup()
             raise

@@ -1,0 +1,122 @@
+"""What a connection may hold of a server process, and for how long.
+
+aiohttp, left to its defaults, keeps a connection whose request headers never end, or
+whose declared body never arrives, for as long as the peer keeps it open, and accepts
+connections until the process runs out of file descriptors. So:
+
+* **Headers**: aiohttp's keep-alive timer runs from a connection's start and from each
+  answer until the next request's headers are complete, and closes the connection when
+  it fires while the headers are still awaited. Set to ``header_timeout`` (a few seconds),
+  it cuts off headers that do not complete and connections that idle between requests.
+  It does not run while a request is handled, so it never cuts a body or a long poll.
+* **API bodies**: ``read_body`` reads an API request's body (at most 2 MiB) within
+  ``body_timeout`` of its headers, or answers 408 and closes the connection (``LINGER``
+  seconds later). The ``s3``
+  upload receiver reads its bodies itself, cut off only when nothing arrives for
+  ``upload_read_timeout`` seconds (``service/uploads.py``): an upload of gigabytes that
+  keeps sending is never cut.
+* **How many**: ``ListeningSite`` answers a connection beyond ``max_connections`` open at
+  once in this process with a 503 (``Retry-After``) and closes it, before reading
+  anything of it; the log says so, once a minute at most while it goes on.
+
+What a proxy in front should enforce as well is in docs/operating/running.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from azqueue import errors
+from azqueue.config import Settings
+
+log = logging.getLogger(__name__)
+
+# After an answer given before the body was read whole (408, 413), how long the rest of
+# it is read and dropped before the connection is closed, so that the client reads the
+# answer rather than a reset (aiohttp's default: 10 s).
+LINGER = 2.0
+RETRY_AFTER = 1  # seconds, in the 503 of a connection over the cap
+LOG_EVERY = 60.0  # seconds between two log lines about refused connections
+BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)
+
+
+def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
+    """The runner of the API ``app``, with the header timeout of ``settings``."""
+    return web.AppRunner(app, access_log=None, keepalive_timeout=settings.header_timeout,
+                         lingering_time=LINGER, **kwargs)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body of an API request, read whole within the application's body timeout
+    (``BODY_TIMEOUT_KEY``, which ``create_app`` sets)."""
+    timeout = request.app[BODY_TIMEOUT_KEY]
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise errors.SlowRequest(
+            f"the request body did not arrive within {timeout:g} s of its headers "
+            f"({request.content_length or 'no'} bytes declared); send it whole at once"
+        ) from None
+
+
+def _refusal() -> bytes:
+    body = json.dumps({
+        "code": "TooManyConnections",
+        "message": "this server has as many connections open as it takes; try again in "
+                   f"{RETRY_AFTER} s",
+        "requestInfo": {}}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Retry-After: {RETRY_AFTER}\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 at once and closed, nothing read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.write(_refusal())
+        transport.close()
+
+
+class ListeningSite(web.TCPSite):
+    """A TCP site of ``runner`` that keeps at most ``max_connections`` connections of
+    ``runner``'s server open at once."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int,
+                 max_connections: int) -> None:
+        super().__init__(runner, host, port)
+        self.max_connections = max_connections
+        self.refused = 0  # since the last log line
+        self._logged = -LOG_EVERY
+
+    def _protocol(self) -> asyncio.Protocol:
+        server = self._runner.server
+        assert server is not None
+        if len(server.connections) < self.max_connections:
+            return server()
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged >= LOG_EVERY:
+            log.warning("refused %d connection(s) with 503: %d are open, the most "
+                        "AZQUEUE_MAX_CONNECTIONS allows this process (see "
+                        "docs/operating/running.md, Slow and idle connections)",
+                        self.refused, len(server.connections))
+            self._logged, self.refused = now, 0
+        return _Refused()
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with the runner
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, self._host, self._port,
+                                                backlog=self._backlog,
+                                                reuse_address=self._reuse_address,
+                                                reuse_port=self._reuse_port)
