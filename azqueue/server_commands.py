@@ -161,7 +161,7 @@ async def _serve(settings: Settings, stop: asyncio.Event,
                                "(--log-level DEBUG shows the traceback)") from None
         if settings.blob_cors_origins:
             await _allow_browsers(runner.app, settings.blob_cors_origins)
-        site = ListeningSite(runner, settings.host, settings.port, settings.max_connections)
+        site = ListeningSite(runner, settings.host, settings.port, settings)
         try:
             await site.start()
         except OSError as e:

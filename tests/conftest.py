@@ -85,7 +85,7 @@ async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
         runner = make_runner(check.install(create_app(settings)), settings)
         await runner.setup()
         runners.append(runner)
-        await ListeningSite(runner, "127.0.0.1", port, settings.max_connections).start()
+        await ListeningSite(runner, "127.0.0.1", port, settings).start()
         return Server(settings.public_root_url, runner.app, settings)
 
     yield start

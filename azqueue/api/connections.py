@@ -31,6 +31,7 @@ import time
 from typing import Any
 
 from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
 
 from azqueue import errors
 from azqueue.config import Settings
@@ -46,10 +47,15 @@ LOG_EVERY = 60.0  # seconds between two log lines about refused connections
 BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)
 
 
+def _options(settings: Settings) -> dict[str, Any]:
+    """How each connection's requests are read (aiohttp's RequestHandler's options)."""
+    return {"access_log": None, "keepalive_timeout": settings.header_timeout,
+            "lingering_time": LINGER}
+
+
 def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
     """The runner of the API ``app``, with the header timeout of ``settings``."""
-    return web.AppRunner(app, access_log=None, keepalive_timeout=settings.header_timeout,
-                         lingering_time=LINGER, **kwargs)
+    return web.AppRunner(app, **_options(settings), **kwargs)
 
 
 async def read_body(request: web.Request) -> bytes:
@@ -87,29 +93,45 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
+class _Counted(RequestHandler):
+    """aiohttp's handler of one connection, counted by its site while it is open."""
+
+    def __init__(self, site: ListeningSite, manager: web.Server, **options: Any) -> None:
+        super().__init__(manager, **options)
+        self._site = site
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        super().connection_lost(exc)
+        self._site.open -= 1
+
+
 class ListeningSite(web.TCPSite):
-    """A TCP site of ``runner`` that keeps at most ``max_connections`` connections of
-    ``runner``'s server open at once."""
+    """A TCP site of ``runner`` that keeps at most ``settings.max_connections``
+    connections open at once. They are counted as they are accepted: aiohttp's server
+    learns of a connection only later, after the others accepted with it."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int,
-                 max_connections: int) -> None:
+                 settings: Settings) -> None:
         super().__init__(runner, host, port)
-        self.max_connections = max_connections
+        self.max_connections = settings.max_connections
+        self._options = _options(settings)
+        self.open = 0
         self.refused = 0  # since the last log line
         self._logged = -LOG_EVERY
 
     def _protocol(self) -> asyncio.Protocol:
         server = self._runner.server
         assert server is not None
-        if len(server.connections) < self.max_connections:
-            return server()
+        if self.open < self.max_connections:
+            self.open += 1
+            return _Counted(self, server, loop=asyncio.get_running_loop(), **self._options)
         self.refused += 1
         now = time.monotonic()
         if now - self._logged >= LOG_EVERY:
             log.warning("refused %d connection(s) with 503: %d are open, the most "
                         "AZQUEUE_MAX_CONNECTIONS allows this process (see "
                         "docs/operating/running.md, Slow and idle connections)",
-                        self.refused, len(server.connections))
+                        self.refused, self.open)
             self._logged, self.refused = now, 0
         return _Refused()
 

@@ -107,8 +107,7 @@ class AzqueueServer:
         runner = make_runner(create_app(settings), settings, shutdown_timeout=SHUTDOWN_TIMEOUT)
         await runner.setup()
         try:
-            await ListeningSite(runner, settings.host, settings.port,
-                                settings.max_connections).start()
+            await ListeningSite(runner, settings.host, settings.port, settings).start()
         except BaseException:
             await runner.cleanup()
             raise
