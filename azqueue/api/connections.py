@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 # answer rather than a reset (aiohttp's default: 10 s).
 LINGER = 2.0
 RETRY_AFTER = 1  # seconds, in the 503 of a connection over the cap
+REFUSED_LINGER = 1.0  # seconds a refused connection stays open for its peer to read
 LOG_EVERY = 60.0  # seconds between two log lines about refused connections
 BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)
 
@@ -85,12 +86,22 @@ def _refusal() -> bytes:
 
 
 class _Refused(asyncio.Protocol):
-    """A connection over the cap: answered 503 at once and closed, nothing read."""
+    """A connection over the cap: answered 503 at once, and closed once the peer has
+    closed its side or ``REFUSED_LINGER`` seconds later (what it sends is dropped).
+    Closed at once with its request unread, the peer could get a reset instead."""
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.WriteTransport)
+        assert isinstance(transport, asyncio.Transport)
         transport.write(_refusal())
-        transport.close()
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._closing = asyncio.get_running_loop().call_later(REFUSED_LINGER, transport.close)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing.cancel()
 
 
 class _Counted(RequestHandler):
