@@ -4,11 +4,12 @@ aiohttp, left to its defaults, keeps a connection whose request headers never en
 whose declared body never arrives, for as long as the peer keeps it open, and accepts
 connections until the process runs out of file descriptors. So:
 
-* **Headers**: aiohttp's keep-alive timer runs from a connection's start and from each
-  answer until the next request's headers are complete, and closes the connection when
-  it fires while the headers are still awaited. Set to ``header_timeout`` (a few seconds),
-  it cuts off headers that do not complete and connections that idle between requests.
-  It does not run while a request is handled, so it never cuts a body or a long poll.
+* **Headers**: a request's headers must be complete within ``header_timeout`` (a few
+  seconds) of its first byte, or the connection is closed (``_Counted.data_received``).
+  The timer runs only while the connection waits for a request, so it never cuts a body
+  or a long poll.
+* **Idle**: aiohttp's keep-alive timer, set to ``idle_timeout``, closes a connection that
+  has sent nothing of a request that long, from its start or from the answer before.
 * **API bodies**: ``read_body`` reads an API request's body (at most 2 MiB) within
   ``body_timeout`` of its headers, or answers 408 and closes the connection (``LINGER``
   seconds later). The ``s3``
@@ -50,12 +51,12 @@ BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)
 
 def _options(settings: Settings) -> dict[str, Any]:
     """How each connection's requests are read (aiohttp's RequestHandler's options)."""
-    return {"access_log": None, "keepalive_timeout": settings.header_timeout,
+    return {"access_log": None, "keepalive_timeout": settings.idle_timeout,
             "lingering_time": LINGER}
 
 
 def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
-    """The runner of the API ``app``, with the header timeout of ``settings``."""
+    """The runner of the API ``app``, with the idle timeout of ``settings``."""
     return web.AppRunner(app, **_options(settings), **kwargs)
 
 
@@ -105,13 +106,34 @@ class _Refused(asyncio.Protocol):
 
 
 class _Counted(RequestHandler):
-    """aiohttp's handler of one connection, counted by its site while it is open."""
+    """aiohttp's handler of one connection, counted by its site while it is open, and
+    closed when a request's headers, once begun, are not complete within the header
+    timeout. (It reads two attributes of aiohttp's handler: ``_waiter``, set while the
+    connection waits for a request, and ``_request_count``, the requests parsed.)"""
 
-    def __init__(self, site: ListeningSite, manager: web.Server, **options: Any) -> None:
+    def __init__(self, site: ListeningSite, manager: web.Server, header_timeout: float,
+                 **options: Any) -> None:
         super().__init__(manager, **options)
         self._site = site
+        self._header_timeout = header_timeout
+        self._headers_due: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        parsed = self._request_count
+        super().data_received(data)
+        if self._request_count > parsed:  # the headers are complete
+            self._stop_header_timer()
+        elif self._headers_due is None and self._waiter is not None and data:
+            self._headers_due = asyncio.get_running_loop().call_later(
+                self._header_timeout, self.force_close)
+
+    def _stop_header_timer(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
 
     def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_header_timer()
         super().connection_lost(exc)
         self._site.open -= 1
 
@@ -126,6 +148,7 @@ class ListeningSite(web.TCPSite):
         super().__init__(runner, host, port)
         self.max_connections = settings.max_connections
         self._options = _options(settings)
+        self._header_timeout = settings.header_timeout
         self.open = 0
         self.refused = 0  # since the last log line
         self._logged = -LOG_EVERY
@@ -135,7 +158,8 @@ class ListeningSite(web.TCPSite):
         assert server is not None
         if self.open < self.max_connections:
             self.open += 1
-            return _Counted(self, server, loop=asyncio.get_running_loop(), **self._options)
+            return _Counted(self, server, self._header_timeout,
+                            loop=asyncio.get_running_loop(), **self._options)
         self.refused += 1
         now = time.monotonic()
         if now - self._logged >= LOG_EVERY:

@@ -236,8 +236,10 @@ SETTINGS: tuple[Setting, ...] = (
                     "answered 400 with nothing stored (see Uploading an `s3` artifact)"),
     Setting("AZQUEUE_HEADER_TIMEOUT", "connections", field="header_timeout", parse=_seconds,
             meaning="seconds within which a request's headers must be complete, counted from "
-                    "the connection's start or the answer before it (so also how long a "
-                    "connection may stay idle between requests); then the connection is closed "
+                    f"their first byte; then the connection is closed (see {_CONNECTIONS})"),
+    Setting("AZQUEUE_IDLE_TIMEOUT", "connections", field="idle_timeout", parse=_seconds,
+            meaning="seconds a connection may send nothing of a request, from its start or "
+                    "the answer before (keep-alive); then it is closed "
                     f"(see {_CONNECTIONS})"),
     Setting("AZQUEUE_BODY_TIMEOUT", "connections", field="body_timeout", parse=_seconds,
             meaning="seconds within which an API request's body must have arrived whole, "

@@ -71,9 +71,12 @@ async def test_headers_that_never_end_are_cut_off_within_seconds(server: Server)
     assert took >= timeout * 0.5
 
 
-async def test_a_connection_that_sends_nothing_is_closed_within_seconds(server: Server) -> None:
+async def test_a_connection_that_sends_nothing_is_closed_after_the_idle_timeout(
+        make_server: ServerFactory) -> None:
+    assert DEFAULTS["idle_timeout"].default <= 60
+    server = await make_server(idle_timeout=2.0)
     reader, writer = await _connect(server)
-    await _closed_within(reader, server.settings.header_timeout + SLACK)
+    await _closed_within(reader, server.settings.idle_timeout + SLACK)
     writer.close()
 
 
@@ -129,7 +132,7 @@ async def test_connections_beyond_the_cap_are_answered_503_and_logged(
 
 async def test_an_s3_upload_that_keeps_sending_outlasts_every_timeout(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    server = await make_server(header_timeout=1.0, body_timeout=1.0)
+    server = await make_server(header_timeout=1.0, body_timeout=1.0, idle_timeout=1.0)
     task_id = await _running_task(http, server)
     url = f"{server.api}/task/{task_id}/runs/0/artifacts/public/big.bin"
     expires = iso(datetime.now(UTC).replace(microsecond=0) + timedelta(hours=1))
