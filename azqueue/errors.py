@@ -31,6 +31,7 @@ request is a bug, answered 500 with an incident id and logged with its traceback
         ├── MethodNotAllowed         405 MethodNotAllowed
         ├── Conflict                 409 RequestConflict       the state forbids the request
         │   └── ClaimLost            409                       the run is no longer yours
+        ├── SlowRequest              408 RequestTimeout        the body did not arrive in time
         ├── Gone                     410 ResourceExpired
         ├── LengthRequired           411 LengthRequired        an upload without Content-Length
         ├── TooLarge                 413 InputTooLarge
@@ -174,6 +175,13 @@ class Conflict(QueueError):
 
 class ClaimLost(Conflict):
     """The run is not (or no longer) claimed by the caller."""
+
+
+class SlowRequest(QueueError):
+    """The request's body did not arrive in time: answered, and its connection closed."""
+
+    code = "RequestTimeout"
+    status = 408
 
 
 class Gone(QueueError):

@@ -147,10 +147,9 @@ async def _serve(settings: Settings, stop: asyncio.Event,
     await _unless(stop, wait_for_storage(settings))
     if stop.is_set():
         return
-    from aiohttp import web
-
     from azqueue.api.app import create_app
-    runner = web.AppRunner(create_app(settings), access_log=None)
+    from azqueue.api.connections import ListeningSite, make_runner
+    runner = make_runner(create_app(settings), settings)
     try:
         try:
             await runner.setup()
@@ -162,7 +161,7 @@ async def _serve(settings: Settings, stop: asyncio.Event,
                                "(--log-level DEBUG shows the traceback)") from None
         if settings.blob_cors_origins:
             await _allow_browsers(runner.app, settings.blob_cors_origins)
-        site = web.TCPSite(runner, settings.host, settings.port)
+        site = ListeningSite(runner, settings.host, settings.port, settings)
         try:
             await site.start()
         except OSError as e:

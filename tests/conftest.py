@@ -19,6 +19,7 @@ from azure.data.tables.aio import TableServiceClient
 from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.api.app import create_app
+from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.testing.faultproxy import FaultProxy
@@ -84,10 +85,10 @@ async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
             tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),
             root=overrides.pop("root", ROOT), host="127.0.0.1", port=port,
         ).with_(**overrides)
-        runner = web.AppRunner(check.install(create_app(settings)), access_log=None)
+        runner = make_runner(check.install(create_app(settings)), settings)
         await runner.setup()
         runners.append(runner)
-        await web.TCPSite(runner, "127.0.0.1", port).start()
+        await ListeningSite(runner, "127.0.0.1", port, settings).start()
         return Server(settings.public_root_url, runner.app, settings)
 
     yield start

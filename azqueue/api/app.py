@@ -21,6 +21,7 @@ from azqueue.api.endpoints import artifacts, claims, counts, groups, meta, tasks
 from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
 from azqueue.api.auth import Authenticator
+from azqueue.api.connections import BODY_TIMEOUT_KEY
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
 from azqueue.background import resolvers
@@ -109,6 +110,7 @@ def create_app(settings: Settings, *, events: EventSink | None = None,
         settings.request_budget, settings.claim_work_wait, router.long_polls)],
         client_max_size=MAX_BODY)
     app[SETTINGS_KEY] = settings
+    app[BODY_TIMEOUT_KEY] = settings.body_timeout
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
     app.cleanup_ctx.append(_recent_ctx)

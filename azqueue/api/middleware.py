@@ -72,7 +72,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if e.status >= 500 and not isinstance(e, errors.NotConfigured):
             # NotConfigured is the deployment's choice, announced at start-up: no incident.
             return _incident(request, e.status, e.code, e)
-        return error_response(request, e.status, e.code, e.message)
+        response = error_response(request, e.status, e.code, e.message)
+        if isinstance(e, errors.SlowRequest):
+            response.force_close()  # the rest of its body is not waited for
+        return response
     except web.HTTPRequestEntityTooLarge as e:
         return error_response(request, 413, "InputTooLarge",
                               f"the request body is too large: {e.text}")

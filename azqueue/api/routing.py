@@ -36,6 +36,7 @@ from aiohttp import web
 from azqueue import errors
 from azqueue.api import validation
 from azqueue.api.auth import Authenticator, Caller, require
+from azqueue.api.connections import read_body
 from azqueue.api.middleware import PARAMS_KEY, PAYLOAD_KEY
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.model import jsontext, timeutil
@@ -277,7 +278,7 @@ async def _check_size(request: web.Request, r: Route) -> None:
     assert r.max_body is not None
     size = request.content_length
     if size is None:
-        size = len(await request.read())
+        size = len(await read_body(request))
     if size > r.max_body:
         raise errors.TooLarge(f"{r.what} is {size} bytes; {r.name} takes at most "
                               f"{r.max_body // 1024} KiB")
@@ -355,7 +356,7 @@ async def _call(request: web.Request, r: Route, params: dict[str, str]) -> web.S
         await _check_size(request, r)
     caller = request[CALLER_KEY] = request.app[AUTH_KEY].authenticate(
         method=request.method, target=request.raw_path, host=request.host,
-        content_type=request.headers.get("Content-Type", ""), body=await request.read(),
+        content_type=request.headers.get("Content-Type", ""), body=await read_body(request),
         authorization=request.headers.get("Authorization"), now=timeutil.utcnow())
     request[CLIENT_KEY] = caller.client_id or "anonymous"
     values = {name: PARAMETERS[name].convert(name, raw) for name, raw in params.items()}

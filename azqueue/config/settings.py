@@ -91,6 +91,16 @@ class Settings:
     # How long a PUT to an s3 artifact's putUrl may send nothing before it is cut off,
     # storing nothing (azqueue.service.uploads.READ_TIMEOUT).
     upload_read_timeout: float = 60.0
+    # Slow and half-open connections (azqueue.api.connections): a request's headers must
+    # be complete within header_timeout of its first byte, an API request's body whole
+    # within body_timeout of its headers; a connection that sends nothing of a request for
+    # idle_timeout (from its start or the answer before) is closed; at most
+    # max_connections connections are open at once in a process, further ones are
+    # answered 503 and closed.
+    header_timeout: float = 5.0
+    idle_timeout: float = 60.0
+    body_timeout: float = 10.0
+    max_connections: int = 1000
     # Test-only fault injection: exit the process right after a state change is stored,
     # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
     crash_after_commit: bool = False

@@ -43,6 +43,16 @@ def _port(name: str, raw: str) -> int:
     return port
 
 
+def _count(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise ConfigError(f"{name}={raw!r} is not a whole number greater than zero")
+    return value
+
+
 def _clients_file(name: str, raw: str) -> tuple[Client, ...]:
     return load_clients(raw)
 
@@ -104,6 +114,7 @@ class Setting:
 
 
 _FAILURES = "[When Azure Storage fails](failures.md)"
+_CONNECTIONS = "[Slow and idle connections](running.md#slow-and-idle-connections)"
 
 # Every variable, in the order of the docs table.
 SETTINGS: tuple[Setting, ...] = (
@@ -250,6 +261,22 @@ SETTINGS: tuple[Setting, ...] = (
             parse=_seconds, note="seconds a putUrl PUT may send nothing",
             meaning="seconds a PUT to an `s3` artifact's `putUrl` may send nothing before it is "
                     "answered 400 with nothing stored (see Uploading an `s3` artifact)"),
+    Setting("AZQUEUE_HEADER_TIMEOUT", "connections", field="header_timeout", parse=_seconds,
+            meaning="seconds within which a request's headers must be complete, counted from "
+                    f"their first byte; then the connection is closed (see {_CONNECTIONS})"),
+    Setting("AZQUEUE_IDLE_TIMEOUT", "connections", field="idle_timeout", parse=_seconds,
+            meaning="seconds a connection may send nothing of a request, from its start or "
+                    "the answer before (keep-alive); then it is closed "
+                    f"(see {_CONNECTIONS})"),
+    Setting("AZQUEUE_BODY_TIMEOUT", "connections", field="body_timeout", parse=_seconds,
+            meaning="seconds within which an API request's body must have arrived whole, "
+                    "counted from its headers; then it is answered 408 and the connection "
+                    "closed. A PUT to an `s3` `putUrl` has `AZQUEUE_UPLOAD_READ_TIMEOUT` "
+                    f"instead (see {_CONNECTIONS})"),
+    Setting("AZQUEUE_MAX_CONNECTIONS", "connections", field="max_connections", parse=_count,
+            meaning="connections one process keeps open at once; one more is answered 503 "
+                    "with `Retry-After` and closed, and the log says so (at most once a "
+                    f"minute) (see {_CONNECTIONS})"),
     Setting("AZQUEUE_LOG_LEVEL", "logging", default="`INFO`",
             meaning="log level (at INFO, one line per API request)"),
     Setting("AZQUEUE_LOG_FORMAT", "logging", default="`text`",
@@ -268,7 +295,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 # The order from_env reads in, so that its error lines keep theirs.
 _PHASES: tuple[Callable[[str, str], object], ...] = (
-    _text, _flag, _seconds, _port, _clients_file, _origins, _scopes, _tip_form)
+    _text, _flag, _seconds, _count, _port, _clients_file, _origins, _scopes, _tip_form)
 
 
 def read_in_order() -> list[Setting]:

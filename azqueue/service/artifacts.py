@@ -118,7 +118,8 @@ class ArtifactService:
         longer get artifacts (an append blob's: until then readers follow it as it grows,
         and finishing it again records its newer content). Refused once the run can no
         longer get artifacts: the snapshot is taken first and counts only if the run could
-        still get them after it, so none holds what was written after that."""
+        still get them after it, so none holds what was written after that. A blob written by a
+copy is refused (``BlobStore``'s docstring says why)."""
         found = await self.records.get(task_id, run_id, name)
         if found is None:
             raise errors.NotFound(f"run {run_id} of task {task_id} has no artifact {name!r}; "
@@ -137,9 +138,15 @@ class ArtifactService:
         if taken is None:
             raise errors.Conflict(f"artifact {name!r} has no content yet: PUT it to the putUrl "
                                   "from createArtifact, then finish it")
-        snapshot, content_type = taken
-        if found.snapshot < snapshot:  # snapshot ids are times: a later one holds more
-            await self.records.mark_present(found, content_type, snapshot)
+        if taken.copied:
+            raise errors.Conflict(
+                f"artifact {name!r} was written by a copy (Copy Blob, x-ms-copy-source), which "
+                "a blob artifact may not be: its content must be uploaded to the putUrl (Put "
+                "Blob, Put Block and Put Block List, or Append Block). Upload it again, then "
+                "finish it again" + (" (readers get what it held when it was last finished)"
+                                     if found.present else ""))
+        if found.snapshot < taken.id:  # snapshot ids are times: a later one holds more
+            await self.records.mark_present(found, taken.content_type, taken.id)
 
     async def _task(self, task_id: str) -> Task:
         return await self.tasks.get(task_id)
@@ -180,8 +187,9 @@ class ArtifactService:
                                       "its content is PUT to the putUrl createArtifact answered")
             now = timeutil.utcnow()
             snapshot = found.snapshot
-            if found.blob_type == "append" and await self._growing(found, now):
-                snapshot = ""
+            if found.blob_type == "append" and await self._growing(found, now) and \
+                    not await self.blobs.copied(found.blob_name):
+                snapshot = ""  # the blob as it grows, unless a copy replaced it
             return Target(found, names, await self.blobs.download_url(
                 found.blob_name, now, DOWNLOAD_URL_LIFETIME, found.info()["contentType"],
                 snapshot))

@@ -9,7 +9,8 @@ Azure queue invariants are written), so that the tip's record is written in the 
 transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
 first and no tip (``dependencies``). A repeated createTask with the same definition
 finishes what a first attempt that failed may have left undone and answers the same; a
-different definition is 409. scheduleTask, and a dependency resolved, give an unscheduled
+different definition is 409, and leaves nothing that works later (its deadline message,
+group row and tip are deleted). scheduleTask, and a dependency resolved, give an unscheduled
 task its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
 """
 
@@ -104,6 +105,12 @@ class Definitions:
         stored = await self._insert(task, definition, tip, tip_visible, deadline)
         if stored is None:
             existing = await self.tasks.load(task_id)
+            if dict(existing.task.definition) != definition:
+                # Refused: what this attempt wrote for it must not work later. Its
+                # deadline message would surface at the refused definition's deadline
+                # (the caller's choice) and make the resolvers read the existing task.
+                await self.queues.drop(deadline.queue_name, deadline.message_id,
+                                       deadline.pop_receipt)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)

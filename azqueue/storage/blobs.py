@@ -9,13 +9,21 @@ as long as its URL lives, whatever became of the run. What is finished is theref
 from a snapshot (``snapshot``): a snapshot is read-only, and deleting one needs the delete
 permission no upload URL has. A read URL of a snapshot grants that snapshot alone, not the
 blob, and states the content type it is served with.
+
+Create and write also allow Copy Blob and Copy Blob From URL (``x-ms-copy-source``) into
+the blob, and a copy's source in the same account may be authorized by the destination's
+signature alone (Azurite copies any blob of its account so): a putUrl could copy another
+task's private artifact. A blob written by a copy says so in its properties (its copy id,
+status and source, kept by its snapshots), and is never served (``Snapshot.copied``,
+``copied``); writing it again with Put Blob, Put Block List or Set Blob Properties clears
+them.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timedelta
 from io import BytesIO
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 from azure.core.exceptions import HttpResponseError
@@ -40,6 +48,20 @@ def _fields(rule: CorsRule) -> tuple[str, ...]:
     return tuple(str(getattr(rule, f)).lower().replace(" ", "") for f in (
         "allowed_origins", "allowed_methods", "allowed_headers", "exposed_headers",
         "max_age_in_seconds"))
+
+
+class Snapshot(NamedTuple):
+    """A snapshot taken of a blob: its id, its content type, and whether what it holds
+    was written by a copy (Copy Blob or Copy Blob From URL)."""
+
+    id: str
+    content_type: str
+    copied: bool
+
+
+def _copied(props: Any) -> bool:
+    copy = props.copy
+    return bool(copy.id or copy.status or copy.source)
 
 
 class BlobStore:
@@ -161,8 +183,8 @@ class BlobStore:
         for name in names:
             await self.delete(name)
 
-    async def snapshot(self, blob: str) -> tuple[str, str] | None:
-        """Take a snapshot of the blob: its id and content type; None if there is no blob."""
+    async def snapshot(self, blob: str) -> Snapshot | None:
+        """Take a snapshot of the blob; None if there is no blob."""
         client = self._client.get_blob_client(blob)
         try:
             with translate(f"taking a snapshot of blob {blob}"):
@@ -171,7 +193,16 @@ class BlobStore:
                     blob, snapshot=taken).get_blob_properties()
         except EntityNotFound:
             return None
-        return taken, str(props.content_settings.content_type or "")
+        return Snapshot(taken, str(props.content_settings.content_type or ""), _copied(props))
+
+    async def copied(self, blob: str) -> bool:
+        """Whether the blob as it is now was written by a copy (False if there is none)."""
+        try:
+            with translate(f"reading blob {blob}"):
+                props = await self._client.get_blob_client(blob).get_blob_properties()
+        except EntityNotFound:
+            return False
+        return _copied(props)
 
     async def content_type(self, blob: str) -> str | None:
         """The uploaded blob's content type, or None if nothing was uploaded."""

@@ -17,6 +17,7 @@ import aiohttp
 from aiohttp import web
 
 from azqueue.api.app import create_app
+from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Client, Settings, StorageSettings
 from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
 from azqueue.storage.account import StorageAccount
@@ -125,12 +126,11 @@ class AzqueueServer:
         # What is still being answered when the test is over (a worker's last claimWork
         # call, given up) is cancelled at once rather than waited for, and so is what a
         # client gave up before: nothing of a test's server runs on after its test.
-        runner = web.AppRunner(create_app(settings, events=events, events_off=None),
-                               access_log=None,
-                               shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True)
+        runner = make_runner(create_app(settings, events=events, events_off=None), settings,
+                             shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True)
         await runner.setup()
         try:
-            await web.TCPSite(runner, settings.host, settings.port).start()
+            await ListeningSite(runner, settings.host, settings.port, settings).start()
         except BaseException:
             await runner.cleanup()
             raise

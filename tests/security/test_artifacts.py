@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import aiohttp
+import pytest
 import taskcluster.aio
 
 from azqueue.testing import sas
@@ -115,15 +116,23 @@ async def test_a_blob_artifact_cannot_be_finished_after_report_completed(
         assert r.status == 404, await r.text()
 
 
-async def test_a_live_log_serves_what_it_held_when_last_finished_once_the_run_is_resolved(
-        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
-    task_id = await _running_task(http, server)
-    name = "public/logs/live.log"
+async def _live_log(http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession,
+                    server: Server, task_id: str, name: str) -> tuple[str, dict[str, Any]]:
+    """An append blob artifact with its blob created, empty: its URL and createArtifact's
+    answer."""
     url = await _artifact_url(server, task_id, name)
     code, made = await sas.post(http, url, _blob(blobType="append"))
     assert code == 200, made
     async with anonymous.put(made["putUrl"], data=b"", headers=made["headers"]) as r:
         assert r.status == 201, await r.text()
+    return url, made
+
+
+async def test_a_live_log_serves_what_it_held_when_last_finished_once_the_run_is_resolved(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
+    task_id = await _running_task(http, server)
+    name = "public/logs/live.log"
+    url, made = await _live_log(http, anonymous, server, task_id, name)
     assert await _finish(http, server, task_id, name) == 200
     async with anonymous.put(f"{made['putUrl']}&comp=appendblock", data=b"step 1\n") as r:
         assert r.status == 201, await r.text()
@@ -135,4 +144,93 @@ async def test_a_live_log_serves_what_it_held_when_last_finished_once_the_run_is
         await r.read()
     await _tamper(anonymous, made["putUrl"])
 
+    assert await _served(anonymous, url) == (b"step 1\n", "text/plain")
+
+
+# A copy through a putUrl: Copy Blob (asynchronous) and Copy Blob From URL (synchronous).
+COPIES = {"copy": {}, "sync copy": {"x-ms-requires-sync": "true"}}
+SECRET = b"the other tenant's signing key"
+
+
+async def _private_artifact(http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession,
+                            server: Server) -> tuple[str, str]:
+    """Another tenant's private artifact, finished: its task and name."""
+    task_id = await _running_task(http, server)
+    name = "private/key.txt"
+    code, made = await sas.post(http, await _artifact_url(server, task_id, name), _blob())
+    assert code == 200, made
+    async with anonymous.put(made["putUrl"], data=SECRET, headers=made["headers"]) as r:
+        assert r.status == 201, await r.text()
+    assert await _finish(http, server, task_id, name) == 200
+    async with anonymous.get(await _artifact_url(server, task_id, name),
+                             allow_redirects=False) as r:
+        assert r.status == 403, await r.text()  # what the attacker may read of it
+    return task_id, name
+
+
+def _source(put_url: str, own: str, task_id: str, name: str) -> str:
+    """The blob of ``task_id``'s run 0 artifact ``name``, named as the putUrl of an artifact
+    of task ``own`` names its own (``<container>/<taskId>/<runId>/<name>``), unsigned."""
+    container = put_url.split("?")[0].split(f"/{own}/")[0]
+    return f"{container}/{task_id}/0/{name}"
+
+
+async def _copy(session: aiohttp.ClientSession, put_url: str, source: str,
+                extra: dict[str, str]) -> None:
+    async with session.put(put_url, headers={"x-ms-copy-source": source,
+                                             "Content-Length": "0", **extra}) as r:
+        assert r.status in (201, 202), await r.text()  # Azurite copies it: the attack's start
+
+
+async def _not_the_secret(session: aiohttp.ClientSession, url: str) -> None:
+    async with session.get(url) as r:
+        assert SECRET not in await r.read(), r.status
+
+
+@pytest.mark.parametrize("kind", COPIES)
+async def test_a_put_url_copying_another_tenants_private_blob_cannot_be_finished(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession,
+        kind: str) -> None:
+    victim, secret_name = await _private_artifact(http, anonymous, server)
+    task_id = await _running_task(http, server)
+    name = "public/copy.bin"
+    code, made = await sas.post(http, await _artifact_url(server, task_id, name), _blob())
+    assert code == 200, made
+    await _copy(anonymous, made["putUrl"], _source(made["putUrl"], task_id, victim, secret_name),
+                COPIES[kind])
+
+    async with http.put(await _artifact_url(server, task_id, name), json={}) as r:
+        refused = await r.json()
+        assert r.status == 409, refused
+    assert "copy" in refused["message"], refused["message"]
+    async with anonymous.get(await _artifact_url(server, task_id, name),
+                             allow_redirects=False) as r:
+        assert r.status == 404, await r.text()
+    await _not_the_secret(anonymous, await _artifact_url(server, task_id, name))
+
+    # Uploaded again by Put Blob, the artifact finishes as usual.
+    async with anonymous.put(made["putUrl"], data=b"mine", headers=made["headers"]) as r:
+        assert r.status == 201, await r.text()
+    assert await _finish(http, server, task_id, name) == 200
+    assert await _served(anonymous, await _artifact_url(server, task_id, name)) == (
+        b"mine", "text/plain")
+
+
+async def test_a_live_log_copied_over_while_its_run_runs_serves_what_was_finished(
+        server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession) -> None:
+    victim, secret_name = await _private_artifact(http, anonymous, server)
+    task_id = await _running_task(http, server)
+    name = "public/logs/live.log"
+    url, made = await _live_log(http, anonymous, server, task_id, name)
+    async with anonymous.put(f"{made['putUrl']}&comp=appendblock", data=b"step 1\n") as r:
+        assert r.status == 201, await r.text()
+    assert await _finish(http, server, task_id, name) == 200
+
+    await _copy(anonymous, made["putUrl"], _source(made["putUrl"], task_id, victim, secret_name), {})
+
+    await _not_the_secret(anonymous, url)
+    assert await _served(anonymous, url) == (b"step 1\n", "text/plain")
+    async with http.put(url, json={}) as r:
+        assert r.status == 409, await r.text()
+    await _report_completed(http, server, task_id)
     assert await _served(anonymous, url) == (b"step 1\n", "text/plain")

@@ -1,0 +1,179 @@
+"""What a connection may hold of a server process, and for how long.
+
+aiohttp, left to its defaults, keeps a connection whose request headers never end, or
+whose declared body never arrives, for as long as the peer keeps it open, and accepts
+connections until the process runs out of file descriptors. So:
+
+* **Headers**: a request's headers must be complete within ``header_timeout`` (a few
+  seconds) of its first byte, or the connection is closed (``_Counted.data_received``).
+  The timer runs only while the connection waits for a request, so it never cuts a body
+  or a long poll.
+* **Idle**: aiohttp's keep-alive timer, set to ``idle_timeout``, closes a connection that
+  has sent nothing of a request that long, from its start or from the answer before.
+* **API bodies**: ``read_body`` reads an API request's body (at most 2 MiB) within
+  ``body_timeout`` of its headers, or answers 408 and closes the connection (``LINGER``
+  seconds later). The ``s3``
+  upload receiver reads its bodies itself, cut off only when nothing arrives for
+  ``upload_read_timeout`` seconds (``service/uploads.py``): an upload of gigabytes that
+  keeps sending is never cut.
+* **How many**: ``ListeningSite`` answers a connection beyond ``max_connections`` open at
+  once in this process with a 503 (``Retry-After``) and closes it, before reading
+  anything of it; the log says so, once a minute at most while it goes on.
+
+What a proxy in front should enforce as well is in docs/operating/running.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+from azqueue import errors
+from azqueue.config import Settings
+
+log = logging.getLogger(__name__)
+
+# After an answer given before the body was read whole (408, 413), how long the rest of
+# it is read and dropped before the connection is closed, so that the client reads the
+# answer rather than a reset (aiohttp's default: 10 s).
+LINGER = 2.0
+RETRY_AFTER = 1  # seconds, in the 503 of a connection over the cap
+REFUSED_LINGER = 1.0  # seconds a refused connection stays open for its peer to read
+LOG_EVERY = 60.0  # seconds between two log lines about refused connections
+BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)
+
+
+def _options(settings: Settings) -> dict[str, Any]:
+    """How each connection's requests are read (aiohttp's RequestHandler's options)."""
+    return {"access_log": None, "keepalive_timeout": settings.idle_timeout,
+            "lingering_time": LINGER}
+
+
+def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
+    """The runner of the API ``app``, with the idle timeout of ``settings``."""
+    return web.AppRunner(app, **_options(settings), **kwargs)
+
+
+async def read_body(request: web.Request) -> bytes:
+    """The body of an API request, read whole within the application's body timeout
+    (``BODY_TIMEOUT_KEY``, which ``create_app`` sets)."""
+    timeout = request.app[BODY_TIMEOUT_KEY]
+    try:
+        async with asyncio.timeout(timeout):
+            return await request.read()
+    except TimeoutError:
+        raise errors.SlowRequest(
+            f"the request body did not arrive within {timeout:g} s of its headers "
+            f"({request.content_length or 'no'} bytes declared); send it whole at once"
+        ) from None
+
+
+def _refusal() -> bytes:
+    body = json.dumps({
+        "code": "TooManyConnections",
+        "message": "this server has as many connections open as it takes; try again in "
+                   f"{RETRY_AFTER} s",
+        "requestInfo": {}}).encode()
+    head = ("HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+            f"Retry-After: {RETRY_AFTER}\r\nConnection: close\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    return head.encode() + body
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the cap: answered 503 at once, and closed once the peer has
+    closed its side or ``REFUSED_LINGER`` seconds later (what it sends is dropped).
+    Closed at once with its request unread, the peer could get a reset instead."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        transport.write(_refusal())
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._closing = asyncio.get_running_loop().call_later(REFUSED_LINGER, transport.close)
+
+    def eof_received(self) -> bool:
+        return False  # the transport closes itself
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._closing.cancel()
+
+
+class _Counted(RequestHandler):
+    """aiohttp's handler of one connection, counted by its site while it is open, and
+    closed when a request's headers, once begun, are not complete within the header
+    timeout. (It reads two attributes of aiohttp's handler: ``_waiter``, set while the
+    connection waits for a request, and ``_request_count``, the requests parsed.)"""
+
+    def __init__(self, site: ListeningSite, manager: web.Server, header_timeout: float,
+                 **options: Any) -> None:
+        super().__init__(manager, **options)
+        self._site = site
+        self._header_timeout = header_timeout
+        self._headers_due: asyncio.TimerHandle | None = None
+
+    def data_received(self, data: bytes) -> None:
+        parsed = self._request_count
+        super().data_received(data)
+        if self._request_count > parsed:  # the headers are complete
+            self._stop_header_timer()
+        elif self._headers_due is None and self._waiter is not None and data:
+            self._headers_due = asyncio.get_running_loop().call_later(
+                self._header_timeout, self.force_close)
+
+    def _stop_header_timer(self) -> None:
+        if self._headers_due is not None:
+            self._headers_due.cancel()
+            self._headers_due = None
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._stop_header_timer()
+        super().connection_lost(exc)
+        self._site.open -= 1
+
+
+class ListeningSite(web.TCPSite):
+    """A TCP site of ``runner`` that keeps at most ``settings.max_connections``
+    connections open at once. They are counted as they are accepted: aiohttp's server
+    learns of a connection only later, after the others accepted with it."""
+
+    def __init__(self, runner: web.AppRunner, host: str, port: int,
+                 settings: Settings) -> None:
+        super().__init__(runner, host, port)
+        self.max_connections = settings.max_connections
+        self._options = _options(settings)
+        self._header_timeout = settings.header_timeout
+        self.open = 0
+        self.refused = 0  # since the last log line
+        self._logged = -LOG_EVERY
+
+    def _protocol(self) -> asyncio.Protocol:
+        server = self._runner.server
+        assert server is not None
+        if self.open < self.max_connections:
+            self.open += 1
+            return _Counted(self, server, self._header_timeout,
+                            loop=asyncio.get_running_loop(), **self._options)
+        self.refused += 1
+        now = time.monotonic()
+        if now - self._logged >= LOG_EVERY:
+            log.warning("refused %d connection(s) with 503: %d are open, the most "
+                        "AZQUEUE_MAX_CONNECTIONS allows this process (see "
+                        "docs/operating/running.md, Slow and idle connections)",
+                        self.refused, self.open)
+            self._logged, self.refused = now, 0
+        return _Refused()
+
+    async def start(self) -> None:
+        await web.BaseSite.start(self)  # registers the site with the runner
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(self._protocol, self._host, self._port,
+                                                backlog=self._backlog,
+                                                reuse_address=self._reuse_address,
+                                                reuse_port=self._reuse_port)
