@@ -118,8 +118,8 @@ class ArtifactService:
         longer get artifacts (an append blob's: until then readers follow it as it grows,
         and finishing it again records its newer content). Refused once the run can no
         longer get artifacts: the snapshot is taken first and counts only if the run could
-        still get them after it, so none holds what was written after that. A blob written by a
-copy is refused (``BlobStore``'s docstring says why)."""
+        still get them after it, so none holds what was written after that. A blob written
+        by a copy is refused (``BlobStore``'s docstring says why)."""
         found = await self.records.get(task_id, run_id, name)
         if found is None:
             raise errors.NotFound(f"run {run_id} of task {task_id} has no artifact {name!r}; "
