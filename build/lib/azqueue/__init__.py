@@ -1,3 +1,0 @@
-"""azqueue: a Taskcluster-compatible task queue whose state lives in Azure Storage."""
-
-__version__ = "0.1.0"

@@ -1,1 +1,0 @@
-"""The HTTP API: Taskcluster Queue v1 routes, served by aiohttp."""

@@ -1,1 +1,0 @@
-"""The queue's operations: model + storage, never HTTP."""
