@@ -2,8 +2,8 @@
 
 Cleanup contexts run in registration order and are torn down in reverse: the dashboard's
 recent changes first (listening to the task exchanges before any change is made), the
-storage account and the services on it (``service.wiring``), then the background
-resolvers.
+storage account and the services on it (``service.wiring``, which also sets the Blob
+service's CORS rule for the dashboard's origins), then the background resolvers.
 
 The API's route table is the endpoint modules' tables, put together here (``ROUTES``).
 """
@@ -26,7 +26,7 @@ from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Rout
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
 from azqueue.events.publisher import EventSink
-from azqueue.service.wiring import EVENTS_OFF, open_services
+from azqueue.service.wiring import EVENTS_OFF, allow_browsers, open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
 MAX_BODY = 2 * 1024 * 1024
@@ -46,6 +46,7 @@ def _service_ctx(events: EventSink | None, events_off: str | None
                  ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
         async with open_services(app[SETTINGS_KEY], events, events_off) as services:
+            await allow_browsers(app[SETTINGS_KEY], services)
             app[SERVICES_KEY] = services
             yield
     return services_ctx

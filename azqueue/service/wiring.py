@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from azqueue import metrics
 from azqueue.config import Settings
+from azqueue.errors import ConfigError, StartupError
 from azqueue.events.bells import BrokerBells
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import EventSink, Publisher
@@ -209,6 +210,27 @@ async def _close(services: Services) -> None:
 
 
 EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"
+
+
+async def allow_browsers(settings: Settings, services: Services) -> None:
+    """The Blob service's CORS rule for AZQUEUE_BLOB_CORS_ORIGINS (none: the account's
+    rules are left alone), so the dashboard served from those origins follows live logs;
+    set as a server starts. A failure is one line, a ``StartupError``."""
+    origins = settings.blob_cors_origins
+    if not origins:
+        return
+    try:
+        changed = await services.artifacts.blobs.allow_browsers(origins)
+    except ConfigError:
+        raise
+    except Exception as e:
+        log.debug("setting the Blob service's CORS rules failed", exc_info=True)
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise StartupError(f"could not set the Blob service's CORS rules for "
+                           f"AZQUEUE_BLOB_CORS_ORIGINS: {type(e).__name__}: {first_line}; "
+                           "leave it empty to keep the account's rules") from None
+    log.info("blob storage %s pages of %s read artifacts (CORS)",
+             "now lets" if changed else "lets", ", ".join(origins))
 
 
 @asynccontextmanager
