@@ -1,5 +1,7 @@
 """The aiohttp application and the lifecycles it owns.
 
+The dashboard's recent changes are made with the app and handed to the services as an
+observer of the changes they store (``service.wiring``), not reached through a global.
 Cleanup contexts run in registration order and are torn down in reverse: the dashboard's
 recent changes first (listening to the task exchanges before any change is made), the
 storage account and the services on it (``service.wiring``, which also sets the Blob
@@ -20,6 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from azqueue.api.endpoints import artifacts, claims, counts, groups, meta, tasks, workers
 from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
+from azqueue.api.dashboard.recent import RecentChanges
 from azqueue.api.auth import Authenticator
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
 from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
@@ -37,15 +40,16 @@ ROUTES: list[Route] = [*meta.ROUTES, *tasks.ROUTES, *groups.ROUTES, *claims.ROUT
 
 async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
-    async with dashboard.recent_changes(settings.amqp_url, settings.exchange_prefix) as recent:
-        app[dashboard.RECENT_KEY] = recent
+    async with dashboard.hearing(app[dashboard.RECENT_KEY], settings.amqp_url,
+                                 settings.exchange_prefix):
         yield
 
 
 def _service_ctx(events: EventSink | None, events_off: str | None
                  ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with open_services(app[SETTINGS_KEY], events, events_off) as services:
+        async with open_services(app[SETTINGS_KEY], events, events_off,
+                                 observers=(app[dashboard.RECENT_KEY].record,)) as services:
             await allow_browsers(app[SETTINGS_KEY], services)
             app[SERVICES_KEY] = services
             yield
@@ -112,6 +116,7 @@ def create_app(settings: Settings, *, events: EventSink | None = None,
     app[SETTINGS_KEY] = settings
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
+    app[dashboard.RECENT_KEY] = RecentChanges(hearing=bool(settings.amqp_url))
     app.cleanup_ctx.append(_recent_ctx)
     app.cleanup_ctx.append(_service_ctx(events, events_off))
     if settings.metrics_port:
