@@ -54,7 +54,8 @@ async def test_follow_prints_lines_while_the_task_runs_and_ends_with_its_outcome
     assert follower.returncode == WAIT_EXIT_CODES["failed"] == 3, errors
     printed = b"".join(lines) + rest
     assert printed.startswith(f"[azqueue] task {task_id} run 0\n".encode())
-    assert printed.endswith(b"after go\n\n[azqueue] exit code 3\n")
+    assert printed.endswith(b"after go\n\n[azqueue] exit code 3\n\n"
+                            b"[azqueue] the run ended failed: the command exited with 3\n")
     assert printed.count("first: ünïcödé\n".encode()) == 1
     # Without --follow: what is there, byte for byte the same once it is all there.
     whole = await asyncio.to_thread(subprocess.run, [AZQUEUE, "task", "log", task_id],
@@ -121,7 +122,7 @@ async def test_a_canceled_runs_log_ends_with_its_output_and_why_it_was_killed(
         text = await eventually(ended, what="the canceled run's log to be finished whole",
                                 interval=1.0)
     assert "printed before the cancel\n" in text
-    assert text.endswith("\n[azqueue] killed: resolved exception (canceled) by someone "
-                         "else\n"), text
+    assert text.endswith("\n[azqueue] killed: the task was canceled\n\n[azqueue] canceled: "
+                         "the task was canceled (cancelTask) and its run stopped\n"), text
     printed = await as_root(server, "task", "log", "--follow", task_id)
     assert (printed.returncode, printed.stdout) == (WAIT_EXIT_CODES["exception"], text)

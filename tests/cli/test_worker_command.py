@@ -48,8 +48,7 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
                          what="the command's child to be killed after the cancel")
     finally:
         output = await asyncio.to_thread(finish, worker, signal.SIGTERM)
-    assert f"task {task_id}/0: resolved exception (canceled) by someone else; stopped it, " \
-           "no report" in output, output
+    assert f"task {task_id}/0: the task was canceled; stopped it, no report" in output, output
     s = await status(http, server.api, task_id)
     assert [(r["state"], r["reasonResolved"]) for r in s["runs"]] == [("exception", "canceled")]
     async with http.get(f"{server.api}/task/{task_id}/runs/0/artifacts") as r:
@@ -58,7 +57,8 @@ async def test_a_cancel_stops_the_command_long_before_the_next_reclaim(
         assert [a["name"] for a in (await r.json())["artifacts"]] == ["public/logs/live.log"]
     text = await log_of(http, server, task_id, 0)
     assert "[azqueue] exit code" not in text
-    assert text.endswith("[azqueue] killed: resolved exception (canceled) by someone else\n"), output
+    assert text.endswith("[azqueue] killed: the task was canceled\n\n[azqueue] canceled: the "
+                         "task was canceled (cancelTask) and its run stopped\n"), output
 
 
 async def test_each_task_logs_claimed_started_resolved_and_runs_in_a_removed_scratch_dir(
