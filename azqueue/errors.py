@@ -11,6 +11,7 @@ request is a bug, answered 500 with an incident id and logged with its traceback
     AzqueueError
     ├── ConfigError                  a setting is missing or malformed: the process does not start
     ├── BrokerError                  RabbitMQ is away or did not confirm: events wait for recovery
+    ├── StartupError                 the server cannot start for a reason outside its settings
     ├── StorageCondition             an answer of Azure Storage the caller decides on
     │   ├── EntityNotFound           the table entity does not exist
     │   ├── EntityExists             an insert found the entity already there
@@ -70,6 +71,12 @@ class ConfigError(AzqueueError):
 
 class BrokerError(AzqueueError):
     """The AMQP broker could not be reached or did not confirm a message."""
+
+
+class StartupError(AzqueueError):
+    """The server cannot start for a reason outside its settings (``azqueue serve`` exits
+    1 with the message): a port in use, storage unreachable or refusing what start-up
+    asks of it."""
 
 
 class StorageCondition(AzqueueError):

@@ -13,9 +13,6 @@ queues not sampled yet), for at most ``MAX_SAMPLED_QUEUES`` task queues (those t
 process most recently created, claimed or resolved a task of): seven requests (one per
 priority) per task queue, one scan of the claim index for the running runs of all of
 them (shared with taskQueueCounts), and one for the outbox per sample.
-
-Every stored change of a task also goes to the listeners given to ``on_change`` (the
-dashboard's list of recent changes), in the process that made it.
 """
 
 from __future__ import annotations
@@ -76,9 +73,6 @@ RESOLVER_ITEMS = Counter("azqueue_resolver_items", "Items a background resolver 
 RESOLVER_NAMES = {"claim": "claims", "deadline": "deadlines", "dependency": "dependencies",
                   "group-passes": "groups"}
 
-ChangeListener = Callable[["Task | None", "Task"], None]
-_listeners: list[ChangeListener] = []
-
 # resolver name -> time.time() of the end of its last successful pass
 _last_ok: dict[str, float] = {}
 _started = time.time()
@@ -89,23 +83,9 @@ def count_request(endpoint: str, status: int, seconds: float) -> None:
     API_LATENCY.labels(endpoint).observe(seconds)
 
 
-def on_change(listener: ChangeListener) -> None:
-    """Call ``listener(before, after)`` with every change this process stores (once per
-    listener). It runs on the request's path: it must be quick and never fail."""
-    if listener not in _listeners:
-        _listeners.append(listener)
-
-
-def off_change(listener: ChangeListener) -> None:
-    """Stop calling ``listener`` (given to ``on_change``)."""
-    if listener in _listeners:
-        _listeners.remove(listener)
-
-
 def count_change(before: Task | None, after: Task) -> None:
     """Count the run transitions between ``before`` (None: a new task) and ``after``, time
-    the runs claimed or resolved, remember the task queue for sampling and tell the
-    ``on_change`` listeners."""
+    the runs claimed or resolved and remember the task queue for sampling."""
     old = before.runs if before is not None else ()
     for index, run in enumerate(after.runs):
         previous = old[index] if index < len(old) else None
@@ -126,8 +106,6 @@ def count_change(before: Task | None, after: Task) -> None:
                     max(0.0, (run.resolved - run.started).total_seconds()))
         RUNS.labels(state, reason).inc()
     PENDING.seen(after.task_queue_id)
-    for listener in _listeners:
-        listener(before, after)
 
 
 def count_event(exchange: str) -> None:

@@ -1,9 +1,11 @@
 """The aiohttp application and the lifecycles it owns.
 
+The dashboard's recent changes are made with the app and handed to the services as an
+observer of the changes they store (``service.wiring``), not reached through a global.
 Cleanup contexts run in registration order and are torn down in reverse: the dashboard's
 recent changes first (listening to the task exchanges before any change is made), the
-storage account and the services on it (``service.wiring``), then the background
-resolvers.
+storage account and the services on it (``service.wiring``, which also sets the Blob
+service's CORS rule for the dashboard's origins), then the background resolvers.
 
 The API's route table is the endpoint modules' tables, put together here (``ROUTES``).
 """
@@ -20,6 +22,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from azqueue.api.endpoints import artifacts, claims, counts, groups, meta, tasks, workers
 from azqueue.api.middleware import budget_middleware, error_middleware
 from azqueue.api import dashboard
+from azqueue.api.dashboard.recent import RecentChanges
 from azqueue.api.auth import Authenticator
 from azqueue.api.connections import BODY_TIMEOUT_KEY
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
@@ -27,7 +30,7 @@ from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Rout
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
 from azqueue.events.publisher import EventSink
-from azqueue.service.wiring import EVENTS_OFF, open_services
+from azqueue.service.wiring import EVENTS_OFF, allow_browsers, open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
 MAX_BODY = 2 * 1024 * 1024
@@ -38,15 +41,17 @@ ROUTES: list[Route] = [*meta.ROUTES, *tasks.ROUTES, *groups.ROUTES, *claims.ROUT
 
 async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS_KEY]
-    async with dashboard.recent_changes(settings.amqp_url, settings.exchange_prefix) as recent:
-        app[dashboard.RECENT_KEY] = recent
+    async with dashboard.hearing(app[dashboard.RECENT_KEY], settings.amqp_url,
+                                 settings.exchange_prefix):
         yield
 
 
 def _service_ctx(events: EventSink | None, events_off: str | None
                  ) -> Callable[[web.Application], AsyncIterator[None]]:
     async def services_ctx(app: web.Application) -> AsyncIterator[None]:
-        async with open_services(app[SETTINGS_KEY], events, events_off) as services:
+        async with open_services(app[SETTINGS_KEY], events, events_off,
+                                 observers=(app[dashboard.RECENT_KEY].record,)) as services:
+            await allow_browsers(app[SETTINGS_KEY], services)
             app[SERVICES_KEY] = services
             yield
     return services_ctx
@@ -113,6 +118,7 @@ def create_app(settings: Settings, *, events: EventSink | None = None,
     app[BODY_TIMEOUT_KEY] = settings.body_timeout
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
+    app[dashboard.RECENT_KEY] = RecentChanges(hearing=bool(settings.amqp_url))
     app.cleanup_ctx.append(_recent_ctx)
     app.cleanup_ctx.append(_service_ctx(events, events_off))
     if settings.metrics_port:

@@ -5,8 +5,9 @@ Every path that changes a task (createTask's insert aside: ``inserted``) goes th
 ``Changes.change``: ``TaskStore.modify`` (a pure transition of ``model.task``, written
 conditionally on the ETag), with the change's events written to the outbox in the same
 transaction and published after, a resolution passed on to the tasks that depend on the
-task (``dependencies``), this process's copy of the task kept (``cache``), and the
-metrics counted. A path that may resolve a run calls ``settle`` after it, which keeps
+task (``dependencies``), this process's copy of the task kept (``cache``), the
+metrics counted, and the change told to the ``observers`` the server was built with (the
+dashboard's recent changes). A path that may resolve a run calls ``settle`` after it, which keeps
 the Azure queue invariants written in ``tips`` for the run's message.
 """
 
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 # claimed with it before queuing the retry another tip.
 RETRY_TIP_WAIT = timedelta(seconds=10)
 
+# Told ``(before, after)`` of every change this process stores (``before`` None: a new
+# task), on the request's path: quick, and never failing.
+ChangeObserver = Callable[[Task | None, Task], None]
+
 
 @dataclass(frozen=True, slots=True)
 class Changes:
@@ -53,6 +58,7 @@ class Changes:
     tips: Tips
     index: ClaimIndex
     crash_after_commit: bool = False
+    observers: tuple[ChangeObserver, ...] = ()
 
     async def change(self, task_id: str, fn: Callable[[Task], Task],
                      loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,
@@ -90,7 +96,7 @@ class Changes:
             raise
         self.cache.put(change.stored)
         if change.changed:
-            metrics.count_change(change.before, change.after)
+            self._counted(change.before, change.after)
         await watch.after(change.before, change.after)
         return change
 
@@ -98,8 +104,13 @@ class Changes:
         """A new task was stored (createTask's insert): this process's copy of it, its
         metrics and the crash fault point, as for a change."""
         self.cache.put(stored)
-        metrics.count_change(None, stored.task)
+        self._counted(None, stored.task)
         self._fault_point()
+
+    def _counted(self, before: Task | None, after: Task) -> None:
+        metrics.count_change(before, after)
+        for observer in self.observers:
+            observer(before, after)
 
     async def settle(self, change: Change, run_id: int) -> None:
         """Bring run ``run_id``'s message and claim index in line with the resolution that

@@ -18,6 +18,7 @@ from datetime import timedelta
 
 from azqueue import metrics
 from azqueue.config import Settings
+from azqueue.errors import ConfigError, StartupError
 from azqueue.events.bells import BrokerBells
 from azqueue.events.outbox import Outbox
 from azqueue.events.publisher import EventSink, Publisher
@@ -28,7 +29,7 @@ from azqueue.model.upload import UploadSigner
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.batch import BatchReads
 from azqueue.service.cache import TaskCache
-from azqueue.service.changes import Changes
+from azqueue.service.changes import ChangeObserver, Changes
 from azqueue.service.claimindex import ClaimIndex
 from azqueue.service.claims import Claims
 from azqueue.service.counts import RunningClaims, TaskQueueCounts
@@ -88,9 +89,10 @@ class Services:
     outbox: Outbox | None
 
 
-def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) -> Services:
-    """The components on ``account``, wired together; nothing is created in storage yet
-    (``open_services`` does that)."""
+def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
+          observers: tuple[ChangeObserver, ...] = ()) -> Services:
+    """The components on ``account``, wired together, every stored change told to
+    ``observers``; nothing is created in storage yet (``open_services`` does that)."""
     tasks = TaskStore(account)
     queues = Queues(account)
     pending = PendingQueues(account=account, queues=queues)
@@ -112,7 +114,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None) ->
     dependencies = _dependencies(settings, account, tasks, queues, lambda: definitions)
     changes = Changes(tasks=tasks, outbox=outbox, dependencies=dependencies, cache=cache,
                       queues=queues, tips=tips, index=index,
-                      crash_after_commit=settings.crash_after_commit)
+                      crash_after_commit=settings.crash_after_commit, observers=observers)
     owners = GroupOwners(tasks=tasks, groups=groups)
     definitions = Definitions(
         tasks=tasks, groups=groups, owners=owners, queues=queues,
@@ -211,12 +213,35 @@ async def _close(services: Services) -> None:
 EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"
 
 
+async def allow_browsers(settings: Settings, services: Services) -> None:
+    """The Blob service's CORS rule for AZQUEUE_BLOB_CORS_ORIGINS (none: the account's
+    rules are left alone), so the dashboard served from those origins follows live logs;
+    set as a server starts. A failure is one line, a ``StartupError``."""
+    origins = settings.blob_cors_origins
+    if not origins:
+        return
+    try:
+        changed = await services.artifacts.blobs.allow_browsers(origins)
+    except ConfigError:
+        raise
+    except Exception as e:
+        log.debug("setting the Blob service's CORS rules failed", exc_info=True)
+        first_line = (str(e).strip().splitlines() or [""])[0][:300]
+        raise StartupError(f"could not set the Blob service's CORS rules for "
+                           f"AZQUEUE_BLOB_CORS_ORIGINS: {type(e).__name__}: {first_line}; "
+                           "leave it empty to keep the account's rules") from None
+    log.info("blob storage %s pages of %s read artifacts (CORS)",
+             "now lets" if changed else "lets", ", ".join(origins))
+
+
 @asynccontextmanager
 async def open_services(settings: Settings, events: EventSink | None = None,
-                        events_off: str | None = EVENTS_OFF) -> AsyncIterator[Services]:
+                        events_off: str | None = EVENTS_OFF,
+                        observers: tuple[ChangeObserver, ...] = ()) -> AsyncIterator[Services]:
     """The services on the settings' storage, closed on exit. Events go to ``events`` if
     given, else to the broker of ``settings.amqp_url``; with neither they are off, which
-    is logged as ``events_off`` (None: the caller says so itself)."""
+    is logged as ``events_off`` (None: the caller says so itself). Every change stored is
+    told to ``observers``."""
     account = StorageAccount(settings.storage)
     metrics.STORAGE.watch(account)
     publisher = events
@@ -233,7 +258,7 @@ async def open_services(settings: Settings, events: EventSink | None = None,
             await outbox.start()
         elif events_off:
             log.warning("%s", events_off)
-        services = build(settings, account, outbox)
+        services = build(settings, account, outbox, observers)
         await _setup(services)
         if settings.tip_form is TipForm.RUN:
             log.warning("AZQUEUE_TIP_FORM=run: tips are signed over the taskId and runId "

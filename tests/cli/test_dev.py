@@ -15,8 +15,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from azqueue.cli.server import DEV_STATE
 from azqueue.devstorage import free_port
-from azqueue.server_commands import DEV_STATE
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.tasks import definition, slugid
 from azqueue.worker import Credentials, Worker, WorkerConfig

@@ -3,11 +3,8 @@ queue's JSON, a library's internals or a settings error at a time."""
 
 from __future__ import annotations
 
-import ast
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -15,9 +12,7 @@ import aiohttp
 from azqueue.testing.tasks import create, definition, slugid
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server
-from tests.worker.helpers import checkout_env, cli_env
-
-PACKAGE = Path(__file__).resolve().parents[2] / "azqueue"
+from tests.worker.helpers import cli_env
 
 
 async def test_the_log_of_an_unknown_task_or_of_one_not_run_yet_says_so(
@@ -102,22 +97,3 @@ async def test_every_wrong_setting_is_named_at_once_each_with_its_variable(
                      "AZQUEUE_CLIENTS_FILE"):
         assert sum(variable in line for line in lines) == 1, (variable, lines)
     assert all(line.startswith("azqueue: ") for line in lines), lines
-
-
-def test_the_sdk_does_not_import_the_command_line() -> None:
-    """The exit codes live in the SDK: no module of azqueue/worker/ imports azqueue.cli,
-    and importing the SDK's commands leaves azqueue.cli unloaded."""
-    for path in sorted((PACKAGE / "worker").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = ([node.module or ""] if isinstance(node, ast.ImportFrom)
-                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
-            assert not any(n == "azqueue.cli" or n.startswith("azqueue.cli.") for n in names), \
-                f"{path.name} imports azqueue.cli"
-    probe = ("import sys, azqueue.worker.commands, azqueue.worker.follow\n"
-             "print('azqueue.cli' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=checkout_env(), timeout=60)
-    assert done.stdout.strip() == "False", done.stderr
-    from azqueue.cli import INTERRUPTED, WAIT_EXIT_CODES
-    from azqueue.worker import exitcodes
-    assert (WAIT_EXIT_CODES, INTERRUPTED) == (exitcodes.WAIT_EXIT_CODES, exitcodes.INTERRUPTED)

@@ -16,7 +16,8 @@ import aiohttp
 import pytest
 
 from azqueue import __version__
-from azqueue.cli import WAIT_EXIT_CODES, parser
+from azqueue.cli.exitcodes import WAIT_EXIT_CODES
+from azqueue.cli.parser import parser
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root, azqueue
@@ -24,7 +25,7 @@ from tests.servers import Server, ServerFactory
 from tests.worker.helpers import AZQUEUE, checkout_env, cli_env, running, shell_worker, wait_status
 
 SERVER_STACK = ("azure", "azqueue.api", "azqueue.service", "azqueue.storage",
-                "azqueue.background", "azqueue.server_commands")
+                "azqueue.background", "azqueue.cli.server")
 
 
 def _imported_by(*argv: str, env: dict[str, str] | None = None) -> list[str]:
@@ -200,7 +201,7 @@ def test_resolve_offers_exactly_the_resolvers_there_are() -> None:
     """`azqueue resolve` lists the resolvers without importing them (for a fast --help):
     the list must be the one the server runs."""
     from azqueue.background import resolvers
-    from azqueue.cli import RESOLVERS
+    from azqueue.cli.parser import RESOLVERS
 
     assert sorted(RESOLVERS) == sorted(resolvers.NAMES)
 

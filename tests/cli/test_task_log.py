@@ -10,7 +10,7 @@ from typing import IO, AnyStr
 
 import aiohttp
 
-from azqueue.cli import WAIT_EXIT_CODES
+from azqueue.cli.exitcodes import WAIT_EXIT_CODES
 from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root
 from tests.servers import Server

@@ -10,7 +10,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from azqueue.cli import RESOLVERS
+from azqueue.cli.parser import RESOLVERS
 from azqueue.logs import JsonLines
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition

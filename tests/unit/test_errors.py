@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from aiohttp import web
@@ -17,6 +19,7 @@ from azqueue.config import ConfigError
 from azqueue.devstorage import free_port
 from azqueue.events.publisher import Publisher
 from azqueue.model import events
+from azqueue.service import wiring
 from azqueue.storage import errors as storage_errors
 
 
@@ -107,3 +110,35 @@ async def test_a_resolver_logs_an_outage_in_one_line_and_a_bug_with_its_tracebac
     [record] = caplog.records
     assert record.getMessage().startswith("expiry: ")
     assert (record.exc_info is not None) is traceback
+
+
+async def test_a_blob_service_that_refuses_the_cors_rule_stops_the_start_in_one_line() -> None:
+    """AZQUEUE_BLOB_CORS_ORIGINS is set as a server starts: a refusal is a StartupError
+    naming the setting (serve exits 1 with it), a rule too many the ConfigError it is."""
+    asked: list[tuple[str, ...]] = []
+
+    def services(failure: Exception | None) -> Any:
+        async def allow_browsers(origins: tuple[str, ...]) -> bool:
+            asked.append(origins)
+            if failure is not None:
+                raise failure
+            return True
+        return SimpleNamespace(artifacts=SimpleNamespace(blobs=SimpleNamespace(
+            allow_browsers=allow_browsers)))
+
+    origins = ("https://queue.example.com",)
+    none: Any = SimpleNamespace(blob_cors_origins=())
+    await wiring.allow_browsers(none, services(None))
+    assert asked == []
+    settings: Any = SimpleNamespace(blob_cors_origins=origins)
+    with pytest.raises(errors.StartupError) as refused:
+        await wiring.allow_browsers(settings, services(RuntimeError("This request is not "
+                                                                    "authorized\nRequestId:1")))
+    assert refused.value.message == (
+        "could not set the Blob service's CORS rules for AZQUEUE_BLOB_CORS_ORIGINS: "
+        "RuntimeError: This request is not authorized; leave it empty to keep the account's "
+        "rules")
+    with pytest.raises(ConfigError):
+        await wiring.allow_browsers(settings, services(ConfigError("five rules already")))
+    await wiring.allow_browsers(settings, services(None))
+    assert asked == [origins] * 3

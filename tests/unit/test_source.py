@@ -1,6 +1,6 @@
 """What the source of azqueue keeps to, read from its syntax trees: no function longer
-than a screen, and Azure's SDK imported by the storage package alone
-(docs/contributing.md, "Layout")."""
+than a screen, Azure's SDK imported by the storage package alone, and the command line
+the top layer, imported by no other package (docs/contributing.md, "Layout")."""
 
 from __future__ import annotations
 
@@ -40,6 +40,26 @@ def azure_imports(tree: ast.Module) -> list[str]:
     return [name for name in imported if name == "azure" or name.startswith("azure.")]
 
 
+def imported_modules(name: str, tree: ast.Module) -> set[str]:
+    """The absolute names of the modules the module at ``name`` (``azqueue/x/y.py``)
+    imports, relative imports resolved; ``from a import b`` counts as ``a`` and ``a.b``."""
+    package = name.removesuffix(".py").split("/")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            parts = package[:len(package) - node.level + 1] if node.level else []
+            base = ".".join([*parts, *([node.module] if node.module else [])])
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def inside(name: str, module: str) -> bool:
+    return name == module or name.startswith(module + ".")
+
+
 def test_no_function_is_longer_than_80_lines() -> None:
     """A decision reads at once: a longer function is a sequence of named steps."""
     found = [line for name, tree in modules() for line in long_functions(name, tree)]
@@ -62,3 +82,38 @@ def test_only_the_storage_package_imports_azure() -> None:
     assert azure_imports(ast.parse("import azure.core\nfrom azure.data import tables\n"
                                    "from .azure import x\nimport azurelike\n")) == \
         ["azure.core", "azure.data"]
+
+
+def test_the_command_line_is_the_top_layer() -> None:
+    """azqueue/cli/ may import any package of azqueue; no module outside it imports it:
+    not the worker SDK (azqueue/worker/), which a worker installs without the command
+    line's concerns, and not the server's packages."""
+    cli = PACKAGE / "cli"
+    found = {name: cli_names for name, tree in modules()
+             if not (PACKAGE.parent / name).is_relative_to(cli)
+             and (cli_names := sorted(n for n in imported_modules(name, tree)
+                                      if inside(n, "azqueue.cli")))}
+    assert not found, f"azqueue.cli imported outside azqueue/cli: {found}"
+
+
+def test_the_worker_sdk_imports_only_itself_and_the_model() -> None:
+    """A worker installs the SDK (azqueue/worker/) for the queue's HTTP API: of azqueue it
+    needs the pure model, never the server's packages or the command line."""
+    sdk = PACKAGE / "worker"
+    found = {name: outside for name, tree in modules()
+             if (PACKAGE.parent / name).is_relative_to(sdk)
+             and (outside := sorted(n for n in imported_modules(name, tree)
+                                    if inside(n, "azqueue") and n != "azqueue"
+                                    and not inside(n, "azqueue.worker")
+                                    and not inside(n, "azqueue.model")))}
+    assert not found, f"the worker SDK imports beyond azqueue.worker and azqueue.model: {found}"
+
+
+def test_the_import_reader_resolves_every_form() -> None:
+    source = ("import azqueue.cli.parser\nfrom azqueue import cli\nfrom . import exitcodes\n"
+              "from ..model import task\nfrom .follow import follow\n")
+    assert imported_modules("azqueue/cli/client.py", ast.parse(source)) == {
+        "azqueue.cli.parser", "azqueue", "azqueue.cli", "azqueue.cli.exitcodes",
+        "azqueue.model", "azqueue.model.task", "azqueue.cli.follow", "azqueue.cli.follow.follow"}
+    assert imported_modules("azqueue/worker/__init__.py", ast.parse("from . import run\n")) == {
+        "azqueue.worker", "azqueue.worker.run"}

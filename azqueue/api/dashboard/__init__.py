@@ -22,7 +22,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from azqueue import errors, metrics
+from azqueue import errors
 from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.api.routing import AUTH_KEY
@@ -88,22 +88,20 @@ def _named(held: tuple[str, ...], entry: Entry) -> Entry:
 
 
 @asynccontextmanager
-async def recent_changes(amqp_url: str | None, exchange_prefix: str
-                         ) -> AsyncIterator[RecentChanges]:
-    """The recent changes of a server, heard from the task exchanges with events on
-    (``amqp_url``), from this process's own changes with events off."""
-    changes = RecentChanges(hearing=bool(amqp_url))
-    metrics.on_change(changes.record)
+async def hearing(changes: RecentChanges, amqp_url: str | None, exchange_prefix: str
+                  ) -> AsyncIterator[None]:
+    """``changes`` fed by the task exchanges while inside, with events on (``amqp_url``);
+    the server's own changes reach its ``record`` as an observer of its services
+    (``api.app``)."""
     listener = None
     try:
         if amqp_url:
             listener = Listener(amqp_url, exchange_prefix, TASK_EXCHANGES, changes.hear)
             await listener.start()
-        yield changes
+        yield
     finally:
         if listener is not None:
             await listener.close()
-        metrics.off_change(changes.record)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

@@ -8,8 +8,9 @@ changes it hears of, with no storage request:
 - with events on, every replica's: the task exchanges' messages (``hear``, fed by an
   ``azqueue.events.listener.Listener``), which every replica publishes, so every replica
   shows the same lists (``EVERY_REPLICA``), from the moment it started;
-- with events off, only the changes this process stores itself (``record``, fed by
-  ``metrics.on_change``): the page says "recent on this replica" (``THIS_REPLICA``).
+- with events off, only the changes this server stores itself (``record``, an observer
+  of its services' changes, ``service.changes``): the page says "recent on this replica"
+  (``THIS_REPLICA``).
 
 A restart forgets. A task's name is not in its messages: it is shown where this process
 stored or changed the task (``record`` notes it either way), and the page reads the
@@ -106,8 +107,8 @@ class RecentChanges:
         return EVERY_REPLICA if self.hearing else THIS_REPLICA
 
     def record(self, before: Task | None, after: Task) -> None:
-        """A ``metrics.on_change`` listener: note ``after``'s name and, events off,
-        remember its newest state."""
+        """An observer of the server's changes (``service.changes.ChangeObserver``): note
+        ``after``'s name and, events off, remember its newest state."""
         name = (after.definition.get("metadata") or {}).get("name", "")
         if name:
             _remember(self._names, after.task_id, name, MAX_NAMES)

@@ -1,5 +1,4 @@
-"""How the SDK's commands end: the exit codes of ``azqueue worker``, ``task …`` and
-``queue …``, which the command line (``azqueue.cli``) uses too.
+"""How the command line ends: the exit codes of every ``azqueue`` command.
 
 0 done; 1 an error (one line on stderr saying what and how to fix it); 2 a mistake in
 the arguments or the settings; 130 interrupted (Ctrl-C). ``task wait`` and

@@ -22,7 +22,7 @@ import aiohttp
 import taskcluster
 
 from azqueue.model.task import RESOLVED_STATES
-from azqueue.worker.exitcodes import WAIT_EXIT_CODES
+from azqueue.cli.exitcodes import WAIT_EXIT_CODES
 
 POLL = 1.0
 READ_CHUNK = 65536

@@ -1,5 +1,5 @@
 """``azqueue worker``, ``task …`` and ``queue list``: the command line of workers and
-submitters (its arguments are parsed in ``azqueue.cli``).
+submitters (its arguments are parsed in ``azqueue.cli.parser``).
 
 All read the usual ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID``,
 ``TASKCLUSTER_ACCESS_TOKEN`` (or ``TASKCLUSTER_ACCESS_TOKEN_FILE``, a file holding it, so
@@ -32,11 +32,12 @@ import slugid
 import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
+from azqueue.cli import follow
+from azqueue.cli.exitcodes import ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES
 from azqueue.model.task import RESOLVED_STATES
-from azqueue.worker import client, follow, shell
+from azqueue.worker import client, shell
 from azqueue.worker.client import Credentials
 from azqueue.worker.errors import QueueRefused
-from azqueue.worker.exitcodes import ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES
 from azqueue.worker.worker import Worker, WorkerConfig
 
 WAIT_POLL = 1.0

@@ -5,8 +5,9 @@ Each fails in one line that names what is wrong (``ConfigError``, exit status 2,
 data directory that cannot be made, storage that stays unreachable. Each stops on
 SIGINT, SIGTERM and SIGHUP (a closed terminal); ``dev`` then stops its Azurite too.
 
-``serve`` sets the Blob service's CORS rule for AZQUEUE_BLOB_CORS_ORIGINS at start-up;
-``dev`` sets one for its own rootUrl on its Azurite, so its dashboard follows live logs.
+``serve`` hands its settings to the server, which sets the Blob service's CORS rule for
+AZQUEUE_BLOB_CORS_ORIGINS as it starts (``service.wiring.allow_browsers``); ``dev`` sets
+them to its own rootUrl on its Azurite, so its dashboard follows live logs.
 
 ``dev --data DIR`` keeps Azurite's data, the tip secrets and the root credentials in DIR
 (``DEV_STATE``, mode 0600), so a restart keeps every stored task and every pending tip
@@ -35,15 +36,13 @@ import stat
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TypeVar
 from urllib.parse import urlsplit
 
 from azqueue import __version__
 from azqueue.config import ConfigError, Settings, connection_settings, new_secret
 from azqueue.devstorage import Azurite
-
-if TYPE_CHECKING:
-    from aiohttp import web
+from azqueue.errors import StartupError
 
 # The server stack (aiohttp, the Azure SDKs: a second to import) is imported where it is
 # first needed, so that what fails before it, such as a `dev --data` directory another
@@ -57,10 +56,6 @@ AZURITE_PID = "azurite.pid"
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 CONNECT_TIMEOUT = 5.0
 T = TypeVar("T")
-
-
-class StartupError(Exception):
-    """The server could not start for a reason outside its settings (exit status 1)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -159,8 +154,6 @@ async def _serve(settings: Settings, stop: asyncio.Event,
             log.debug("start-up failed", exc_info=True)
             raise StartupError(f"could not start: {type(e).__name__}: {_first_line(e)} "
                                "(--log-level DEBUG shows the traceback)") from None
-        if settings.blob_cors_origins:
-            await _allow_browsers(runner.app, settings.blob_cors_origins)
         site = ListeningSite(runner, settings.host, settings.port, settings)
         try:
             await site.start()
@@ -172,23 +165,6 @@ async def _serve(settings: Settings, stop: asyncio.Event,
         await stop.wait()
     finally:
         await runner.cleanup()
-
-
-async def _allow_browsers(app: web.Application, origins: tuple[str, ...]) -> None:
-    """The Blob service's CORS rule for ``origins`` (AZQUEUE_BLOB_CORS_ORIGINS), so the
-    dashboard of those origins can follow live logs; a failure is one line, as any."""
-    from azqueue.api.routing import SERVICES_KEY
-    try:
-        changed = await app[SERVICES_KEY].artifacts.blobs.allow_browsers(origins)
-    except ConfigError:
-        raise
-    except Exception as e:
-        log.debug("setting the Blob service's CORS rules failed", exc_info=True)
-        raise StartupError(f"could not set the Blob service's CORS rules for "
-                           f"AZQUEUE_BLOB_CORS_ORIGINS: {type(e).__name__}: {_first_line(e)}; "
-                           "leave it empty to keep the account's rules") from None
-    log.info("blob storage %s pages of %s read artifacts (CORS)",
-             "now lets" if changed else "lets", ", ".join(origins))
 
 
 def _check_can_listen(settings: Settings) -> None:

@@ -1,16 +1,9 @@
-"""The command line: arguments -> Settings -> run.
+"""The arguments of ``azqueue``: ``parser()`` turns a command line into a Namespace.
 
-This module only parses arguments: it imports nothing but the standard library,
-``azqueue.config``, the pure model's names and priorities (``azqueue.model``) and the exit
-codes (``azqueue.worker.exitcodes``), so ``--help``, ``--version`` and a mistake in the
-arguments answer at once. What a command runs is imported when it runs: the server stack
-(``azqueue.server_commands``) for ``serve``, ``dev`` and ``resolve``; the official client
-and the worker SDK (``azqueue.worker.commands``) for ``worker``, ``task``, ``queue``.
-
-Exit codes: 0 done, 1 an error (one line on stderr saying what and how to fix it), 2 a
-mistake in the arguments or the settings, 130 interrupted (Ctrl-C); ``task wait`` adds
-its own (``WAIT_EXIT_CODES``). The codes are the SDK's (``azqueue.worker.exitcodes``):
-the SDK never imports this module.
+This module imports nothing but the standard library, ``azqueue.config``,
+``azqueue.logs`` and the pure model's names and priorities (``azqueue.model``), so
+``--help``, ``--version`` and a mistake in the arguments answer at once; what a command
+runs is imported when it runs (``azqueue.cli.main``).
 """
 
 from __future__ import annotations
@@ -21,7 +14,6 @@ import functools
 import os
 import re
 import socket
-import sys
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -29,16 +21,15 @@ from azqueue import __version__, logs
 from azqueue.config import ConfigError, variables_help
 from azqueue.model.identifiers import SLUGID, TASK_QUEUE_ID
 from azqueue.model.priority import IN_DEFINITION, Priority
-from azqueue.worker.exitcodes import INTERRUPTED, USAGE, WAIT_EXIT_CODES
 
-__all__ = ["INTERRUPTED", "WAIT_EXIT_CODES", "main", "parser"]
+__all__ = ["parser"]
 
 # The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
 RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events", "groups")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 DEFAULT_MAX_RUN_TIME = 3600
 DEFAULT_DEADLINE = "1h"
-# The states `task list --task-queue` lists (azqueue.worker.commands lists each).
+# The states `task list --task-queue` lists (azqueue.cli.client lists each).
 LISTED_STATES = ("pending", "running", "unscheduled", "resolved")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -411,30 +402,3 @@ def _queue_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
                             help="list the task queues", description="List the task queues.")
     qlist.add_argument("--json", action="store_true", help="print JSON lines, one per queue")
 
-
-def main(argv: list[str] | None = None) -> int:
-    try:
-        return _main(argv)
-    except KeyboardInterrupt:  # Ctrl-C before a command had its own handler in place
-        return INTERRUPTED
-
-
-def _main(argv: list[str] | None) -> int:
-    args = parser().parse_args(argv)
-    if getattr(args, "check", None):
-        args.check(args)
-    logs.configure(args.log_level, args.log_format)
-    try:
-        if args.command in ("serve", "dev", "resolve"):
-            from azqueue import server_commands
-            return server_commands.run(args)
-        from azqueue.worker import commands
-        return commands.run(args)
-    except ConfigError as e:  # every wrong setting, a line each
-        for line in e.message.splitlines():
-            print(f"azqueue: {line}", file=sys.stderr)
-        return USAGE
-
-
-if __name__ == "__main__":
-    sys.exit(main())
