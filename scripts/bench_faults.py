@@ -7,7 +7,7 @@ runs it), the fault proxy (``azqueue.testing.faultproxy``) in front of it and tw
 `azqueue serve` replicas whose storage is the proxy's (so the SAS URLs they hand out
 point at it too), creates N tasks
 from 16 concurrent clients spread over both replicas while 4 SAS workers and 4 claimWork
-workers (plain aiohttp, as documents 000/001/003 describe them) claim them, reclaim each
+workers (plain aiohttp, as docs/workers/ describes them) claim them, reclaim each
 once, read its status and report it completed, and prints the p50, p99 and max of every
 endpoint's answer time as the clients saw it, with the count of 5xx answers and of
 client time-outs (30 s). claimWork is a long poll: its times include waiting for work

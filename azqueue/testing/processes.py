@@ -21,27 +21,6 @@ def _exited(process: subprocess.Popen[bytes] | None, what: str) -> None:
         raise NotServing(f"{what}: its process exited with {process.returncode}")
 
 
-async def wait_listening(port: int, process: subprocess.Popen[bytes] | None = None,
-                         seconds: float = 60.0) -> None:
-    """Return once 127.0.0.1:``port`` accepts a connection, trying every 0.1 s;
-    ``NotServing`` after ``seconds``, or as soon as ``process`` has exited."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + seconds
-    while True:
-        _exited(process, f"listening on port {port}")
-        try:
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-        except OSError as e:
-            if loop.time() >= end:
-                raise NotServing(f"nothing listened on port {port} within {seconds:g}s: "
-                                 f"{e}") from None
-            await asyncio.sleep(0.1)
-            continue
-        writer.close()
-        await writer.wait_closed()
-        return
-
-
 async def until_serving(http: aiohttp.ClientSession, api: str, seconds: float = 30.0, *,
                         process: subprocess.Popen[bytes] | None = None) -> None:
     """Return once ``<api>/ping`` answers 200, polling every 0.1 s; ``NotServing`` (with

@@ -1,4 +1,4 @@
-"""Getting work through SAS URLs, as documents 000 and 001 tell a worker to.
+"""Getting work through SAS URLs, as docs/workers/sas.md tells a worker to.
 
 * pollTaskUrls, refreshed before ``expires``;
 * the URLs polled in the order given, ``numofmessages`` = free capacity (at most 32);
@@ -81,7 +81,7 @@ LONG_POLL = 20.0
 DEQUEUE_ALERT = 10
 REFRESH_BEFORE = timedelta(minutes=2)
 # Answers to claimTask after which the message is deleted: the task does not exist, is
-# not (or no longer) pending, or the tip is not valid (documents 000 and 001).
+# not (or no longer) pending, or the tip is not valid (docs/workers/sas.md).
 DELETE_AFTER = frozenset({400, 404, 409})
 # The keys of ``SasSource.requests``.
 POLL = "azure poll"

@@ -5,7 +5,7 @@ loop until ``stop()``; every wait in the loop is bounded, so stopping takes seco
 
 * Capacity: up to ``capacity`` tasks run at once; the worker asks for exactly its free
   capacity (docs/workers/sas.md: the claims of one poll).
-* Work comes from SAS URLs (``mode="sas"``, documents 000/001; see ``azqueue.worker.sas``
+* Work comes from SAS URLs (``mode="sas"``, docs/workers/sas.md; see ``azqueue.worker.sas``
   for the order of polls and the sleeps between empty passes) or from claimWork
   (``mode="claim-work"``, docs/workers/sdk.md; ``azqueue.worker.claimwork``).
 * Each task is reclaimed ``reclaim_margin`` seconds before ``takenUntil`` with its own

@@ -5,7 +5,7 @@ test runs, so routes declared later are covered too), requests are generated fro
 and from hostile variants of them: path parameters that are not what the route wants,
 bodies that are not JSON, not UTF-8, nested too deep, carrying non-finite numbers or
 values of the wrong shape, query parameters of any kind; signed as the root client,
-anonymous, or with a Hawk header that is garbage. What the issue asks of every answer:
+anonymous, or with a Hawk header that is garbage. What every answer must be:
 "no 5xx and a `{code, message}` body on every 4xx".
 
 The budget is bounded (``EXAMPLES`` a route) and the examples are derandomized, so the

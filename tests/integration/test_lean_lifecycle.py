@@ -51,7 +51,7 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """createTask puts the tip, then stores the task with the tip's record. A worker that
     polls the tip in between must not be told to delete it ('if ... claimTask fails with
-    a 4xx error, the worker must delete the messages', 000): its claim waits for the task."""
+    a 4xx error, the worker must delete the messages', docs/workers/sas.md): its claim waits for the task."""
     server = await make_server()
     task_id, task, message_id = await _stage_tip(server, "prov/early")
     message, _ = await _poll_one(http, server, "early")

@@ -1,4 +1,4 @@
-"""The worker SDK and `azqueue worker`, following documents 000, 001, 002 and 003."""
+"""The worker SDK and `azqueue worker`, following docs/workers/sas.md and docs/workers/sdk.md."""
 
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ async def test_outcomes_malformed_payload_exit_code_and_overrun(
     """'If the worker is unable execute the task specific payload ... report exception with
     the reason malformed-payload' and 'it is still important to write a detailed explanation
     ... to the task log'; 'If ... the code crashes or exists non-zero, then the task is said
-    to be failed' (000/003)."""
+    to be failed' (docs/workers/sdk.md)."""
     server = await make_server()
     bad = await create(http, server.api, definition("prov/outcomes", payload={"command": "ls"}))
     exit3 = await create(http, server.api, definition(
