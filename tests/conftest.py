@@ -15,13 +15,12 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
-from azure.data.tables.aio import TableServiceClient
-from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.api.app import create_app
 from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
+from azqueue.storage.account import StorageAccount
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.storage import StorageInspector
@@ -99,13 +98,13 @@ async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
 
 
 async def _delete_storage(conn: str, prefix: str) -> None:
-    async with QueueServiceClient.from_connection_string(conn) as queues:
-        async for q in queues.list_queues(name_starts_with=f"{prefix}-"):
-            await queues.delete_queue(q.name)
-    async with TableServiceClient.from_connection_string(conn) as tables:
-        async for t in tables.list_tables():
-            if t.name.startswith(prefix):
-                await tables.delete_table(t.name)
+    """Everything of the test's prefix, as the plugin deletes it: queues, tables and blob
+    containers (``StorageAccount.delete_all``)."""
+    account = StorageAccount(StorageSettings(conn, prefix))
+    try:
+        await account.delete_all()
+    finally:
+        await account.close()
 
 
 @pytest.fixture
