@@ -19,10 +19,9 @@ from collections.abc import Callable
 
 import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
-from aio_pika.connection import make_url
 
 from azqueue.errors import BrokerError
-from azqueue.events.publisher import BROKER_ERRORS, CONNECT_TIMEOUT, RECONNECT_INTERVAL
+from azqueue.events.publisher import BROKER_ERRORS, connect
 
 log = logging.getLogger(__name__)
 
@@ -64,11 +63,8 @@ class BrokerBells:
                 await self._connect()
 
     async def _connect(self) -> None:
-        connection = aio_pika.RobustConnection(
-            make_url(self._url, reconnect_interval=RECONNECT_INTERVAL),
-            reconnect_interval=RECONNECT_INTERVAL)
+        connection = await connect(self._url)
         try:
-            await connection.connect(timeout=CONNECT_TIMEOUT)
             channel = await connection.channel(publisher_confirms=False)
             exchange = await channel.declare_exchange(
                 self._exchange_name, aio_pika.ExchangeType.DIRECT, durable=True)
