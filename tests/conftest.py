@@ -39,6 +39,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 REPLY_CHECK = pytest.StashKey[ReplyCheck]()
+# How long the test servers' claimWork calls wait for work (a test may set another): a
+# worker stopped at the end of a test waits for its last call to be answered.
+CLAIM_WORK_WAIT = 2.0
 
 
 @pytest.hookimpl(wrapper=True)
@@ -79,6 +82,7 @@ async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
 
     async def start(**overrides: Any) -> Server:
         port = free_port()
+        overrides.setdefault("claim_work_wait", CLAIM_WORK_WAIT)
         settings = Settings(
             storage=StorageSettings(azurite.connection_string, storage_prefix),
             tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),

@@ -99,7 +99,7 @@ async def test_workers_are_recorded_with_their_recent_tasks(
 
 async def test_a_claim_work_claim_left_alone_expires_and_is_retried(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
-    server = await make_server(claim_timeout=2.0, run_resolvers=False)
+    server = await make_server(claim_timeout=2.0, run_resolvers=False, claim_work_wait=20.0)
     task_id = await create(http, server.api, definition("prov/cwexpiry"))
     [first] = await claim_work(http, server, "prov/cwexpiry", worker_id="gone")
     assert first["runId"] == 0

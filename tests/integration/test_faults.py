@@ -443,7 +443,8 @@ async def test_claim_work_looks_again_when_the_tips_a_lost_receive_hid_reappear(
     sent again, it finds nothing. With polling effectively off (60 s), the caller still
     gets the task: the poller knew the receive may have hidden tips, and looked again
     once they were visible again. (No tip repair meanwhile: it would hand a new tip over.)"""
-    server = await faulty_servers(claim_work_poll_interval=60.0, tip_repair_delay=120.0)
+    server = await faulty_servers(claim_work_poll_interval=60.0, tip_repair_delay=120.0,
+                                  claim_work_wait=20.0)
     task_id = await _create(http, server, "prov/lostreceive")
     pending = storage.pending_queue("prov/lostreceive")
     proxy.once("GET", f"/{pending}/messages", fault)

@@ -146,7 +146,7 @@ async def test_both_releases_serving_at_once_claim_what_the_other_created(
     # The rollout's settings from the previous release (docs/operating/upgrades.md): tips
     # it reads, and pollers that look as often as its own (it rings no doorbell).
     new_server = await make_server(tip_secrets=(SECRET,), tip_form=TipForm.RUN,
-                                   claim_work_fallback_interval=2.0)
+                                   claim_work_fallback_interval=2.0, claim_work_wait=20.0)
     async with serve(azurite, storage_prefix, "", port, release=previous_release):
         old, new = _queue(f"http://127.0.0.1:{port}"), _queue(new_server.root_url)
         made_old, made_new, dependency, dependent = (slugid() for _ in range(4))

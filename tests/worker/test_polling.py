@@ -194,6 +194,7 @@ async def test_idle_passes_poll_no_queue_and_finding_work_resets_the_idle_sleep(
     async with aiohttp.ClientSession() as session:
         source = SasSource(session, server.root_url, CREDENTIALS, "prov/reset", "g", "w",
                            idle_sleep=0.01, max_idle_sleep=0.05)
+        source.long_poll = False  # idle, it sleeps between passes rather than waiting
         for _ in range(3):
             assert await source.get(1, stop) == []
         assert source.empty_passes == 3
