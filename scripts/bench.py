@@ -65,11 +65,13 @@ from typing import Any
 import aiohttp
 
 import benchlib
-from benchlib import (FAILURES, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, BenchError, CountingProxy,
-                      Hit, Server, claim_message, cpu_seconds, create_task, signed_session)
+from benchlib import (FAILURES, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, BenchError, Server,
+                      claim_message, cpu_seconds, create_task, signed_session)
 
 from azqueue.devstorage import KEY, Azurite
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.processes import stop_process
+from azqueue.testing.requestkinds import Hit
 from azqueue.testing.sas import get_messages
 from azqueue.testing.tasks import call
 
@@ -109,7 +111,7 @@ class Span:
 class Bench:
     args: argparse.Namespace
     azurite: Azurite
-    proxy: CountingProxy
+    proxy: FaultProxy
     logs: Path
     server: Server | None = None
     pids: dict[str, int] = field(default_factory=dict)
@@ -1103,7 +1105,7 @@ async def main(args: argparse.Namespace) -> None:
           f"{','.join(args.phases)}; Azurite on {args.azurite}; {os.cpu_count()} CPUs")
     keep_logs = args.keep_logs
     azurite = await Azurite.start(memory=args.azurite == "memory")
-    proxy = CountingProxy(azurite)
+    proxy = FaultProxy(azurite.ports)
     b = Bench(args, azurite, proxy, logs)
     try:
         await proxy.start(("", "celery"))

@@ -125,9 +125,7 @@ async def storage(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Storag
 async def proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
     """A fault proxy in front of the test Azurite (servers reach it through
     ``proxy.connection_string``), with no faults until a test asks for some."""
-    proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
-                        "queue": f"http://127.0.0.1:{azurite.queue_port}",
-                        "table": f"http://127.0.0.1:{azurite.table_port}"})
+    proxy = FaultProxy(azurite.ports)
     await proxy.start()
     yield proxy
     await proxy.stop()

@@ -19,7 +19,7 @@ from aiohttp import web
 from azqueue.api.app import create_app
 from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Client, Settings, StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.devstorage import Azurite, free_port
 from azqueue.storage.account import StorageAccount
 from azqueue.testing.background import BackgroundLoop
 from azqueue.testing.events import RecordedEvents
@@ -269,16 +269,14 @@ class StorageFaults:
 
     @classmethod
     def start(cls, loop: BackgroundLoop, azurite: Azurite) -> StorageFaults:
-        proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
-                            "queue": f"http://127.0.0.1:{azurite.queue_port}",
-                            "table": f"http://127.0.0.1:{azurite.table_port}"})
+        proxy = FaultProxy(azurite.ports)
         loop.run(proxy.start())
         return cls(loop, proxy)
 
     @property
     def connection_string(self) -> str:
         """The storage account as seen through the proxy."""
-        return self.proxy.connection_string(ACCOUNT, KEY)
+        return self.proxy.connection_string()
 
     def set(self, busy: float = 0.0, lost: float = 0.0, drop_share: float = 0.5) -> None:
         """``busy``: the share of requests answered 503 ServerBusy (nothing applied);
