@@ -14,10 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from azqueue.api.app import create_app
-from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.storage.account import StorageAccount
@@ -74,25 +72,21 @@ async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
                       storage_prefix: str) -> AsyncIterator[ServerFactory]:
     """Start servers sharing one storage prefix (replicas of one deployment), their
     answers checked against Taskcluster's output schemas."""
-    runners: list[web.AppRunner] = []
+    servers: list[Server] = []
     check = request.node.stash[REPLY_CHECK] = ReplyCheck()
 
     async def start(**overrides: Any) -> Server:
-        port = free_port()
         settings = Settings(
             storage=StorageSettings(azurite.connection_string, storage_prefix),
             tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),
-            root=overrides.pop("root", ROOT), host="127.0.0.1", port=port,
+            root=overrides.pop("root", ROOT), host="127.0.0.1", port=free_port(),
         ).with_(**overrides)
-        runner = make_runner(check.install(create_app(settings)), settings)
-        await runner.setup()
-        runners.append(runner)
-        await ListeningSite(runner, "127.0.0.1", port, settings).start()
-        return Server(settings.public_root_url, runner.app, settings)
+        servers.append(await Server.start(settings, check.install(create_app(settings))))
+        return servers[-1]
 
     yield start
-    for runner in reversed(runners):
-        await runner.cleanup()
+    for server in reversed(servers):
+        await server.stop()
     await _delete_storage(azurite.connection_string, storage_prefix)
     assert not (departures := check.take()), departures
 
