@@ -1,7 +1,7 @@
 """What the benchmark needs besides its phases and the client kit (``azqueue.testing``,
 shared with the tests: Hawk-signed sessions, task definitions, a SAS worker's requests,
-processes waited for and stopped, the proxy in front of Azurite that counts requests by
-kind): `azqueue serve` processes, and CPU times read from /proc.
+`azqueue serve` processes, the proxy in front of Azurite that counts requests by kind):
+the servers' settings, and CPU times read from /proc.
 
 Nothing here imports from `tests/` or from the service's internals: the benchmark sees
 azqueue as a user does, through `azqueue serve`, its HTTP API and the worker SDK.
@@ -11,25 +11,19 @@ from __future__ import annotations
 
 import os
 import secrets
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from azqueue.config import ConfigError
-from azqueue.devstorage import free_port
 from azqueue.testing import hawk, sas, tasks
-from azqueue.testing.processes import NotServing, stop_process, until_serving
+from azqueue.testing.processes import NotServing, ServeProcess
 from azqueue.testing.sas import QueueMessage
 from azqueue.testing.tasks import UnexpectedAnswer
 
-# The `azqueue` of the environment running the benchmark (.venv/bin/python: .venv/bin/azqueue).
-AZQUEUE = Path(sys.executable).parent / "azqueue"
 ROOT_ID, ROOT_TOKEN = "root", "bench-root-access-token-0123456789"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -66,52 +60,19 @@ QUIET_RESOLVERS = {
     "AZQUEUE_EXPIRY_INTERVAL": "3600",
     "AZQUEUE_GROUP_RESOLVER_INTERVAL": "3600",
 }
-
-
-@dataclass
-class Server:
-    process: subprocess.Popen[bytes]
-    port: int
-
-    @property
-    def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def api(self) -> str:
-        return f"{self.root_url}/api/queue/v1"
-
-    def cpu(self) -> float:
-        return cpu_seconds(self.process.pid)
-
-    async def stop(self) -> None:
-        await stop_process(self.process)
-
-
 TIP_SECRET = secrets.token_hex(24)
 
 
-async def start_server(connection_string: str, log: Path, **settings: str) -> Server:
-    """``azqueue serve`` on a free port, events off, root client ROOT_ID/ROOT_TOKEN; extra
-    AZQUEUE_* settings in ``settings``. Returns once it answers ping."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")}
-    env.update({"AZQUEUE_STORAGE_CONNECTION_STRING": connection_string,
-                "AZQUEUE_TIP_SECRETS": TIP_SECRET, "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID,
-                "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN, "AZQUEUE_PORT": str(port),
-                "AZQUEUE_LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), **settings})
-    with open(log, "ab") as out:
-        process = subprocess.Popen([str(AZQUEUE), "serve"], env=env,
-                                   stdin=subprocess.DEVNULL, stdout=out, stderr=out,
-                                   start_new_session=True)
-    server = Server(process, port)
-    try:
-        async with aiohttp.ClientSession() as http:
-            await until_serving(http, server.api, 60.0, process=process)
-    except BaseException:
-        await server.stop()
-        raise
-    return server
+async def start_server(connection_string: str, log: Path, **settings: str) -> ServeProcess:
+    """``azqueue serve`` on a free port, events off, root client ROOT_ID/ROOT_TOKEN, its
+    output appended to ``log``; extra AZQUEUE_* settings in ``settings``. Returns once it
+    answers ping."""
+    return await ServeProcess.start({
+        "AZQUEUE_STORAGE_CONNECTION_STRING": connection_string,
+        "AZQUEUE_TIP_SECRETS": TIP_SECRET, "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID,
+        "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN,
+        "AZQUEUE_LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), **settings},
+        log=log)
 
 
 # -- the queue API over plain aiohttp --------------------------------------------------

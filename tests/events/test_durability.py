@@ -42,7 +42,7 @@ async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_r
                 raise AssertionError(f"the server answered {r.status} instead of dying")
         except aiohttp.ClientError:
             pass
-        assert await asyncio.to_thread(doomed.wait, 10) == 70
+        assert await asyncio.to_thread(doomed.process.wait, 10) == 70
     await stays(lambda: consumer.about(task_id), lambda m: m == [], for_=1.5,
                 what="nothing published before the crash")
     async with serve(azurite, storage_prefix, amqp_url, port):
