@@ -65,11 +65,13 @@ from typing import Any
 import aiohttp
 
 import benchlib
-from benchlib import (FAILURES, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, BenchError, CountingProxy,
-                      Hit, Server, claim_message, cpu_seconds, create_task, signed_session)
+from benchlib import (FAILURES, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, BenchError,
+                      claim_message, cpu_seconds, create_task, signed_session)
 
 from azqueue.devstorage import KEY, Azurite
-from azqueue.testing.processes import stop_process
+from azqueue.testing.faultproxy import FaultProxy
+from azqueue.testing.processes import ServeProcess, stop_process
+from azqueue.testing.requestkinds import Hit
 from azqueue.testing.sas import get_messages
 from azqueue.testing.tasks import call
 
@@ -109,9 +111,9 @@ class Span:
 class Bench:
     args: argparse.Namespace
     azurite: Azurite
-    proxy: CountingProxy
+    proxy: FaultProxy
     logs: Path
-    server: Server | None = None
+    server: ServeProcess | None = None
     pids: dict[str, int] = field(default_factory=dict)
     summary: dict[str, float] = field(default_factory=dict)
     anomalies: list[str] = field(default_factory=list)
@@ -128,18 +130,18 @@ class Bench:
         return Span(b.at - a.at, b.counts - a.counts,
                     {k: b.cpu[k] - a.cpu.get(k, 0.0) for k in b.cpu})
 
-    async def start_server(self, name: str = "server", **settings: str) -> Server:
+    async def start_server(self, name: str = "server", **settings: str) -> ServeProcess:
         server = await benchlib.start_server(self.proxy.connection_string(),
                                              self.logs / f"{name}.log", **settings)
         self.pids[name] = server.process.pid
         return server
 
-    async def stop_server(self, name: str, server: Server) -> None:
+    async def stop_server(self, name: str, server: ServeProcess) -> None:
         await server.stop()
         self.pids.pop(name, None)
 
     @property
-    def main(self) -> Server:
+    def main(self) -> ServeProcess:
         assert self.server is not None
         return self.server
 
@@ -376,7 +378,7 @@ async def phase_celery(b: Bench) -> None:
 # -- phases: createTask, drains ------------------------------------------------------------
 
 async def create_backlog(b: Bench, queue: str, label: str, key: str = "",
-                         server: Server | None = None) -> float:
+                         server: ServeProcess | None = None) -> float:
     """N tasks on ``queue`` by ``workers`` concurrent clients (to ``server``, the main one
     unless told); prints and returns tasks/s, and keeps the server's requests and CPU per
     createTask under ``key``."""
@@ -586,7 +588,7 @@ EVENT_FIGURES = (("server storage requests / lifecycle", "lifecycle requests"),
                  ("server CPU / lifecycle, ms", "lifecycle cpu"))
 
 
-async def events_on_lifecycles(b: Bench, server: Server, q: str, completed: dict[str, float],
+async def events_on_lifecycles(b: Bench, server: ServeProcess, q: str, completed: dict[str, float],
                                arrived: asyncio.Event) -> None:
     """A backlog created and drained on the server with events on; the background work
     the lifecycles caused is counted until every task-completed has arrived."""
@@ -644,7 +646,7 @@ async def restart_main(b: Bench) -> None:
     b.server = await b.start_server("server")
 
 
-async def events_rounds(b: Bench, off: Server, server: Server, connection: Any,
+async def events_rounds(b: Bench, off: ServeProcess, server: ServeProcess, connection: Any,
                         prefix: str) -> None:
     """The rounds of the events phase and the latency, on ``off`` (events off) and
     ``server`` (events on, exchanges ``prefix``*); ``connection`` to the broker."""
@@ -838,7 +840,7 @@ async def waiting_callers(http: aiohttp.ClientSession, api: str, queue: str, wor
                                      f"{claim['runId']}/completed", {})
 
 
-async def wake_rounds(http: aiohttp.ClientSession, creator: Server, waiter: Server,
+async def wake_rounds(http: aiohttp.ClientSession, creator: ServeProcess, waiter: ServeProcess,
                       queue: str, rounds: int) -> list[float]:
     """createTask answered on ``creator`` -> claimWork answered on ``waiter``, seconds, one
     task per round, rounds 2-4 s apart so that pollers settle between them."""
@@ -864,7 +866,7 @@ async def wake_rounds(http: aiohttp.ClientSession, creator: Server, waiter: Serv
     return out
 
 
-async def sas_wake_rounds(http: aiohttp.ClientSession, creator: Server, waiter: Server,
+async def sas_wake_rounds(http: aiohttp.ClientSession, creator: ServeProcess, waiter: ServeProcess,
                           queue: str, rounds: int) -> list[float]:
     """createTask answered on ``creator`` -> pollTaskUrls?pending=true&wait=20 answered with a
     visible tip on ``waiter`` (how an idle SDK SAS worker waits), seconds."""
@@ -1103,7 +1105,7 @@ async def main(args: argparse.Namespace) -> None:
           f"{','.join(args.phases)}; Azurite on {args.azurite}; {os.cpu_count()} CPUs")
     keep_logs = args.keep_logs
     azurite = await Azurite.start(memory=args.azurite == "memory")
-    proxy = CountingProxy(azurite)
+    proxy = FaultProxy(azurite.ports)
     b = Bench(args, azurite, proxy, logs)
     try:
         await proxy.start(("", "celery"))

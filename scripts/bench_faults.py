@@ -229,13 +229,13 @@ async def main(args: argparse.Namespace) -> None:
         # with Azurite's in-memory store, a sweep of their deleted messages that stops
         # every answer for seconds once a minute) slows Azurite, never Azure.
         azurite = await Azurite.start()
-        proxy = FaultProxy({s: f"http://127.0.0.1:{port}" for s, port in azurite.ports.items()})
+        proxy = FaultProxy(azurite.ports)
         await proxy.start()
         servers = []
         try:
             for i in range(2):
                 servers.append(await benchlib.start_server(
-                    proxy.connection_string(ACCOUNT, KEY), logdir / f"{name}-server{i}.log"))
+                    proxy.connection_string(), logdir / f"{name}-server{i}.log"))
             await level([s.api for s in servers], proxy, Faults(busy=busy, lost=lost),
                         args.tasks, name, args.verbose)
         finally:

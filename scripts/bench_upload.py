@@ -30,7 +30,7 @@ from pathlib import Path
 
 import aiohttp
 
-from benchlib import create_task, signed_session, start_server
+from benchlib import cpu_seconds, create_task, signed_session, start_server
 
 from azqueue.devstorage import Azurite
 from azqueue.testing.tasks import call, iso
@@ -74,9 +74,9 @@ async def main(megabytes: int, rounds: int) -> None:
                                           "storageType": kind, "expires": expires,
                                           "contentType": "application/octet-stream"})
                     headers = made.get("headers", {"Content-Type": made["contentType"]})
-                    before = server.cpu()
+                    before = cpu_seconds(server.process.pid)
                     seconds[kind].append(await _upload(plain, made["putUrl"], path, headers))
-                    cpu[kind].append(server.cpu() - before)
+                    cpu[kind].append(cpu_seconds(server.process.pid) - before)
                     if kind == "blob":
                         async with api.put(f"{server.api}/task/{task_id}/runs/0/artifacts/"
                                            f"public/{kind}-{n}.bin", json={}) as r:

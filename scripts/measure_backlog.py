@@ -24,12 +24,10 @@ from typing import Any
 
 import slugid
 import taskcluster.aio
-from aiohttp import web
 from azure.storage.queue.aio import QueueClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azqueue.api.app import create_app  # noqa: E402
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.model import timeutil  # noqa: E402
@@ -37,6 +35,7 @@ from azqueue.service import counts  # noqa: E402
 from azqueue.storage.account import StorageAccount  # noqa: E402
 from azqueue.storage.queues import PendingQueues, Queues  # noqa: E402
 from azqueue.model.priority import Priority  # noqa: E402
+from azqueue.testing.inprocess import InProcessServer  # noqa: E402
 
 ROOT = Client("root", "root-access-token-for-measuring-0123", ("*",))
 TASK_QUEUE = "measure/backlog"
@@ -58,9 +57,7 @@ async def main(n: int, delay: float, delays: int) -> None:
     settings = Settings(storage=storage, tip_secrets=("measure-secret-0123456789",), root=ROOT,
                         host="127.0.0.1", port=port, tip_repair_delay=delay,
                         deadline_resolver_interval=min(1.0, delay / 4))
-    runner = web.AppRunner(create_app(settings), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    server = await InProcessServer.start(settings)
     account = StorageAccount(storage)
     name = PendingQueues(account, Queues(account)).name(TASK_QUEUE, Priority.LOWEST)
     try:
@@ -99,7 +96,7 @@ async def main(n: int, delay: float, delays: int) -> None:
             print(f"largest difference from the true number: {worst:.1%}")
     finally:
         await account.close()
-        await runner.cleanup()
+        await server.stop()
         await azurite.stop()
 
 

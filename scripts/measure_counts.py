@@ -22,16 +22,15 @@ from typing import Any
 import aiohttp
 import slugid
 import taskcluster.aio
-from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azqueue.api.app import create_app  # noqa: E402
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.model import timeutil  # noqa: E402
 from azqueue.model.priority import ORDER  # noqa: E402
 from azqueue.service import counts  # noqa: E402
+from azqueue.testing.inprocess import InProcessServer  # noqa: E402
 
 ROOT = Client("root", "root-access-token-for-measuring-0123", ("*",))
 
@@ -62,9 +61,7 @@ async def main(backlogs: list[int]) -> None:
     settings = Settings(storage=StorageSettings(azurite.connection_string, "measure"),
                         tip_secrets=("measure-secret-0123456789",), root=ROOT,
                         host="127.0.0.1", port=port, run_resolvers=False)
-    runner = web.AppRunner(create_app(settings), access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    server = await InProcessServer.start(settings)
     try:
         api = f"{settings.public_root_url}/api/queue/v1"
         async with taskcluster.aio.createSession() as session, aiohttp.ClientSession() as http:
@@ -88,7 +85,7 @@ async def main(backlogs: list[int]) -> None:
                 print(f"| {n} | {pending_cost} ({pending['pendingTasks']}) | {counts_cost} "
                       f"| {list_cost} ({len(listed['tasks'])}) |")
     finally:
-        await runner.cleanup()
+        await server.stop()
         await azurite.stop()
 
 

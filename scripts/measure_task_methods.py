@@ -23,15 +23,13 @@ from typing import Any
 
 import slugid
 import taskcluster
-from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azqueue.api.app import create_app  # noqa: E402
-from azqueue.api.routing import SERVICES_KEY  # noqa: E402
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.service import groups  # noqa: E402
+from azqueue.testing.inprocess import InProcessServer  # noqa: E402
 
 ROOT = Client("root", secrets.token_urlsafe(24), ("*",))
 
@@ -112,18 +110,18 @@ async def main() -> None:
     settings = Settings(storage=StorageSettings(azurite.connection_string, "measure"),
                         tip_secrets=(secrets.token_hex(16),), root=ROOT, host="127.0.0.1",
                         port=port).with_(run_resolvers=False)
-    runner = web.AppRunner(create_app(settings), access_log=None)
+    server: InProcessServer | None = None
     try:
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        health = runner.app[SERVICES_KEY].health
+        server = await InProcessServer.start(settings)
+        health = server.services.health
 
         def count() -> int:
             return sum(health.storage_requests().values())
 
         rows = await asyncio.to_thread(_measure, settings.public_root_url, count, args.members)
     finally:
-        await runner.cleanup()
+        if server is not None:
+            await server.stop()
         await azurite.stop()
     print("| call | server storage requests |\n| --- | ---: |")
     for name, value in rows:

@@ -14,10 +14,8 @@ from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp import web
 
 from azqueue.api.app import create_app
-from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.storage.account import StorageAccount
@@ -77,26 +75,22 @@ async def make_server(request: pytest.FixtureRequest, azurite: Azurite,
                       storage_prefix: str) -> AsyncIterator[ServerFactory]:
     """Start servers sharing one storage prefix (replicas of one deployment), their
     answers checked against Taskcluster's output schemas."""
-    runners: list[web.AppRunner] = []
+    servers: list[Server] = []
     check = request.node.stash[REPLY_CHECK] = ReplyCheck()
 
     async def start(**overrides: Any) -> Server:
-        port = free_port()
         overrides.setdefault("claim_work_wait", CLAIM_WORK_WAIT)
         settings = Settings(
             storage=StorageSettings(azurite.connection_string, storage_prefix),
             tip_secrets=overrides.pop("tip_secrets", ("test-secret-0123456789abcdef",)),
-            root=overrides.pop("root", ROOT), host="127.0.0.1", port=port,
+            root=overrides.pop("root", ROOT), host="127.0.0.1", port=free_port(),
         ).with_(**overrides)
-        runner = make_runner(check.install(create_app(settings)), settings)
-        await runner.setup()
-        runners.append(runner)
-        await ListeningSite(runner, "127.0.0.1", port, settings).start()
-        return Server(settings.public_root_url, runner.app, settings)
+        servers.append(await Server.start(settings, check.install(create_app(settings))))
+        return servers[-1]
 
     yield start
-    for runner in reversed(runners):
-        await runner.cleanup()
+    for server in reversed(servers):
+        await server.stop()
     await _delete_storage(azurite.connection_string, storage_prefix)
     assert not (departures := check.take()), departures
 
@@ -129,9 +123,7 @@ async def storage(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Storag
 async def proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
     """A fault proxy in front of the test Azurite (servers reach it through
     ``proxy.connection_string``), with no faults until a test asks for some."""
-    proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
-                        "queue": f"http://127.0.0.1:{azurite.queue_port}",
-                        "table": f"http://127.0.0.1:{azurite.table_port}"})
+    proxy = FaultProxy(azurite.ports)
     await proxy.start()
     yield proxy
     await proxy.stop()

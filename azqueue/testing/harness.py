@@ -14,16 +14,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 import aiohttp
-from aiohttp import web
 
 from azqueue.api.app import create_app
-from azqueue.api.connections import ListeningSite, make_runner
 from azqueue.config import Client, Settings, StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.devstorage import Azurite, free_port
 from azqueue.storage.account import StorageAccount
 from azqueue.testing.background import BackgroundLoop
 from azqueue.testing.events import RecordedEvents
 from azqueue.testing.faultproxy import FaultProxy, Faults
+from azqueue.testing.inprocess import InProcessServer
 from azqueue.worker import client
 from azqueue.worker.client import Credentials
 from azqueue.worker.config import WorkerConfig
@@ -80,7 +79,7 @@ class AzqueueServer:
     ``taskcluster.Queue`` with them. Its state lives under ``prefix`` on its storage."""
 
     settings: Settings
-    _runner: web.AppRunner = field(repr=False)
+    _server: InProcessServer = field(repr=False)
 
     @property
     def root_url(self) -> str:
@@ -126,20 +125,15 @@ class AzqueueServer:
         # What is still being answered when the test is over (a worker's last claimWork
         # call, given up) is cancelled at once rather than waited for, and so is what a
         # client gave up before: nothing of a test's server runs on after its test.
-        runner = make_runner(create_app(settings, events=events, events_off=None), settings,
-                             shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True)
-        await runner.setup()
-        try:
-            await ListeningSite(runner, settings.host, settings.port, settings).start()
-        except BaseException:
-            await runner.cleanup()
-            raise
-        return cls(settings, runner)
+        server = await InProcessServer.start(
+            settings, create_app(settings, events=events, events_off=None),
+            shutdown_timeout=SHUTDOWN_TIMEOUT, handler_cancellation=True)
+        return cls(settings, server)
 
     async def stop(self, keep_storage: bool = False) -> None:
         """Stop serving; delete every queue, table and container of its prefix unless
         ``keep_storage``."""
-        await self._runner.cleanup()
+        await self._server.stop()
         if not keep_storage:
             account = StorageAccount(self.settings.storage)
             try:
@@ -269,16 +263,14 @@ class StorageFaults:
 
     @classmethod
     def start(cls, loop: BackgroundLoop, azurite: Azurite) -> StorageFaults:
-        proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}",
-                            "queue": f"http://127.0.0.1:{azurite.queue_port}",
-                            "table": f"http://127.0.0.1:{azurite.table_port}"})
+        proxy = FaultProxy(azurite.ports)
         loop.run(proxy.start())
         return cls(loop, proxy)
 
     @property
     def connection_string(self) -> str:
         """The storage account as seen through the proxy."""
-        return self.proxy.connection_string(ACCOUNT, KEY)
+        return self.proxy.connection_string()
 
     def set(self, busy: float = 0.0, lost: float = 0.0, drop_share: float = 0.5) -> None:
         """``busy``: the share of requests answered 503 ServerBusy (nothing applied);

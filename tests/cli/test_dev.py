@@ -18,11 +18,12 @@ import pytest
 from azqueue.cli.server import DEV_STATE
 from azqueue.devstorage import free_port
 from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.processes import alive
 from azqueue.testing.tasks import definition, slugid
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from tests.cli.helpers import azqueue, one_line_error
 from tests.waiting import eventually
-from tests.worker.helpers import AZQUEUE, alive, checkout_env, does_nothing, running
+from tests.worker.helpers import AZQUEUE, checkout_env, does_nothing, running
 
 BANNER_TIMEOUT = 120.0
 

@@ -16,12 +16,13 @@ import pytest
 import taskcluster
 
 from azqueue.devstorage import free_port
+from azqueue.testing.processes import alive
 from azqueue.testing.tasks import create, definition, status
 from azqueue.worker import Credentials, QueueRefused, Worker, WorkerConfig, WorkerState
 from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import ROOT, Server, ServerFactory
 from tests.waiting import eventually
-from tests.worker.helpers import (alive, cli_env, config, does_nothing, finish, log_of,
+from tests.worker.helpers import (cli_env, config, does_nothing, finish, log_of,
                                   running, spawn, wait_status)
 
 

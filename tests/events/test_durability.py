@@ -11,7 +11,7 @@ import aiohttp
 import pytest
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.devstorage import Azurite, free_port
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.tasks import create, definition, slugid
@@ -42,7 +42,7 @@ async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_r
                 raise AssertionError(f"the server answered {r.status} instead of dying")
         except aiohttp.ClientError:
             pass
-        assert await asyncio.to_thread(doomed.wait, 10) == 70
+        assert await asyncio.to_thread(doomed.process.wait, 10) == 70
     await stays(lambda: consumer.about(task_id), lambda m: m == [], for_=1.5,
                 what="nothing published before the crash")
     async with serve(azurite, storage_prefix, amqp_url, port):
@@ -165,7 +165,7 @@ async def test_through_throttling_and_lost_answers_every_event_arrives_and_no_gr
     consumer = await consume("primary.#")
     replicas = [await make_server(
         amqp_url=amqp_url, events_recovery_delay=2.0, tip_repair_delay=3.0,
-        storage=StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+        storage=StorageSettings(proxy.connection_string(), storage_prefix))
         for _ in range(2)]
     proxy.faults = Faults(busy=0.05, lost=0.05)
     queue = "prov/faults-events"

@@ -10,7 +10,6 @@ import pytest
 from azure.data.tables import UpdateMode
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
@@ -259,7 +258,7 @@ async def test_a_member_that_joins_while_its_groups_own_task_is_being_stored_is_
     task is stored knowing of the member, so its resolution announces nothing while the
     member runs."""
     server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
-        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+        proxy.connection_string(), storage_prefix))
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
     insert = proxy.hold("POST", "/$batch")  # the decision task's row and first events

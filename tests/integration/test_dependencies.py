@@ -243,7 +243,7 @@ async def test_a_resolution_stored_just_before_a_crash_is_passed_on_after_it(
                      AZQUEUE_DEPENDENCIES_RECOVERY_DELAY="3") as doomed:
         with pytest.raises(Exception):  # the connection dies with the process
             await _queue(f"http://127.0.0.1:{port}").reportCompleted(required, 0)
-        assert await asyncio.to_thread(doomed.wait, 10) == 70
+        assert await asyncio.to_thread(doomed.process.wait, 10) == 70
     assert await _state(queue, required) == "completed"
     assert await _state(queue, waiting) == "unscheduled"  # nobody told it before the crash
     await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",

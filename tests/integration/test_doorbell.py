@@ -18,7 +18,6 @@ import aiohttp
 import pytest
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.tasks import create, definition
@@ -155,7 +154,7 @@ async def test_callers_waiting_on_idle_task_queues_make_no_queue_requests(
     """Callers on five task queues on each of two replicas, nothing to do: once settled,
     their waiting costs no request to the Azure queues at all (the doorbell table is read
     once per interval per replica, whatever the number of task queues)."""
-    storage = StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix)
+    storage = StorageSettings(proxy.connection_string(), storage_prefix)
     replicas = [await make_server(**quiet(storage=storage, run_resolvers=False))
                 for _ in range(2)]
     queues = [f"prov/idle{i}" for i in range(5)]

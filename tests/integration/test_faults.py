@@ -19,7 +19,6 @@ import pytest
 import taskcluster.aio
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY
 from azqueue.model import timeutil
 from azqueue.service import workclaimer
 from azqueue.testing import sas
@@ -43,7 +42,7 @@ async def faulty_servers(proxy: FaultProxy, make_server: ServerFactory, storage_
 
     async def start(**overrides: Any) -> Server:
         return await make_server(**{
-            "storage": StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix),
+            "storage": StorageSettings(proxy.connection_string(), storage_prefix),
             "tip_repair_delay": REPAIR_DELAY, "deadline_resolver_interval": 0.5,
             "claim_resolver_interval": 0.5, **overrides})
 

@@ -14,7 +14,7 @@ from azqueue.testing.faultproxy import FaultProxy
 async def blob_proxy(azurite: Azurite) -> AsyncIterator[FaultProxy]:
     """A fault proxy in front of Azurite's blob service (a server's public blob endpoint,
     so that the worker's requests with SAS URLs go through it)."""
-    proxy = FaultProxy({"blob": f"http://127.0.0.1:{azurite.blob_port}"})
+    proxy = FaultProxy({"blob": azurite.blob_port})
     await proxy.start()
     yield proxy
     await proxy.stop()

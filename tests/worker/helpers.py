@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,13 +13,14 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.testing import processes
 from azqueue.testing.tasks import status
 from azqueue.worker import Credentials, Worker, WorkerConfig
 from azqueue.worker import shell
 from tests.servers import ROOT, Server
 from tests.waiting import eventually
 
-AZQUEUE = str(Path(sys.executable).parent / "azqueue")
+AZQUEUE = str(processes.AZQUEUE)
 CREDENTIALS = Credentials(ROOT.client_id, ROOT.access_token)
 
 
@@ -104,12 +104,3 @@ async def log_of(http: aiohttp.ClientSession, server: Server, task_id: str, run_
                         f"{shell.LOG_ARTIFACT}") as r:
         assert r.status == 200, await r.text()
         return await r.text()
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split()[2] != "Z"
-    except FileNotFoundError:
-        return False

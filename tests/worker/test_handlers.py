@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, Azurite
+from azqueue.devstorage import Azurite
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.tasks import create, definition
 from azqueue.worker import TaskFailed, TaskRun, Worker, WorkerConfig, retry
@@ -28,7 +28,7 @@ async def _proxied_server(make_server: ServerFactory, azurite: Azurite, prefix: 
                           proxy: FaultProxy) -> Server:
     """A server whose SAS URLs (artifacts' putUrls) reach blob storage through ``proxy``."""
     return await make_server(storage=StorageSettings(
-        azurite.connection_string, prefix, public_blob_endpoint=proxy.endpoint("blob", ACCOUNT)))
+        azurite.connection_string, prefix, public_blob_endpoint=proxy.endpoint("blob")))
 
 
 async def _artifact(http: aiohttp.ClientSession, server: Server, task_id: str,

@@ -19,7 +19,7 @@ import taskcluster.aio.download
 from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, Azurite
+from azqueue.devstorage import Azurite
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.tasks import create, definition
 from azqueue.worker import WorkerConfig
@@ -156,7 +156,7 @@ async def test_appends_whose_answers_were_lost_are_not_doubled(
     every line is in the log once."""
     server = await make_server(storage=StorageSettings(
         azurite.connection_string, storage_prefix,
-        public_blob_endpoint=blob_proxy.endpoint("blob", ACCOUNT)))
+        public_blob_endpoint=blob_proxy.endpoint("blob")))
     first, second = tmp_path / "first", tmp_path / "second"
     task_id = await _task(http, server, "prov/live-lost",
                           f"echo started; {_waits_for(first, second)}")

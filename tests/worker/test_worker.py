@@ -19,6 +19,7 @@ import taskcluster
 
 from azqueue.model.priority import Priority
 from azqueue.testing import sas
+from azqueue.testing.processes import alive
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, status
 from azqueue.worker import Credentials, Worker, WorkerState
@@ -28,7 +29,6 @@ from tests.waiting import eventually
 from tests.worker.helpers import (
     AZQUEUE,
     CREDENTIALS,
-    alive,
     cli_env,
     config,
     does_nothing,

@@ -13,7 +13,7 @@
 
 Not a test: the figures depend on the machine, and nothing here asserts them.
 
-Usage: .venv/bin/python -m tests.worker.measure_polls [--tasks 200] [--long 40] [--idle 30]
+Usage: .venv/bin/python scripts/measure_polls.py [--tasks 200] [--long 40] [--idle 30]
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ import time
 from collections import Counter
 from typing import Any
 
+from measuring import ROOT_ID, ROOT_TOKEN, dev_server
+
 from azqueue.testing.tasks import create, definition
 from azqueue.worker import Credentials, TaskRun, Worker, WorkerConfig
 from azqueue.worker.sas import EMPTY_POLL, POLL
-from tests.worker.measuring import ROOT_ID, ROOT_TOKEN, dev_server
 
 IDLE_WARM_UP = 15.0
 PLAIN = {"priority_recheck": 1e-9, "max_idle_sleep": 1.0, "hints": False}

@@ -1,21 +1,17 @@
-"""What the measuring scripts of tests/worker share: ``azqueue serve`` as a process on a
-private Azurite, and a session signed with its root client."""
+"""What measure_cancel.py and measure_polls.py share: ``azqueue serve`` as a process on
+a private Azurite, and a session signed with its root client."""
 
 from __future__ import annotations
 
-import sys
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
 import aiohttp
+from benchlib import ROOT_ID, ROOT_TOKEN, signed_session, start_server
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
-
-from benchlib import ROOT_ID, ROOT_TOKEN, signed_session, start_server  # noqa: E402
-
-from azqueue.devstorage import Azurite  # noqa: E402
+from azqueue.devstorage import Azurite
 
 __all__ = ["ROOT_ID", "ROOT_TOKEN", "dev_server"]
 

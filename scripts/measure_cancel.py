@@ -11,7 +11,7 @@
 
 Not a test: the figures depend on the machine, and nothing here asserts them.
 
-Usage: .venv/bin/python -m tests.worker.measure_cancel [--tasks 8] [--window 60]
+Usage: .venv/bin/python scripts/measure_cancel.py [--tasks 8] [--window 60]
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from measuring import ROOT_ID, ROOT_TOKEN, dev_server
 
+from azqueue.testing.processes import alive
 from azqueue.testing.tasks import create, definition
 from azqueue.worker import Credentials, Worker, WorkerConfig, shell
-from tests.worker.helpers import alive
-from tests.worker.measuring import ROOT_ID, ROOT_TOKEN, dev_server
 
 INDEX_SETTLED = 40.0
 
