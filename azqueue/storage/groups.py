@@ -21,11 +21,16 @@ group's schedulerId, expires and size as they were then (a sealed group takes no
 members).
 
 The row ``~scheduler`` (``Owner``) names the schedulerId the group belongs to: written
-once, by a conditional insert, by the first createTask of the group, so of two racing
-first tasks only one establishes it. Written by the group's own task it is
-``verified`` false until a reader has checked it against the group's tasks (a group of
-an earlier version may have tasks and no record yet); its ``expires`` is renewed by the
-expiry resolver while the group has tasks. It also says whether a task other than the
+once, by a conditional insert, by the first task other than the group's own to join it
+(from the group's own task if that is stored, else its own), or by the first reader of a
+group that has only its own task, so of two racing first tasks only one establishes it.
+The group's own task writes none (a group of one, Taskcluster's default, has no record):
+its insert creates the ``members`` row of its partition, which a task joining the group
+before it was stored creates instead, so that its insert fails and asks this record
+(``definitions``). A record that an earlier release's own task wrote is ``verified``
+false until a reader has checked it against the group's tasks (a group of an earlier
+version may have tasks and no record yet); its ``expires`` is renewed by the expiry
+resolver while the group has tasks. It also says whether a task other than the
 group's own has joined (``members``, noted before that task's member row is written, after
 the note on the group's own task that its resolution reads), so that a resolution that
 does not know from the task (a task of an earlier version, or recovery publishing the
