@@ -333,8 +333,9 @@ class GroupStore(TableStore):
                                  by_task_id: str) -> tuple[bool, str | None]:
         """Whether the resolution of ``by_task_id`` is to announce the group resolved: true
         for the first to claim the current set of members, and again for that same task
-        (its announcement may not have gone out), false for everyone else; with the
-        latest ``expires`` of the member rows that carry one (None if none does)."""
+        (its announcement may not have gone out, or the answer to its claim was lost),
+        false for everyone else; with the latest ``expires`` of the member rows that
+        carry one (None if none does)."""
         with translate(f"reading group {task_group_id}"):
             rows = [r async for r in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_group_id},
@@ -361,5 +362,18 @@ class GroupStore(TableStore):
                         marker, mode=UpdateMode.REPLACE, etag=current.metadata["etag"],
                         match_condition=MatchConditions.IfNotModified)
         except (EntityExists, ETagMismatch, EntityNotFound):
-            return False, latest  # another resolution announced this set just now
+            # Another resolution announced this set just now, or ours did, in an attempt
+            # whose answer was lost (the write sent again found its own marker): the
+            # marker says which.
+            return await self._announced_by(task_group_id, digest, by_task_id), latest
         return True, latest
+
+    async def _announced_by(self, task_group_id: str, digest: str, by_task_id: str) -> bool:
+        """Whether the group's ``~announced`` row names the set ``digest`` as announced by
+        the resolution of ``by_task_id``."""
+        try:
+            with translate(f"reading group {task_group_id}"):
+                row = await self._rest.get_entity(self.name, task_group_id, ANNOUNCED)
+        except EntityNotFound:
+            return False
+        return row.get("members") == digest and row.get("by") == by_task_id

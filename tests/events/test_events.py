@@ -17,7 +17,7 @@ from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.events.consumers import Consumer, ConsumerFactory, Received
 from tests.servers import ServerFactory
-from tests.waiting import stays
+from tests.waiting import eventually, stays
 
 
 def _kinds(messages: list[Received]) -> list[str]:
@@ -319,3 +319,39 @@ async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(
     gone = await server.services.expiry.expire(now + timedelta(days=3))
     assert gone.tasks == 2
     assert await storage.row_keys("groups", group) == []
+
+
+@pytest.mark.parametrize("announcement", ["the first", "a later one"])
+async def test_a_group_is_announced_though_the_answer_to_its_announcement_was_lost(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        storage: StorageInspector, announcement: str) -> None:
+    """The record of which members were announced (``~announced``) is written, its answer
+    lost, and the write sent again finds it written: it is this resolution's own, so the
+    group is announced all the same (the first time, and after a task joined later)."""
+    server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
+        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+    decision = await create(http, server.api, definition("prov/lost"))
+    child = await create(http, server.api, definition("prov/lost", taskGroupId=decision))
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    if announcement == "a later one":
+        await _resolve_decision_then_member(http, server.api, consumer, decision, child)
+        child = await create(http, server.api, definition("prov/lost", taskGroupId=decision))
+        lost_write = ("PUT", "~announced")  # the record replaced, for the new set
+    else:
+        await _claim(http, server.api, decision)
+        await sas.post(http, f"{server.api}/task/{decision}/runs/0/completed")
+        # The only insert into the groups table left: the record of the announcement.
+        lost_write = ("POST", f"/{storage.table_name('groups')}")
+
+    async def decision_checked() -> bool:
+        return any(r["RowKey"] == decision and r["resolved"]
+                   for r in await storage.rows("groups", decision))
+
+    await eventually(decision_checked, what="the decision task resolved in its group")
+    before = len(consumer.messages)
+    await _claim(http, server.api, child)
+    proxy.once(*lost_write, "timed out")
+    await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) > before, timeout=10)
+    assert proxy.counts["table timed out"] == 1
