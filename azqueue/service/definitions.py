@@ -323,7 +323,10 @@ class Definitions:
         written, once per group (the record read says whether it was): on the group's own
         task (``tasks.note_group_member``, or its ``members`` row if it is not stored yet),
         then in the record, so that the own task's resolution knows from the task alone
-        whether it resolves its group. If the group's own task was stored between the
+        whether it resolves its group. The record says so only after the own task does
+        (the first member records the group's schedulerId noting no member yet): a member
+        that reads it so notes nothing, and one whose createTask failed between the two
+        would otherwise leave the own task stored unaware of its members. If the group's own task was stored between the
         first member's read of it and that note, its schedulerId decides: the record is
         corrected and the member refused."""
         group, scheduler = definition["taskGroupId"], definition["schedulerId"]
@@ -339,7 +342,7 @@ class Definitions:
         owner = await self.owners.scheduler(group, records.owner)
         first = False
         if owner is None and await self.groups.record_owner(
-                group, scheduler, definition["expires"], verified=True, members=not own):
+                group, scheduler, definition["expires"], verified=True, members=False):
             owner, noted, joined, first = scheduler, own, False, not own
         elif owner is None:  # another first task of the group recorded it just now
             owner = await self.owners.scheduler(group, await self.groups.owner(group))
@@ -357,8 +360,7 @@ class Definitions:
             stored = await self.tasks.note_group_member(group)
             if first and stored:
                 await self._own_task_decides(group, scheduler)
-            if not first:
-                await self.groups.note_members(group)
+            await self.groups.note_members(group)
         return joined if own else None
 
     async def _own_task_decides(self, group: str, scheduler: str) -> None:

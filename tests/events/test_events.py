@@ -275,6 +275,32 @@ async def test_a_member_that_joins_while_its_groups_own_task_is_being_stored_is_
     await _resolve_decision_then_member(http, server.api, consumer, decision, child)
 
 
+async def test_a_member_whose_first_createtask_failed_midway_is_still_known(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        storage: StorageInspector) -> None:
+    """The first member of a group whose own task is not stored yet records the group's
+    schedulerId, then fails before it notes itself for that task (its createTask answers
+    500); tried again, it is created: the own task, stored after it, still knows of the
+    member, so its resolution announces nothing while the member runs."""
+    server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
+        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    child_body = definition("prov/midway", taskGroupId=decision)
+    child = slugid()
+    # The member's note in the own task's partition (its ``members`` row) is refused.
+    proxy.once("POST", f"/{storage.table_name('tasks')}", "refused")
+    async with http.put(f"{server.api}/task/{child}", json=child_body) as r:
+        assert r.status == 500, await r.text()
+    assert proxy.counts["table refused"] == 1
+    assert "~scheduler" in await storage.row_keys("groups", decision)
+    await create(http, server.api, child_body, task_id=child)
+    await create(http, server.api, definition("prov/midway"), task_id=decision)
+    assert (await storage.task(decision)).group_members is True
+    await _resolve_decision_then_member(http, server.api, consumer, decision, child)
+
+
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
         make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
         consume: ConsumerFactory) -> None:
