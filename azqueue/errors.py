@@ -17,6 +17,7 @@ request is a bug, answered 500 with an incident id and logged with its traceback
     │   ├── EntityExists             an insert found the entity already there
     │   ├── ETagMismatch             a conditional write lost a race (412): re-read, decide again
     │   ├── TransactionConflict      a batch failed on an ETag (412) or an existing entity (409)
+    │   ├── GroupJoined              a task joined a group before the group's own task was stored
     │   └── MessageGone              the queue message is gone or our pop receipt is stale
     │       └── ReceiptLost          ...after our own update whose answer was lost
     ├── StorageError                 Azure failed in a way we did not expect   (HTTP: 500)
@@ -96,6 +97,11 @@ class ETagMismatch(StorageCondition):
 
 class TransactionConflict(StorageCondition):
     """A batch transaction failed on an ETag (412) or an existing entity (409)."""
+
+
+class GroupJoined(StorageCondition):
+    """The insert of a group's own task found that another task joined the group before
+    it was stored: the group's records decide whether it may be."""
 
 
 class MessageGone(StorageCondition):

@@ -92,8 +92,9 @@ class Definitions:
             new = await self.dependencies.check_new(task_id, definition)
         waiting = new is not None and bool(new.waiting)
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
-        if self.outbox is not None and joined is not None:
-            # Its resolution will know from the task alone whether it resolves its group.
+        if joined is not None:
+            # Its resolution will know from the task alone whether it resolves its group,
+            # and its insert whether a task joined the group first (``_store``).
             task = replace(task, group_members=joined)
         defining = None
         if new is not None:
@@ -101,7 +102,7 @@ class Definitions:
                 defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
         tip, tip_visible, deadline = await self._put_before_insert(task, now, waiting)
-        stored = await self._insert(task, tip, tip_visible)
+        stored = await self._insert(task, definition, tip, tip_visible, deadline)
         if stored is None:
             existing = await self.tasks.load(task_id)
             if dict(existing.task.definition) != definition:
@@ -147,17 +148,15 @@ class Definitions:
             self._no_tip() if waiting else put_tip())
         return tip, tip_visible, deadline
 
-    async def _insert(self, task: Task, tip: Message | None,
-                      tip_visible: float) -> Stored | None:
+    async def _insert(self, task: Task, definition: dict[str, Any], tip: Message | None,
+                      tip_visible: float, deadline: Message) -> Stored | None:
         """Insert the task with its events (published from here) and the record of its
         tip; None if a task of that id is stored already."""
         token = self.outbox.begin() if self.outbox is not None else None
         # The events of the new task: written with it, published from here.
         written = events.for_change(None, task) if token is not None else []
         try:
-            stored = await self.tasks.insert(task, written,
-                                             tips=(tip.message_id,) if tip else (),
-                                             live_tip=live(tip, 0) if tip else None)
+            stored = await self._store(task, definition, written, tip, deadline)
         except BaseException as e:
             if self.outbox is not None and token is not None:
                 await self.outbox.abandon(token, task.task_id, written=isinstance(
@@ -273,6 +272,28 @@ class Definitions:
 
     # -- task groups -----------------------------------------------------------------
 
+    async def _store(self, task: Task, definition: dict[str, Any], written: list[events.Event],
+                     tip: Message | None, deadline: Message) -> Stored | None:
+        """Store the new task (``tasks.insert``). A group's own task is inserted assuming
+        that no other task joined its group first, which its insert tells
+        (``GroupJoined``): then the group's records decide, as for any other member, and
+        a task they refuse leaves nothing that works later (its deadline message and tip
+        are deleted)."""
+        tips, live_tip = ((tip.message_id,), live(tip, 0)) if tip else ((), None)
+        try:
+            return await self.tasks.insert(task, written, tips=tips, live_tip=live_tip)
+        except errors.GroupJoined:
+            pass
+        try:
+            await self._check_group_open(task.task_id, definition, own_first=False)
+        except errors.Conflict:
+            await self.queues.drop(deadline.queue_name, deadline.message_id, deadline.pop_receipt)
+            if tip is not None:
+                await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
+            raise
+        return await self.tasks.insert(replace(task, group_members=True), written, tips=tips,
+                                       live_tip=live_tip)
+
     async def _add_to_group(self, task: Task) -> None:
         """A member row for the task's group; the group's own task (taskGroupId = its
         taskId, Taskcluster's default) needs none: listings and group checks read it."""
@@ -280,26 +301,38 @@ class Definitions:
         if d["taskGroupId"] != task.task_id:
             await self.groups.add(d["taskGroupId"], task.task_id, d["expires"], d["schedulerId"])
 
-    async def _check_group_open(self, task_id: str, definition: dict[str, Any]
-                                ) -> bool | None:
+    async def _check_group_open(self, task_id: str, definition: dict[str, Any],
+                                own_first: bool = True) -> bool | None:
         """Conflict if the task's schedulerId is not its group's, or if the group is sealed
         and the task is not in it already (a repeated createTask answers as before). For
         the task the group is named after: whether another task has joined the group, as
         its record says (None if it does not: a record of an earlier version); None for
         any other task.
 
-        The first task of a group records its schedulerId (``groups.record_owner``, a
-        conditional insert): a group's own task always tries to (one request; two when the
-        group had a task first), another task reads the group's records (one request, as
-        the sealed check needs anyway) and records it only if none did yet. Nothing of a
-        refused task is written: this runs before its writes.
+        The group's own task checks nothing here at first (``own_first``): its insert
+        creates the ``members`` row of its partition, which a task that joined the group
+        before it was stored has created already, and only then (``GroupJoined``) is the
+        group's record asked. So a group of one, Taskcluster's default, costs no request
+        here. Any other task reads the group's records (one request, as the sealed check
+        needs anyway); the first of them records the group's schedulerId
+        (``groups.record_owner``, a conditional insert), from the group's own task if it
+        is stored, else its own. Nothing of a refused task is written: this runs before
+        its writes (but for the race below).
 
         A task other than the group's own is noted as a member before its member row is
         written, once per group (the record read says whether it was): on the group's own
-        task (``tasks.note_group_member``), then in the record, so that the own task's
-        resolution knows from the task alone whether it resolves its group."""
+        task (``tasks.note_group_member``, or its ``members`` row if it is not stored yet),
+        then in the record, so that the own task's resolution knows from the task alone
+        whether it resolves its group. The record says so only after the own task does
+        (the first member records the group's schedulerId noting no member yet): a member
+        that reads it so notes nothing, and one whose createTask failed between the two
+        would otherwise leave the own task stored unaware of its members. If the group's own task was stored between the
+        first member's read of it and that note, its schedulerId decides: the record is
+        corrected and the member refused."""
         group, scheduler = definition["taskGroupId"], definition["schedulerId"]
         own = group == task_id
+        if own and own_first:
+            return False  # its insert tells whether a task joined first (``_insert``)
         if own and await self.groups.record_owner(
                 group, scheduler, definition["expires"], verified=False, members=False):
             return False  # the group's first task
@@ -307,9 +340,10 @@ class Definitions:
         noted = records.owner is not None and records.owner.members is True
         joined = records.owner.members if records.owner is not None else None
         owner = await self.owners.scheduler(group, records.owner)
+        first = False
         if owner is None and await self.groups.record_owner(
-                group, scheduler, definition["expires"], verified=True, members=not own):
-            owner, noted, joined = scheduler, True, False
+                group, scheduler, definition["expires"], verified=True, members=False):
+            owner, noted, joined, first = scheduler, own, False, not own
         elif owner is None:  # another first task of the group recorded it just now
             owner = await self.owners.scheduler(group, await self.groups.owner(group))
             joined = None
@@ -323,9 +357,27 @@ class Definitions:
             raise errors.Conflict(f"task group {group} is sealed (sealTaskGroup) and accepts "
                                   "no new tasks; create the task in another taskGroupId")
         if not own and not noted:
-            await self.tasks.note_group_member(group)
+            stored = await self.tasks.note_group_member(group)
+            if first and stored:
+                await self._own_task_decides(group, scheduler)
             await self.groups.note_members(group)
         return joined if own else None
+
+    async def _own_task_decides(self, group: str, scheduler: str) -> None:
+        """The group's own task was stored after this first member found none: if its
+        schedulerId is another, the group's record (written by this member) is corrected
+        and this member refused."""
+        own_task = await self.tasks.find(group)
+        if own_task is None or own_task.definition["schedulerId"] == scheduler:
+            return
+        actual = own_task.definition["schedulerId"]
+        record = await self.groups.owner(group)
+        if record is not None:
+            await self.groups.settle_owner(group, record, actual)
+        raise errors.Conflict(
+            f"task group {group} belongs to schedulerId {actual!r}, this task has schedulerId "
+            f"{scheduler!r}: all tasks of a task group must have the same schedulerId; create "
+            f"the task with schedulerId {actual!r} or in another taskGroupId")
 
     async def _no_tip(self) -> None:
         return None

@@ -1,11 +1,12 @@
 """Whose a task group is: the schedulerId its first task recorded.
 
 The record (``storage.groups``, row ``~scheduler``) is written once, by a conditional
-insert, by the first createTask of the group (``definitions`` checks every other task
-against it and refuses one of another schedulerId); the group methods (``groups``) take
-the group's schedulerId from it. A record the group's own task wrote before that task
-was inserted, or no record at all (a group of an earlier version), is checked against
-the group's tasks the first time it is read, and then marked verified.
+insert, by the first task other than the group's own to join it (``definitions`` checks
+every other task against it and refuses one of another schedulerId); the group methods
+(``groups``) take the group's schedulerId from it. No record at all (a group of one,
+whose own task writes none, or a group of an earlier version), or one an earlier
+release's own task wrote before that task was inserted, is checked against the group's
+tasks the first time it is read, and then marked verified.
 """
 
 from __future__ import annotations

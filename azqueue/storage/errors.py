@@ -30,6 +30,7 @@ from azqueue.errors import ReceiptLost as ReceiptLost
 from azqueue.errors import StorageCondition as StorageCondition
 from azqueue.errors import StorageError as StorageError
 from azqueue.errors import StorageUnavailable as StorageUnavailable
+from azqueue.errors import GroupJoined as GroupJoined
 from azqueue.errors import TransactionConflict as TransactionConflict
 from azqueue.storage.retry import RETRIED_STATUS
 

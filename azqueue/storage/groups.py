@@ -21,11 +21,16 @@ group's schedulerId, expires and size as they were then (a sealed group takes no
 members).
 
 The row ``~scheduler`` (``Owner``) names the schedulerId the group belongs to: written
-once, by a conditional insert, by the first createTask of the group, so of two racing
-first tasks only one establishes it. Written by the group's own task it is
-``verified`` false until a reader has checked it against the group's tasks (a group of
-an earlier version may have tasks and no record yet); its ``expires`` is renewed by the
-expiry resolver while the group has tasks. It also says whether a task other than the
+once, by a conditional insert, by the first task other than the group's own to join it
+(from the group's own task if that is stored, else its own), or by the first reader of a
+group that has only its own task, so of two racing first tasks only one establishes it.
+The group's own task writes none (a group of one, Taskcluster's default, has no record):
+its insert creates the ``members`` row of its partition, which a task joining the group
+before it was stored creates instead, so that its insert fails and asks this record
+(``definitions``). A record that an earlier release's own task wrote is ``verified``
+false until a reader has checked it against the group's tasks (a group of an earlier
+version may have tasks and no record yet); its ``expires`` is renewed by the expiry
+resolver while the group has tasks. It also says whether a task other than the
 group's own has joined (``members``, noted before that task's member row is written, after
 the note on the group's own task that its resolution reads), so that a resolution that
 does not know from the task (a task of an earlier version, or recovery publishing the
@@ -328,8 +333,9 @@ class GroupStore(TableStore):
                                  by_task_id: str) -> tuple[bool, str | None]:
         """Whether the resolution of ``by_task_id`` is to announce the group resolved: true
         for the first to claim the current set of members, and again for that same task
-        (its announcement may not have gone out), false for everyone else; with the
-        latest ``expires`` of the member rows that carry one (None if none does)."""
+        (its announcement may not have gone out, or the answer to its claim was lost),
+        false for everyone else; with the latest ``expires`` of the member rows that
+        carry one (None if none does)."""
         with translate(f"reading group {task_group_id}"):
             rows = [r async for r in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_group_id},
@@ -356,5 +362,18 @@ class GroupStore(TableStore):
                         marker, mode=UpdateMode.REPLACE, etag=current.metadata["etag"],
                         match_condition=MatchConditions.IfNotModified)
         except (EntityExists, ETagMismatch, EntityNotFound):
-            return False, latest  # another resolution announced this set just now
+            # Another resolution announced this set just now, or ours did, in an attempt
+            # whose answer was lost (the write sent again found its own marker): the
+            # marker says which.
+            return await self._announced_by(task_group_id, digest, by_task_id), latest
         return True, latest
+
+    async def _announced_by(self, task_group_id: str, digest: str, by_task_id: str) -> bool:
+        """Whether the group's ``~announced`` row names the set ``digest`` as announced by
+        the resolution of ``by_task_id``."""
+        try:
+            with translate(f"reading group {task_group_id}"):
+                row = await self._rest.get_entity(self.name, task_group_id, ANNOUNCED)
+        except EntityNotFound:
+            return False
+        return row.get("members") == digest and row.get("by") == by_task_id

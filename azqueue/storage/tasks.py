@@ -20,6 +20,7 @@ from azqueue.storage.errors import (
     EntityExists,
     EntityNotFound,
     ETagMismatch,
+    GroupJoined,
     TransactionConflict,
     translate,
 )
@@ -75,7 +76,8 @@ class TaskStore(TableStore):
         A task that says no other task has joined the group named after it
         (``group_members`` false) creates its ``members`` row in the same transaction: if
         a task joined while this one was not stored yet, that row is there already, and
-        the task is stored saying it has members."""
+        ``GroupJoined`` is raised (nothing written): the caller checks the group's records,
+        then inserts the task saying it has members."""
         rows = [outbox_row(task.task_id, e) for e in events]
         guarded = task.group_members is False
         if guarded:
@@ -97,8 +99,8 @@ class TaskStore(TableStore):
                 existing = await self.load(task.task_id)
             except NotFound:
                 if guarded:  # no task: the conflict was the members row
-                    return await self.insert(replace(task, group_members=True), events,
-                                             tips, live_tip)
+                    raise GroupJoined(f"a task joined group {task.task_id} before it was "
+                                      "stored") from None
                 return None
             return existing if existing.write_id == write_id else None
         return Stored(task, str(etag), None, frozenset(tips), write_id, live_tip=live_tip)
@@ -162,24 +164,26 @@ class TaskStore(TableStore):
             await self._table.update_entity({"PartitionKey": task_id, "RowKey": ROW, name: True},
                                             mode=UpdateMode.MERGE)
 
-    async def note_group_member(self, task_group_id: str) -> None:
+    async def note_group_member(self, task_group_id: str) -> bool:
         """Note on the task the group is named after that another task joins the group
         (before that task's member row is written). If that task is not stored (yet), its
-        partition's ``members`` row says it, for an insert under way to find."""
+        partition's ``members`` row says it, for an insert under way to find. Whether the
+        task was there (noted on it) rather than not yet (the row written)."""
         for _ in range(2):
             try:
                 await self._merge_flag(task_group_id, "groupMembers",
                                        f"noting a member of task group {task_group_id}")
-                return
+                return True
             except EntityNotFound:
                 pass
             try:
                 with translate(f"noting a member of task group {task_group_id}"):
                     await self._rest.create_entity(
                         self.name, {"PartitionKey": task_group_id, "RowKey": MEMBERS})
-                return
+                return False
             except EntityExists:
                 continue  # perhaps that task's insert, which writes it too: merge again
+        return True
 
     async def drop_group_note(self, task_group_id: str) -> None:
         """Delete the ``members`` row of a group whose own task was never stored (or is

@@ -16,7 +16,7 @@ from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.events.consumers import Consumer, ConsumerFactory, Received
 from tests.servers import ServerFactory
-from tests.waiting import stays
+from tests.waiting import eventually, stays
 
 
 def _kinds(messages: list[Received]) -> list[str]:
@@ -274,6 +274,32 @@ async def test_a_member_that_joins_while_its_groups_own_task_is_being_stored_is_
     await _resolve_decision_then_member(http, server.api, consumer, decision, child)
 
 
+async def test_a_member_whose_first_createtask_failed_midway_is_still_known(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        storage: StorageInspector) -> None:
+    """The first member of a group whose own task is not stored yet records the group's
+    schedulerId, then fails before it notes itself for that task (its createTask answers
+    500); tried again, it is created: the own task, stored after it, still knows of the
+    member, so its resolution announces nothing while the member runs."""
+    server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
+        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    child_body = definition("prov/midway", taskGroupId=decision)
+    child = slugid()
+    # The member's note in the own task's partition (its ``members`` row) is refused.
+    proxy.once("POST", f"/{storage.table_name('tasks')}", "refused")
+    async with http.put(f"{server.api}/task/{child}", json=child_body) as r:
+        assert r.status == 500, await r.text()
+    assert proxy.counts["table refused"] == 1
+    assert "~scheduler" in await storage.row_keys("groups", decision)
+    await create(http, server.api, child_body, task_id=child)
+    await create(http, server.api, definition("prov/midway"), task_id=decision)
+    assert (await storage.task(decision)).group_members is True
+    await _resolve_decision_then_member(http, server.api, consumer, decision, child)
+
+
 async def test_task_group_resolved_fires_once_when_its_last_tasks_resolve_together(
         make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
         consume: ConsumerFactory) -> None:
@@ -318,3 +344,39 @@ async def test_a_resolved_groups_rows_all_go_once_its_tasks_have_expired(
     gone = await server.services.expiry.expire(now + timedelta(days=3))
     assert gone.tasks == 2
     assert await storage.row_keys("groups", group) == []
+
+
+@pytest.mark.parametrize("announcement", ["the first", "a later one"])
+async def test_a_group_is_announced_though_the_answer_to_its_announcement_was_lost(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        storage: StorageInspector, announcement: str) -> None:
+    """The record of which members were announced (``~announced``) is written, its answer
+    lost, and the write sent again finds it written: it is this resolution's own, so the
+    group is announced all the same (the first time, and after a task joined later)."""
+    server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
+        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+    decision = await create(http, server.api, definition("prov/lost"))
+    child = await create(http, server.api, definition("prov/lost", taskGroupId=decision))
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    if announcement == "a later one":
+        await _resolve_decision_then_member(http, server.api, consumer, decision, child)
+        child = await create(http, server.api, definition("prov/lost", taskGroupId=decision))
+        lost_write = ("PUT", "~announced")  # the record replaced, for the new set
+    else:
+        await _claim(http, server.api, decision)
+        await sas.post(http, f"{server.api}/task/{decision}/runs/0/completed")
+        # The only insert into the groups table left: the record of the announcement.
+        lost_write = ("POST", f"/{storage.table_name('groups')}")
+
+    async def decision_checked() -> bool:
+        return any(r["RowKey"] == decision and r["resolved"]
+                   for r in await storage.rows("groups", decision))
+
+    await eventually(decision_checked, what="the decision task resolved in its group")
+    before = len(consumer.messages)
+    await _claim(http, server.api, child)
+    proxy.once(*lost_write, "timed out")
+    await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) > before, timeout=10)
+    assert proxy.counts["table timed out"] == 1

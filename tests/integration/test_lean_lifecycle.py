@@ -11,13 +11,15 @@ import aiohttp
 import pytest
 from azure.data.tables.aio import TableServiceClient
 
-from azqueue.devstorage import Azurite
+from azqueue.config import StorageSettings
+from azqueue.devstorage import ACCOUNT, KEY, Azurite
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.storage.taskrows import TIP
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import callers_waiting, claim_work
@@ -215,3 +217,29 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     # The same decision again, from the same old read, is another request: no change.
     again = await tasks.modify(task_id, claim, first)
     assert not again.changed
+
+
+async def test_create_task_of_a_group_of_one_costs_three_storage_requests(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession) -> None:
+    """A task that is its own group (Taskcluster's default) costs createTask its deadline
+    trigger, its tip and its insert, nothing for the group (docs/capacity.md): the insert
+    writes the group's ``members`` row, which a task joining the group first would have
+    written, so no record of the group is asked or written."""
+    storage = StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix)
+    server = await make_server(storage=storage, run_resolvers=False,
+                               doorbell_interval=3600.0)
+    await create(http, server.api, definition("prov/alone"))  # the task queue is recorded
+
+    def sent() -> int:
+        return proxy.counts["queue forwarded"] + proxy.counts["table forwarded"]
+
+    async def recorded() -> bool:
+        async with http.get(f"{server.api}/task-queues/prov%2Falone") as r:
+            return r.status == 200
+
+    await eventually(recorded, what="the task queue recorded (in the background)")
+    before = sent()
+    task_id = slugid()
+    await create(http, server.api, definition("prov/alone", taskGroupId=task_id), task_id)
+    assert sent() - before == 3

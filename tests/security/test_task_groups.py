@@ -13,6 +13,7 @@ import pytest
 
 from azqueue.config import Client
 from azqueue.testing.hawk import hawk_signer
+from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import definition, slugid
 from tests.servers import Server, ServerFactory
 
@@ -124,12 +125,16 @@ async def test_another_scheduler_cannot_seal_or_cancel_a_group_it_tried_to_join(
 
 async def test_a_group_without_its_own_task_cannot_be_taken_by_creating_that_task(
         groups_server: Server, victim: aiohttp.ClientSession,
-        attacker: aiohttp.ClientSession) -> None:
+        attacker: aiohttp.ClientSession, storage: StorageInspector) -> None:
     """The taskId that names the group is free while the group has only members: a task
-    of another schedulerId created under it is refused like any other."""
+    of another schedulerId created under it is refused like any other, and what its
+    createTask put before the group's record refused it (the deadline message, the tip)
+    is gone, so nothing of it works later."""
     server = groups_server
     group, tasks = await victim_group(victim, server, with_own_task=False)
     assert_refused_for_scheduler(*await create(attacker, server, group, group, "attacker"))
+    assert await storage.pending_count("attacker/q") == 0
+    assert await storage.message_count(storage.queue_name("deadline")) == len(tasks)
     code, meta = await get(victim, f"{server.api}/task-group/{group}")
     assert code == 200 and meta["schedulerId"] == "victim-scheduler", meta
     code, answer = await post(attacker, f"{server.api}/task-group/{group}/seal")
