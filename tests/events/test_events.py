@@ -283,7 +283,7 @@ async def test_a_member_whose_first_createtask_failed_midway_is_still_known(
     500); tried again, it is created: the own task, stored after it, still knows of the
     member, so its resolution announces nothing while the member runs."""
     server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
-        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+        proxy.connection_string(), storage_prefix))
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
     child_body = definition("prov/midway", taskGroupId=decision)
@@ -355,7 +355,7 @@ async def test_a_group_is_announced_though_the_answer_to_its_announcement_was_lo
     lost, and the write sent again finds it written: it is this resolution's own, so the
     group is announced all the same (the first time, and after a task joined later)."""
     server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
-        proxy.connection_string(ACCOUNT, KEY), storage_prefix))
+        proxy.connection_string(), storage_prefix))
     decision = await create(http, server.api, definition("prov/lost"))
     child = await create(http, server.api, definition("prov/lost", taskGroupId=decision))
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))

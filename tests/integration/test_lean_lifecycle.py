@@ -12,7 +12,7 @@ import pytest
 from azure.data.tables.aio import TableServiceClient
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import ACCOUNT, KEY, Azurite
+from azqueue.devstorage import Azurite
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
@@ -226,7 +226,7 @@ async def test_create_task_of_a_group_of_one_costs_three_storage_requests(
     trigger, its tip and its insert, nothing for the group (docs/capacity.md): the insert
     writes the group's ``members`` row, which a task joining the group first would have
     written, so no record of the group is asked or written."""
-    storage = StorageSettings(proxy.connection_string(ACCOUNT, KEY), storage_prefix)
+    storage = StorageSettings(proxy.connection_string(), storage_prefix)
     server = await make_server(storage=storage, run_resolvers=False,
                                doorbell_interval=3600.0)
     await create(http, server.api, definition("prov/alone"))  # the task queue is recorded
