@@ -123,6 +123,7 @@ def test_an_invalid_task_queue_is_refused_before_the_worker_starts() -> None:
                      task_queue_id="no-slash", worker_group="g", worker_id="w")
 
 
+@pytest.mark.slow
 async def test_a_queue_that_is_away_is_a_warning_retried_with_backoff(
         caplog: pytest.LogCaptureFixture) -> None:
     """Nothing listens at the rootUrl: each failure is one WARNING line, and the pauses

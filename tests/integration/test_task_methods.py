@@ -109,6 +109,7 @@ async def test_a_new_priority_moves_the_tip_and_the_old_tip_is_refused_as_stale(
     assert claim["task"]["priority"] == "highest"
 
 
+@pytest.mark.slow
 async def test_a_running_task_given_a_new_priority_is_retried_at_it(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """'Claimed or running tasks keep their current run priority until they are

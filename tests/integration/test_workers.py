@@ -193,6 +193,7 @@ async def test_quarantine_details_keep_the_latest_changes_that_fit_a_table_prope
     assert (await _get(http, _worker_url(server, tq, "w1")))["quarantineDetails"] == details
 
 
+@pytest.mark.slow
 async def test_a_quarantine_reaches_another_replica_within_its_copys_lifetime(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """Replicas share nothing but storage: one that read the quarantined workers before the
