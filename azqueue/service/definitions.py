@@ -326,9 +326,9 @@ class Definitions:
         whether it resolves its group. The record says so only after the own task does
         (the first member records the group's schedulerId noting no member yet): a member
         that reads it so notes nothing, and one whose createTask failed between the two
-        would otherwise leave the own task stored unaware of its members. If the group's own task was stored between the
-        first member's read of it and that note, its schedulerId decides: the record is
-        corrected and the member refused."""
+        would otherwise leave the own task stored unaware of its members. If the group's
+        own task was stored between the first member's read of it and that note, its
+        schedulerId decides: the record is corrected and the member refused."""
         group, scheduler = definition["taskGroupId"], definition["schedulerId"]
         own = group == task_id
         if own and own_first:
