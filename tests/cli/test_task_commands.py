@@ -22,7 +22,8 @@ from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root, azqueue
 from tests.servers import Server, ServerFactory
-from tests.worker.helpers import AZQUEUE, checkout_env, cli_env, running, shell_worker, wait_status
+from tests.worker.helpers import (AZQUEUE, checkout_env, cli_env, ctrl_c_reaches_it, running,
+                                  shell_worker, wait_status)
 
 SERVER_STACK = ("azure", "azqueue.api", "azqueue.service", "azqueue.storage",
                 "azqueue.background", "azqueue.cli.server")
@@ -128,7 +129,8 @@ async def test_task_wait_json_and_ctrl_c_exits_quietly(
     status as the API answers it."""
     task_id = await create(http, server.api, definition("prov/ctrl-c"))
     waiting = subprocess.Popen([AZQUEUE, "task", "wait", task_id], env=cli_env(server),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=ctrl_c_reaches_it)
     try:
         assert waiting.stdout is not None
         first = await asyncio.to_thread(waiting.stdout.readline)

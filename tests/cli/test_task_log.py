@@ -15,7 +15,8 @@ from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root
 from tests.servers import Server
 from tests.waiting import eventually
-from tests.worker.helpers import AZQUEUE, cli_env, running, shell_worker, wait_status
+from tests.worker.helpers import (AZQUEUE, cli_env, ctrl_c_reaches_it, running, shell_worker,
+                                  wait_status)
 
 INTERVAL = 0.2  # the worker's log interval: short, so the test waits little
 
@@ -77,7 +78,8 @@ async def test_follow_of_a_completed_task_prints_its_log_and_exits_0_and_ctrl_c_
     pending = await create(http, server.api, definition("prov/nobody-follows-here"))
     follower = subprocess.Popen([AZQUEUE, "task", "log", "--follow", pending],
                                 env=cli_env(server), stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True)
+                                stderr=subprocess.PIPE, text=True,
+                                preexec_fn=ctrl_c_reaches_it)
     try:
         assert follower.stderr is not None
         assert "is pending; waiting for a worker" in await _line(follower.stderr)

@@ -31,7 +31,7 @@ import aiohttp
 import pytest
 
 from azqueue.devstorage import free_port
-from tests.worker.helpers import AZQUEUE, CHECKOUT, checkout_env
+from tests.worker.helpers import AZQUEUE, CHECKOUT, checkout_env, ctrl_c_reaches_it
 
 README = Path(CHECKOUT) / "README.md"
 BANNER_TIMEOUT = 120.0
@@ -74,7 +74,8 @@ class Dev:
                if not k.startswith("AZQUEUE_") or k == "AZQUEUE_AZURITE_BIN"}
         self.process = subprocess.Popen(
             [AZQUEUE, "dev", "--data", str(data), "--port", str(port)], env=env,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=ctrl_c_reaches_it)
         self.exports: dict[str, str] = {}
         self.banner: list[str] = []
 

@@ -54,6 +54,13 @@ def shell_worker(server: Server, queue: str, worker_id: str, **overrides: Any) -
 CHECKOUT = str(Path(__file__).resolve().parents[2])
 
 
+def ctrl_c_reaches_it() -> None:
+    """``preexec_fn`` of a command a test interrupts with SIGINT, as Ctrl-C does: a suite
+    started in the background (``nohup``, ``&``: the shell ignores SIGINT there) would
+    hand the command that ignored SIGINT, and it would never see the Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def checkout_env(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``env`` (default: this process's) with this checkout first on PYTHONPATH."""
     env = dict(os.environ if env is None else env)
