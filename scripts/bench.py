@@ -15,6 +15,9 @@ hands out point at the proxy too). Then, in phases (all by default):
   create    azqueue createTask: N tasks by 16 concurrent clients, default priority (lowest)
   sas       drain of those N by 16 SDK workers, mode "sas" (capacity 1, no-op handler)
   claimwork the same with mode "claim-work" (a fresh backlog of N)
+  versus    the Celery peer (enqueue and drain) and azqueue (createTask and a claimWork
+            drain) in alternating rounds (--rounds, 4): medians of each and of the
+            rounds' ratios, so that neither meets a warmer Azurite and machine more often
   latency   claimWork wake-up: createTask answered -> claimWork answered, 1 and 8 waiting
   replicas  claimWork drain with two `azqueue serve` on the same storage, half the workers each
   idle      16 idle workers per mode, 10 s, no tasks: storage requests/s per idle worker
@@ -78,8 +81,8 @@ from azqueue.testing.sas import get_messages
 from azqueue.testing.tasks import call
 
 SCRIPTS = Path(__file__).resolve().parent
-PHASES = ("steps", "celery", "create", "sas", "claimwork", "latency", "replicas", "idle",
-          "events", "rest")
+PHASES = ("steps", "celery", "create", "sas", "claimwork", "versus", "latency", "replicas",
+          "idle", "events", "rest")
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 PYTHON = sys.executable
 
@@ -316,8 +319,17 @@ class GroupListener:
 # -- phase: the Celery peer ----------------------------------------------------------------
 
 async def phase_celery(b: Bench) -> None:
-    n, w = b.args.tasks, b.args.workers
+    n = b.args.tasks
     print(f"\n== celery: Celery 5 on kombu's azurestoragequeues transport, {n} no-op tasks ==")
+    rates = await celery_round(b, "celery")
+    if rates is not None:
+        b.summary["celery enqueue"], b.summary["celery drain"] = rates
+
+
+async def celery_round(b: Bench, name: str) -> tuple[float, float] | None:
+    """The Celery peer enqueues N no-op tasks and its worker drains them: (enqueue, drain)
+    in tasks/s; None, saying how to install it, without the ``bench`` extra."""
+    n, w = b.args.tasks, b.args.workers
     try:
         sys.path.insert(0, str(SCRIPTS))
         os.environ["BENCH_CELERY_BROKER"] = (f"azurestoragequeues://{KEY}@"
@@ -325,7 +337,7 @@ async def phase_celery(b: Bench) -> None:
         import bench_celery
     except ImportError as e:
         print(f"  skipped: {e}. Install the peer with: .venv/bin/pip install -e \".[bench]\"")
-        return
+        return None
     noop = bench_celery.noop
 
     def send(count: int) -> None:
@@ -343,12 +355,11 @@ async def phase_celery(b: Bench) -> None:
     print(f"  enqueue: {n} tasks from {w} threads in {enqueue.seconds:.2f}s = "
           f"{n / enqueue.seconds:.1f} tasks/s; "
           f"{enqueue.requests('celery') / n:.2f} storage requests per task")
-    b.summary["celery enqueue"] = n / enqueue.seconds
 
-    done_file = b.logs / "celery-done.json"
+    done_file = b.logs / f"{name}-done.json"
     env = {**os.environ, "BENCH_CELERY_TARGET": str(n + w), "BENCH_CELERY_DONE": str(done_file),
            "PYTHONPATH": str(SCRIPTS)}
-    with open(b.logs / "celery.log", "ab") as log:
+    with open(b.logs / f"{name}.log", "ab") as log:
         worker = subprocess.Popen(
             [str(Path(PYTHON).parent / "celery"), "-A", "bench_celery", "worker", "--pool",
              "threads", "--concurrency", str(w), "--loglevel", "WARNING", "--without-heartbeat",
@@ -361,7 +372,7 @@ async def phase_celery(b: Bench) -> None:
         while not done_file.exists():
             if worker.poll() is not None:
                 raise BenchError(f"the Celery worker exited with {worker.returncode}; "
-                                 f"see {b.logs / 'celery.log'}")
+                                 f"see {b.logs / f'{name}.log'}")
             if time.monotonic() - before.at > b.args.timeout:
                 raise BenchError(f"the Celery worker did not finish in {b.args.timeout}s")
             await asyncio.sleep(0.05)
@@ -374,7 +385,7 @@ async def phase_celery(b: Bench) -> None:
     print(f"  drain: {n + w} tasks in {seconds:.2f}s (worker ready -> last task done) = "
           f"{(n + w) / seconds:.1f} tasks/s; {span.requests('celery') / (n + w):.2f} storage "
           f"requests per task; CPU cores: {cpu_line(span, 'celery', 'azurite', 'bench')}")
-    b.summary["celery drain"] = (n + w) / seconds
+    return n / enqueue.seconds, (n + w) / seconds
 
 
 # -- phases: createTask, drains ------------------------------------------------------------
@@ -580,6 +591,47 @@ async def phase_claimwork(b: Bench) -> None:
     b.summary.setdefault("create", rate)
     record_drain(b, "claimwork", await drain(b, "claim-work", "bench/claimwork",
                                              [b.main.root_url]))
+
+
+async def phase_versus(b: Bench) -> None:
+    """The Celery peer and azqueue (createTask, then a claimWork drain) in ``--rounds``
+    rounds, each first in every other round, each phase clear of earlier tasks' deadline
+    messages: Azurite, the server and the machine get faster as a run goes on (the first
+    phase that creates tasks is the slowest whatever came before), so single phases
+    compare the peer, which runs early, with a warmer azqueue. Medians of each, and the
+    medians of the rounds' ratios."""
+    rounds = b.args.rounds
+    print(f"\n== versus: the Celery peer and azqueue's claimWork lifecycle, {rounds} rounds, "
+          "each first in turn ==")
+    seen: list[tuple[float, float, float, float]] = []
+    for r in range(rounds):
+        figures: dict[str, tuple[float, float]] = {}
+        for who in (("celery", "azqueue") if r % 2 == 0 else ("azqueue", "celery")):
+            print(f"  -- round {r + 1} of {rounds}, {who} --")
+            await forget_resolved(b)
+            if who == "celery":
+                rates = await celery_round(b, f"celery-versus{r}")
+                if rates is None:
+                    return
+                figures[who] = rates
+            else:
+                q = f"bench/versus{r}"
+                created = await create_backlog(b, q, "backlog")
+                figures[who] = (created, (await drain(b, "claim-work", q,
+                                                      [b.main.root_url])).rate)
+        seen.append((*figures["celery"], *figures["azqueue"]))
+    enqueue, peer_drain, created, drained = (
+        statistics.median(f[i] for f in seen) for i in range(4))
+    create_ratio = statistics.median(f[2] / f[0] for f in seen)
+    drain_ratio = statistics.median(f[3] / f[1] for f in seen)
+    print(f"\n| figure (median of {rounds} rounds) | Celery | azqueue | azqueue / Celery |\n"
+          "| --- | ---: | ---: | ---: |\n"
+          f"| enqueue / createTask, tasks/s | {enqueue:.1f} | {created:.1f} | "
+          f"{create_ratio:.2f}x |\n"
+          f"| drain (claimWork), tasks/s | {peer_drain:.1f} | {drained:.1f} | "
+          f"{drain_ratio:.2f}x |")
+    b.summary["versus create ratio"] = create_ratio
+    b.summary["versus drain ratio"] = drain_ratio
 
 
 # -- phase: events on ----------------------------------------------------------------------
@@ -1014,6 +1066,10 @@ GOALS = (
          "x"),
     Goal("createTask / Celery enqueue", ">= 0.9x",
          _get("create", "celery enqueue", combine=lambda a, c: a / c), lambda v: v >= 0.9, "x"),
+    Goal("createTask / Celery enqueue, rounds in turn (versus)", ">= 0.9x",
+         _get("versus create ratio"), lambda v: v >= 0.9, "x"),
+    Goal("claimWork drain / Celery drain, rounds in turn (versus)", ">= 0.8x",
+         _get("versus drain ratio"), lambda v: v >= 0.8, "x"),
     Goal("server CPU / lifecycle, SAS (createTask + drain)", "<= 8 ms", _get("sas lifecycle cpu"),
          lambda v: v <= 8, " ms"),
     Goal("server CPU / lifecycle, claimWork (createTask + drain)", "<= 8 ms",
@@ -1119,7 +1175,8 @@ async def forget_resolved(b: Bench) -> None:
 
 RUNNERS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "steps": phase_steps, "celery": phase_celery, "create": phase_create, "sas": phase_sas,
-    "claimwork": phase_claimwork, "latency": phase_latency, "replicas": phase_replicas,
+    "claimwork": phase_claimwork, "versus": phase_versus, "latency": phase_latency,
+    "replicas": phase_replicas,
     "idle": phase_idle, "events": phase_events, "rest": phase_rest}
 
 
@@ -1183,9 +1240,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--wake-rounds", type=int, default=12,
                         help="tasks of each wake-up figure, one at a time (rest, 12)")
     parser.add_argument("--rounds", type=int, default=4,
-                        help="rounds of the events phase, each a drain with events off and one "
-                             "with events on, the first of a round off, the next on, and so on "
-                             "(4)")
+                        help="rounds of the versus and events phases, each the two sides "
+                             "compared, which goes first taking turns (4)")
     parser.add_argument("--amqp", default="", metavar="URL",
                         help="RabbitMQ URL for the phases with events on (steps, events; default "
                              "the local RabbitMQ as guest)")
@@ -1201,7 +1257,8 @@ def parse_args() -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown phases {', '.join(sorted(unknown))}; choose from "
                      f"{', '.join(PHASES)}")
-    args.phases = [p for p in PHASES if p in phases and not (p == "celery" and args.skip_celery)]
+    args.phases = [p for p in PHASES if p in phases
+                   and not (p in ("celery", "versus") and args.skip_celery)]
     if args.tasks < 2 or args.workers < 2:
         parser.error("--tasks and --workers must be at least 2")
     return args
