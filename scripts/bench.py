@@ -1147,30 +1147,33 @@ def print_summary(b: Bench) -> None:
 
 # -- main ----------------------------------------------------------------------------------
 
-# The deadline queue of the benchmark's servers (the default storage prefix).
-DEADLINE_QUEUE = "azq-deadline"
+# The deadline trigger queues of the benchmark's servers (the default storage prefix):
+# this release's and earlier releases'.
+DEADLINE_QUEUES = ("azq-deadline-batches", "azq-deadline")
 # The phases that start with no task of theirs yet (``sas`` drains the backlog ``create``
-# made, whose deadline messages it needs).
+# made, whose deadline triggers it needs).
 OWN_TASKS = ("steps", "celery", "create", "claimwork", "latency", "replicas", "idle", "rest")
 
 
 async def forget_resolved(b: Bench) -> None:
-    """Delete the deadline messages that earlier phases' tasks, all resolved, left: Azurite
+    """Delete the deadline triggers that earlier phases' tasks, all resolved, left: Azurite
     looks at every message of the account at each queue request (tips, the Celery peer's
     messages, anything), so a phase would otherwise be slower the later it runs, and the
     Celery peer, which runs early, would meet an emptier Azurite than the phases it is
     compared with. Straight to Azurite, not counted. A phase's own tasks keep theirs."""
     from azure.storage.queue.aio import QueueClient
 
-    async with QueueClient.from_connection_string(b.azurite.connection_string,
-                                                  DEADLINE_QUEUE) as queue:
-        try:
-            held = (await queue.get_queue_properties()).approximate_message_count
-            await queue.clear_messages()
-        except ResourceNotFoundError:
-            return
+    held = 0
+    for name in DEADLINE_QUEUES:
+        async with QueueClient.from_connection_string(b.azurite.connection_string,
+                                                      name) as queue:
+            try:
+                held += (await queue.get_queue_properties()).approximate_message_count
+                await queue.clear_messages()
+            except ResourceNotFoundError:
+                pass
     if held:
-        print(f"  (deleted {held} deadline messages of earlier phases' resolved tasks)")
+        print(f"  (deleted {held} deadline trigger messages of earlier phases' resolved tasks)")
 
 
 RUNNERS: dict[str, Callable[[Bench], Awaitable[None]]] = {

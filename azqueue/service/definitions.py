@@ -1,16 +1,16 @@
 """Task definitions: createTask and scheduleTask, and what reads definitions and statuses
 (task, status, listTaskGroup's page of tasks, listDependentTasks).
 
-createTask writes, before the task itself and all at once, the task's deadline message
-(which also triggers the tip repair, ``repair``), its task group's member row (a task
+createTask writes, before the task itself and all at once, the task's deadline trigger
+(``triggers``, which also triggers the tip repair, ``repair``), its task group's member row (a task
 whose schedulerId is not its group's, or new to a sealed group, is refused with 409
 before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the
 Azure queue invariants are written), so that the tip's record is written in the same
 transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
 first and no tip (``dependencies``). A repeated createTask with the same definition
 finishes what a first attempt that failed may have left undone and answers the same; a
-different definition is 409, and leaves nothing that works later (its deadline message,
-group row and tip are deleted). scheduleTask, and a dependency resolved, give an unscheduled
+different definition is 409, and leaves nothing that works later (its deadline trigger
+is withdrawn, its group row and tip deleted). scheduleTask, and a dependency resolved, give an unscheduled
 task its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
 """
 
@@ -36,9 +36,10 @@ from azqueue.service.claims import TIP_WAIT
 from azqueue.service.dependencies import Dependencies, gather_limited
 from azqueue.service.groupowner import GroupOwners
 from azqueue.service.tips import Tips, live
+from azqueue.service.triggers import DeadlineTriggers, Trigger
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
-from azqueue.storage.queues import Message, Queues, encode_json
+from azqueue.storage.queues import Message, Queues
 from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, definition_size
 from azqueue.storage.tasks import TaskStore
 
@@ -49,14 +50,16 @@ log = logging.getLogger(__name__)
 class Definitions:
     """Defining and scheduling tasks, and reading their definitions and statuses.
 
-    ``deadline_queue`` is the internal queue of deadline messages, each put to surface
-    first ``repair_delay`` after createTask (the tip repair's look) or at the deadline."""
+    ``triggers`` stores the tasks' deadline triggers, each to surface first
+    ``repair_delay`` after createTask (the tip repair's look) or at the deadline;
+    ``legacy_deadline_queue`` is where earlier releases put theirs."""
 
     tasks: TaskStore
     groups: GroupStore
     owners: GroupOwners
     queues: Queues
-    deadline_queue: str
+    triggers: DeadlineTriggers
+    legacy_deadline_queue: str
     repair_delay: timedelta
     dependencies: Dependencies
     tips: Tips
@@ -65,10 +68,11 @@ class Definitions:
     workerinfo: WorkerInfo
 
     async def setup(self) -> None:
-        """Create the tasks and groups tables and the deadline queue (idempotent)."""
+        """Create the tasks and groups tables and the deadline queues (idempotent)."""
         await self.tasks.ensure()
         await self.groups.ensure()
-        await self.queues.ensure(self.deadline_queue)
+        await self.queues.ensure(self.triggers.queue_name)
+        await self.queues.ensure(self.legacy_deadline_queue)
 
     async def create_task(self, task_id: str, body: dict[str, Any],
                           authorize: Callable[[dict[str, Any]], None] = lambda d: None
@@ -107,10 +111,9 @@ class Definitions:
             existing = await self.tasks.load(task_id)
             if dict(existing.task.definition) != definition:
                 # Refused: what this attempt wrote for it must not work later. Its
-                # deadline message would surface at the refused definition's deadline
+                # deadline trigger would surface at the refused definition's deadline
                 # (the caller's choice) and make the resolvers read the existing task.
-                await self.queues.drop(deadline.queue_name, deadline.message_id,
-                                       deadline.pop_receipt)
+                await self.triggers.withdraw(deadline)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)
@@ -124,7 +127,7 @@ class Definitions:
         return task.status()
 
     async def _put_before_insert(self, task: Task, now: datetime,
-                                 waiting: bool) -> tuple[Message | None, float, Message]:
+                                 waiting: bool) -> tuple[Message | None, float, Trigger]:
         """Before the task, all at once: the deadline trigger (if we died after the insert
         without it, nothing would ever resolve the task; without the task, the resolver
         drops it), the group member, and the tip (unless the task waits for its
@@ -141,15 +144,13 @@ class Definitions:
             return message
 
         deadline, _, tip = await asyncio.gather(
-            self.queues.put(self.deadline_queue, encode_json({"taskId": task.task_id}),
-                            visible_in=min(task.deadline - now, self.repair_delay),
-                            forever=True),
+            self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
             self._add_to_group(task),
             self._no_tip() if waiting else put_tip())
         return tip, tip_visible, deadline
 
     async def _insert(self, task: Task, definition: dict[str, Any], tip: Message | None,
-                      tip_visible: float, deadline: Message) -> Stored | None:
+                      tip_visible: float, deadline: Trigger) -> Stored | None:
         """Insert the task with its events (published from here) and the record of its
         tip; None if a task of that id is stored already."""
         token = self.outbox.begin() if self.outbox is not None else None
@@ -273,11 +274,11 @@ class Definitions:
     # -- task groups -----------------------------------------------------------------
 
     async def _store(self, task: Task, definition: dict[str, Any], written: list[events.Event],
-                     tip: Message | None, deadline: Message) -> Stored | None:
+                     tip: Message | None, deadline: Trigger) -> Stored | None:
         """Store the new task (``tasks.insert``). A group's own task is inserted assuming
         that no other task joined its group first, which its insert tells
         (``GroupJoined``): then the group's records decide, as for any other member, and
-        a task they refuse leaves nothing that works later (its deadline message and tip
+        a task they refuse leaves nothing that works later (its deadline trigger and tip
         are deleted)."""
         tips, live_tip = ((tip.message_id,), live(tip, 0)) if tip else ((), None)
         try:
@@ -287,7 +288,7 @@ class Definitions:
         try:
             await self._check_group_open(task.task_id, definition, own_first=False)
         except errors.Conflict:
-            await self.queues.drop(deadline.queue_name, deadline.message_id, deadline.pop_receipt)
+            await self.triggers.withdraw(deadline)
             if tip is not None:
                 await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
             raise

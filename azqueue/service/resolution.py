@@ -19,11 +19,13 @@ from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
+from azqueue.service import triggers
 from azqueue.service.cache import TaskCache
 from azqueue.service.changes import Changes
+from azqueue.service.dependencies import gather_limited
 from azqueue.service.repair import Repair
 from azqueue.storage.claims import ClaimRecord, ClaimStore
-from azqueue.storage.queues import Message, Queues, decode_json
+from azqueue.storage.queues import Message, Queues
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
@@ -34,8 +36,9 @@ class Resolution:
     """Resolving runs: workers' reports, cancelTask, expired claims and deadlines.
 
     ``claim_store``: the claim index's rows (``claimindex``); ``deadline_queue``:
-    the internal queue of deadline messages (one that surfaces before the deadline is
-    ``repair``'s look at the task)."""
+    the internal queue of deadline triggers (``triggers``; one that surfaces before the
+    deadline is ``repair``'s look at the task), ``legacy_deadline_queue`` that of
+    earlier releases."""
 
     tasks: TaskStore
     queues: Queues
@@ -43,6 +46,7 @@ class Resolution:
     changes: Changes
     claim_store: ClaimStore
     deadline_queue: str
+    legacy_deadline_queue: str
     repair: Repair
 
     async def report(self, task_id: str, run_id: int, state: RunState,
@@ -109,47 +113,75 @@ class Resolution:
         await self.changes.settle(change, record.run_id)
         return True
 
-    async def resolve_deadlines(self, invisible_for: timedelta) -> int:
-        """Handle the deadline messages that are due; the number of messages handled. A
-        message that fails for a storage outage is left to reappear after
-        ``invisible_for``; the others are handled meanwhile."""
-        messages = await self.queues.receive(self.deadline_queue, invisible_for)
+    async def resolve_deadlines(self, invisible_for: timedelta, legacy: bool = False) -> int:
+        """Handle the deadline triggers that are due (``triggers``; with ``legacy``, those
+        of earlier releases' queue); the number of messages handled. A task that fails
+        for a storage outage is looked at again after ``invisible_for``; the others are
+        handled meanwhile."""
+        name = self.legacy_deadline_queue if legacy else self.deadline_queue
+        messages = await self.queues.receive(name, invisible_for)
         for message in messages:
             try:
-                await self._deadline_message(message)
+                await self._deadline_message(message, invisible_for)
             except errors.TRANSIENT as e:
                 log.warning("could not handle deadline message %s (%s); it comes back in %ds",
                             message.message_id, e, invisible_for.total_seconds())
         return len(messages)
 
-    async def _deadline_message(self, message: Message) -> None:
-        """A deadline message that surfaced: before the task's deadline it is the task's
-        tip repair check (``repair``), and is postponed to the next one; at the deadline
-        it resolves the task."""
-        now = timeutil.utcnow()
+    async def _deadline_message(self, message: Message, invisible_for: timedelta) -> None:
+        """A trigger message that surfaced: each of its tasks is looked at (``_look``);
+        the message then holds the tasks still to be looked at, visible at the first next
+        look, or is deleted."""
         try:
-            task_id = str(decode_json(message.text)["taskId"])
-        except (ValueError, KeyError):
+            pairs = triggers.parse(message.text)
+        except ValueError:
             log.error("dropping malformed message %s from %s", message.message_id,
-                      self.deadline_queue)
-            await self.queues.drop(self.deadline_queue, message.message_id, message.pop_receipt)
+                      message.queue_name)
+            await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
             return
+        now = timeutil.utcnow()
+        looks = await gather_limited(self._look(task_id, deadline, now, invisible_for)
+                                     for task_id, deadline in pairs)
+        left = [triggers.Entry(task_id, deadline, due)
+                for (task_id, deadline), due in zip(pairs, looks) if due is not None]
+        if not left:
+            await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
+            return
+        # A message of an earlier release holds one task: it keeps its form.
+        text = None if len(left) == len(pairs) else triggers.encode(left)
+        await self.queues.postpone(message.queue_name, message.message_id, message.pop_receipt,
+                                   triggers.visible_in(left), text=text)
+
+    async def _look(self, task_id: str, deadline: datetime | None, now: datetime,
+                    invisible_for: timedelta) -> datetime | None:
+        """A task's trigger, due: before the task's deadline it is the task's tip repair
+        check (``repair``), to be made again at the next look; at the deadline it
+        resolves the task. When to look again; None once the trigger has done its work
+        (or is not the task's: a refused createTask's, whose deadline is another)."""
         try:
             stored = await self.tasks.load(task_id)
         except errors.NotFound:
-            pass  # the task was never written, or has expired
-        else:
-            deadline = stored.task.deadline
-            if deadline > now:
+            return None  # the task was never written, or has expired
+        except errors.TRANSIENT as e:
+            log.warning("could not read task %s for its deadline trigger (%s); again in %ds",
+                        task_id, e, invisible_for.total_seconds())
+            return now + invisible_for
+        task_deadline = stored.task.deadline
+        if deadline is not None and timeutil.fmt(deadline) != timeutil.fmt(task_deadline):
+            log.info("dropping a deadline trigger of task %s for %s: the task's deadline is %s",
+                     task_id, timeutil.fmt(deadline), timeutil.fmt(task_deadline))
+            return None
+        try:
+            if task_deadline > now:
                 check = await self.repair.look(stored, now)
-                if check is not None:
-                    await self.queues.postpone(message.queue_name, message.message_id,
-                                               message.pop_receipt, min(check, deadline) - now)
-                    return
-            else:
-                change = await self.changes.change(
-                    task_id, lambda t: model.resolve_deadline(t, now), stored)
-                if change.changed:
-                    log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
-                await self.changes.settle(change, len(change.after.runs) - 1)
-        await self.queues.drop(self.deadline_queue, message.message_id, message.pop_receipt)
+                return None if check is None else min(check, task_deadline)
+            change = await self.changes.change(
+                task_id, lambda t: model.resolve_deadline(t, now), stored)
+            if change.changed:
+                log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
+            await self.changes.settle(change, len(change.after.runs) - 1)
+        except errors.TRANSIENT as e:
+            log.warning("could not handle the deadline trigger of task %s (%s); again in %ds",
+                        task_id, e, invisible_for.total_seconds())
+            return now + invisible_for
+        return None

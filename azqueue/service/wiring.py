@@ -47,6 +47,7 @@ from azqueue.service.rerun import Rerun
 from azqueue.service.resolution import Resolution
 from azqueue.service.taskurls import TaskUrls
 from azqueue.service.tips import Tips
+from azqueue.service.triggers import DeadlineTriggers
 from azqueue.service.waiting import Waiting
 from azqueue.service.workclaimer import WorkClaimer
 from azqueue.service.workers import WorkerInfo
@@ -100,7 +101,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
     signer = TipSigner(secrets=settings.tip_secrets, form=settings.tip_form)
     cache = TaskCache()
     claim_timeout = timedelta(seconds=settings.claim_timeout)
-    deadline_queue = account.queue_name("deadline")
+    deadline_triggers = DeadlineTriggers(queues, account.queue_name("deadline-batches"))
+    legacy_deadline_queue = account.queue_name("deadline")
     repair_delay = timedelta(seconds=settings.tip_repair_delay)
     hints = PendingHints(queues=queues, pending=pending,
                          fallback=settings.claim_work_fallback_interval)
@@ -118,7 +120,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
     owners = GroupOwners(tasks=tasks, groups=groups)
     definitions = Definitions(
         tasks=tasks, groups=groups, owners=owners, queues=queues,
-        deadline_queue=deadline_queue, repair_delay=repair_delay, dependencies=dependencies,
+        triggers=deadline_triggers, legacy_deadline_queue=legacy_deadline_queue,
+        repair_delay=repair_delay, dependencies=dependencies,
         tips=tips, changes=changes, outbox=outbox, workerinfo=workerinfo)
     root = settings.root
     claims = Claims(
@@ -140,7 +143,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
                          fallback_interval=settings.claim_work_fallback_interval),
         resolution=Resolution(
             tasks=tasks, queues=queues, cache=cache, changes=changes, claim_store=index.store,
-            deadline_queue=deadline_queue,
+            deadline_queue=deadline_triggers.queue_name,
+            legacy_deadline_queue=legacy_deadline_queue,
             repair=Repair(changes=changes, tips=tips, delay=repair_delay)),
         groups=TaskGroups(tasks=tasks, groups=groups, owners=owners, queues=queues,
                           passes=account.queue_name("group-passes"), outbox=outbox,
@@ -208,6 +212,7 @@ async def _close(services: Services) -> None:
     await services.index.close()
     await services.workers.close()
     await services.dependencies.close()
+    await services.definitions.triggers.close()
 
 
 EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"

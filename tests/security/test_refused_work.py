@@ -31,7 +31,7 @@ async def test_refused_createTasks_on_another_tenants_taskId_leave_no_deadline_m
     root, attacker = _client(server, ROOT), _client(server, ATTACKER)
     task_id = slugid()
     await root.createTask(task_id, definition("vic/pool", deadline=timedelta(days=4)))
-    deadlines = storage.queue_name("deadline")
+    deadlines = storage.queue_name("deadline-batches")
     assert await storage.message_count(deadlines) == 1
 
     for _ in range(ATTEMPTS):

@@ -134,7 +134,7 @@ async def test_a_group_without_its_own_task_cannot_be_taken_by_creating_that_tas
     group, tasks = await victim_group(victim, server, with_own_task=False)
     assert_refused_for_scheduler(*await create(attacker, server, group, group, "attacker"))
     assert await storage.pending_count("attacker/q") == 0
-    assert await storage.message_count(storage.queue_name("deadline")) == len(tasks)
+    assert await storage.message_count(storage.queue_name("deadline-batches")) == len(tasks)
     code, meta = await get(victim, f"{server.api}/task-group/{group}")
     assert code == 200 and meta["schedulerId"] == "victim-scheduler", meta
     code, answer = await post(attacker, f"{server.api}/task-group/{group}/seal")

@@ -1,0 +1,120 @@
+"""Deadline triggers, several tasks to a message: every task keeps its own, a refused
+createTask's is taken back, the resolver looks at each task of a message, and the
+one-task messages of earlier releases are still handled (``service.triggers``)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from datetime import timedelta
+
+import aiohttp
+
+from azqueue.background.deadlines import INVISIBLE_FOR
+from azqueue.model import timeutil
+from azqueue.service.triggers import DeadlineTriggers, Entry, encode, parse
+from azqueue.storage.queues import encode_json
+from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
+from azqueue.testing.tasks import create, definition, slugid, status
+from tests.servers import ServerFactory
+from tests.waiting import eventually
+
+BATCHES = "deadline-batches"
+
+
+async def test_createTasks_at_once_each_store_their_own_trigger(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
+    # Resolvers off, triggers due a second after createTask: then all are visible.
+    server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
+    created = await asyncio.gather(*(create(http, server.api, definition("prov/batched"))
+                                     for _ in range(30)))
+    name = storage.queue_name(BATCHES)
+    assert await storage.message_count(name) <= len(created)
+
+    def triggered(messages: list[object]) -> dict[str, str]:
+        return {task_id: timeutil.fmt(deadline) for m in messages
+                for task_id, deadline in parse(m.text) if deadline}  # type: ignore[attr-defined]
+
+    messages = await eventually(lambda: storage.peek(name),
+                                lambda m: len(triggered(m)) >= len(created),
+                                what="every task's trigger due")
+    assert triggered(messages) == {
+        task_id: (await status(http, server.api, task_id))["deadline"] for task_id in created}
+
+
+async def test_triggers_asked_for_together_share_a_message_that_a_withdrawn_one_leaves(
+        make_server: ServerFactory, storage: StorageInspector) -> None:
+    server = await make_server(run_resolvers=False)
+    name = storage.queue_name(BATCHES)
+    triggers = DeadlineTriggers(server.services.definitions.queues, name, puts=1)
+    now = timeutil.utcnow()
+    deadline = timeutil.parse(timeutil.fmt(now + timedelta(hours=1)))  # as tasks have it
+    # Asked for in one turn of the event loop: all wait for the one put.
+    first, second, third = await asyncio.gather(
+        *(triggers.add(task_id, deadline, now) for task_id in ("t1", "t2", "t3")))
+    assert await storage.message_count(name) == 1
+
+    await triggers.withdraw(second)
+    [message] = await storage.peek(name)
+    assert parse(message.text) == [("t1", deadline), ("t3", deadline)]
+
+    await triggers.withdraw(first)
+    await triggers.withdraw(third)
+    assert await storage.message_count(name) == 0
+    await triggers.close()
+
+
+async def test_the_resolver_keeps_of_a_message_only_the_tasks_still_to_look_at(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
+    """A message's tasks: one pending (looked at again once the repair delay has passed),
+    one resolved, one never stored and a trigger whose deadline is not its task's (a
+    refused createTask's): the message comes back holding the pending task alone."""
+    server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
+    pending = await create(http, server.api, definition("prov/mixed"))
+    canceled = await create(http, server.api, definition("prov/mixed"))
+    code, answer = await sas.post(http, f"{server.api}/task/{canceled}/cancel")
+    assert code == 200, answer
+    deadlines = {t: timeutil.parse((await status(http, server.api, t))["deadline"])
+                 for t in (pending, canceled)}
+    now = timeutil.utcnow()
+    name = storage.queue_name("mixed-triggers")
+    queues = server.services.definitions.queues
+    await queues.ensure(name)
+    await queues.put(name, encode([
+        Entry(pending, deadlines[pending], now), Entry(canceled, deadlines[canceled], now),
+        Entry(slugid(), deadlines[pending], now),
+        Entry(pending, deadlines[pending] + timedelta(minutes=1), now)]))
+    resolution = dataclasses.replace(server.services.resolution, deadline_queue=name)
+
+    assert await resolution.resolve_deadlines(INVISIBLE_FOR) == 1
+    [message] = await eventually(lambda: storage.peek(name),
+                                 what="the message back at the pending task's next look")
+    assert parse(message.text) == [(pending, deadlines[pending])]
+    assert (await status(http, server.api, pending))["state"] == "pending"
+
+
+async def test_an_earlier_releases_one_task_messages_are_handled_and_keep_their_form(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
+    server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
+    late = await create(http, server.api, definition("prov/legacy", deadline=timedelta(seconds=2)))
+    waiting = await create(http, server.api, definition("prov/legacy"))
+    legacy = storage.queue_name("deadline")
+    queues = server.services.definitions.queues
+    for task_id in (late, waiting):
+        await queues.put(legacy, encode_json({"taskId": task_id}))
+    deadline = timeutil.parse((await status(http, server.api, late))["deadline"])
+    await eventually(timeutil.utcnow, lambda now: now > deadline, what="the deadline passing")
+
+    resolution = server.services.resolution
+    assert await resolution.resolve_deadlines(INVISIBLE_FOR, legacy=True) == 2
+    s = await status(http, server.api, late)
+    assert s["state"] == "exception" and s["runs"][0]["reasonResolved"] == "deadline-exceeded"
+    # The waiting task's message is postponed to its next look, as it was.
+    [message] = await eventually(lambda: storage.peek(legacy),
+                                 what="the waiting task's message back at its next look")
+    assert parse(message.text) == [(waiting, None)]
+    assert message.text == encode_json({"taskId": waiting})
