@@ -9,12 +9,13 @@ write the claim, nor give the tip back; a resolution that scheduled a retry and 
 not put or release its tip. Each of these cases, when the request can finish, is
 repaired in the request itself; this module repairs what is left.
 
-The trigger costs nothing new: createTask already puts the task's deadline message, and
-puts it to surface first ``tip_repair_delay`` after the task was created (or at the
+The trigger costs nothing new: createTask already stores the task's deadline trigger
+(``triggers``, several tasks to a message), to surface first ``tip_repair_delay`` after the task was created (or at the
 deadline, if that comes first). The deadline resolver then reads the task and:
 
-* resolved: deletes the message, which is all it would have done at the deadline (there
-  is no rerun: a resolved task stays resolved);
+* resolved: drops the trigger (deletes the message, if it holds no other), which is all
+  it would have done at the deadline (there is no rerun: a resolved task stays
+  resolved);
 * pending for at least the repair delay: queues another tip for the run (a duplicate of a
   tip that still exists is harmless: the claim is decided by the task, and the worker
   that draws the second tip is refused and deletes it) and looks again after as long as
@@ -24,7 +25,8 @@ deadline, if that comes first). The deadline resolver then reads the task and:
   repair delay after the run became pending, after ``takenUntil`` (a claim that expires
   makes a retry pending), or, unscheduled, after as long as it has waited.
 
-Every new look postpones the same message (one update), until the deadline, when it
+Every new look postpones the same message (one update, shared by the tasks it still
+holds), until the deadline, when it
 resolves the task as before. So a task resolved within the repair delay costs what it
 did (one read and the message's delete, now instead of at the deadline); a task that
 runs longer costs one read and one update per claim period; a pending one, a tip now
@@ -85,7 +87,7 @@ def needs_tip(task: Task, now: datetime, delay: timedelta) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Repair:
-    """The tip repair's look at a task, when its deadline message surfaces before the
+    """The tip repair's look at a task, when its deadline trigger surfaces before the
     deadline; ``delay`` is the repair delay (``tip_repair_delay``)."""
 
     changes: Changes

@@ -16,8 +16,8 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   (a claim answers 404 and the worker deletes it), never a task without a tip. A claim
   waits up to ``claims.TIP_WAIT`` for the task; a task stored later than half that after
   its tip gets another tip. A repeated createTask of a pending run 0 adds a tip again.
-  What a request that dies part-way leaves without a tip, the task's deadline message
-  (first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
+  What a request that dies part-way leaves without a tip, the task's deadline trigger
+  (``triggers``, first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
   ``{taskId, r + 1}`` and invisible until ``takenUntil``; the task entity itself holds
   the messageId and the current pop receipt (``held``), written with the claim.

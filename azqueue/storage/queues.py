@@ -6,7 +6,7 @@ taskQueueId maps to a valid, practically collision-free name; the queue's metada
 records the real provisionerId, workerType and priority. Workers poll them directly
 through SAS URLs that carry only the ``process`` permission (get and delete).
 
-Internal queues (e.g. ``<prefix>-deadline``) hold messages invisible until the moment
+Internal queues (e.g. ``<prefix>-deadline-batches``) hold messages invisible until the moment
 they stand for; a resolver acts when one becomes visible. They are durable triggers,
 never the truth: the Task entity decides.
 """

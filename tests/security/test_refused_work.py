@@ -2,8 +2,8 @@
 
 taskIds are not secret, so a tenant may try createTask with another tenant's taskId as
 often as it likes (each answered 409), choosing its own ``deadline``. What such an attempt
-writes before it learns that the taskId is taken (its deadline message, its group row, its
-tip) must be gone when it is refused: a deadline message left behind would surface at the
+writes before it learns that the taskId is taken (its deadline trigger, its group row, its
+tip) must be gone when it is refused: a deadline trigger left behind would surface at the
 deadline the attacker chose and make the server read and resolve the victim's task over and
 over, for as long as the victim's deadline (up to five days).
 """

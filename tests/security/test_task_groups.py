@@ -128,7 +128,7 @@ async def test_a_group_without_its_own_task_cannot_be_taken_by_creating_that_tas
         attacker: aiohttp.ClientSession, storage: StorageInspector) -> None:
     """The taskId that names the group is free while the group has only members: a task
     of another schedulerId created under it is refused like any other, and what its
-    createTask put before the group's record refused it (the deadline message, the tip)
+    createTask put before the group's record refused it (the deadline trigger, the tip)
     is gone, so nothing of it works later."""
     server = groups_server
     group, tasks = await victim_group(victim, server, with_own_task=False)
