@@ -8,7 +8,8 @@ tasks, a worker claims two of them through it (one with claimWork, one through i
 URLs) and makes an artifact; then it stops and this release serves the same storage: the
 claims made before are reclaimed and completed with the credentials the previous release
 issued, the tasks still pending are claimed through the tips the previous release put
-(signed over the run alone), and the artifact is read. Then both serve one storage prefix
+(signed over the run alone), the artifact is read, and a task it created that nobody
+claims is resolved at its deadline by the trigger it put. Then both serve one storage prefix
 at once, this release with the tip form the previous one reads (``AZQUEUE_TIP_FORM=run``,
 for as long as ``PREVIOUS`` predates the signature over the task queue): a task created on
 either is claimed through the other by the first claimWork call, long before any tip
@@ -21,8 +22,9 @@ from __future__ import annotations
 import asyncio
 import io
 import subprocess
-import time
 import tarfile
+import time
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,7 @@ from azqueue.testing.tasks import definition, slugid
 from tests.servers import IN_CI, ROOT, ServerFactory
 from tests.integration.test_doorbell import settled
 from tests.serving import serve
+from tests.waiting import eventually
 
 PREVIOUS = "6bb8ea3"
 REPOSITORY = Path(__file__).resolve().parents[2]
@@ -72,12 +75,16 @@ async def test_the_previous_releases_tasks_claims_and_artifacts_carry_over(
         previous_release: Path) -> None:
     port = free_port()
     old_url = f"http://127.0.0.1:{port}"
-    ids = {name: slugid() for name in ("claimed", "polled", "pending", "sas_pending")}
+    ids = {name: slugid() for name in ("claimed", "polled", "pending", "sas_pending", "doomed")}
     async with serve(azurite, storage_prefix, "", port, release=previous_release):
         old = _queue(old_url)
         for name, task_id in ids.items():
             queue = "prov/sas" if name in ("polled", "sas_pending") else "prov/upgrade"
-            await old.createTask(task_id, definition(queue))
+            if name == "doomed":  # nobody claims it: its deadline resolves it, after the upgrade
+                await old.createTask(task_id, definition("prov/doomed",
+                                                         deadline=timedelta(seconds=3)))
+            else:
+                await old.createTask(task_id, definition(queue))
         got = await old.claimWork("prov/upgrade", {"tasks": 1, "workerGroup": "g",
                                                    "workerId": "before"})
         [claim] = got["tasks"]
@@ -101,7 +108,8 @@ async def test_the_previous_releases_tasks_claims_and_artifacts_carry_over(
                                            worker_id="before")
             assert code == 200, polled
 
-    new = await make_server(tip_secrets=(SECRET,))
+    # The deadline resolver reads the previous release's deadline queue every 12th pass.
+    new = await make_server(tip_secrets=(SECRET,), deadline_resolver_interval=0.5)
     queue = _queue(new.root_url)
     # Claims made before the upgrade are reclaimed and resolved with the credentials then
     # issued.
@@ -125,6 +133,11 @@ async def test_the_previous_releases_tasks_claims_and_artifacts_carry_over(
         async with anonymous.get(f"{new.api}/task/{ids['claimed']}/runs/0/artifacts/public/out.txt")\
                 as r:
             assert r.status == 200 and await r.read() == b"made before the upgrade\n"
+    # The deadline trigger the previous release put is handled.
+    doomed = await eventually(lambda: queue.status(ids["doomed"]),
+                              lambda s: s["status"]["state"] == "exception",
+                              what="the task created before the upgrade resolved at its deadline")
+    assert doomed["status"]["runs"][0]["reasonResolved"] == "deadline-exceeded"
 
 
 async def _claim_one(through: taskcluster.aio.Queue, task_queue_id: str,
