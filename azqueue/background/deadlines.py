@@ -31,7 +31,7 @@ LEGACY_EVERY = 12
 
 async def resolve_due_deadlines(resolution: Resolution, legacy: bool = True) -> int:
     """Handle due deadline triggers until none is left (with ``legacy``, earlier
-    releases' too); how many messages were handled."""
+    releases' too); how many tasks were looked at."""
     total = 0
     for old in (False, True) if legacy else (False,):
         while handled := await resolution.resolve_deadlines(INVISIBLE_FOR, legacy=old):

@@ -115,30 +115,31 @@ class Resolution:
 
     async def resolve_deadlines(self, invisible_for: timedelta, legacy: bool = False) -> int:
         """Handle the deadline triggers that are due (``triggers``; with ``legacy``, those
-        of earlier releases' queue); the number of messages handled. A task that fails
-        for a storage outage is looked at again after ``invisible_for``; the others are
+        of earlier releases' queue); the number of tasks looked at. A task that fails for
+        a storage outage is looked at again after ``invisible_for``; the others are
         handled meanwhile."""
         name = self.legacy_deadline_queue if legacy else self.deadline_queue
-        messages = await self.queues.receive(name, invisible_for)
-        for message in messages:
+        looked = 0
+        for message in await self.queues.receive(name, invisible_for):
             try:
-                await self._deadline_message(message, invisible_for)
+                looked += await self._deadline_message(message, invisible_for)
             except errors.TRANSIENT as e:
                 log.warning("could not handle deadline message %s (%s); it comes back in %ds",
                             message.message_id, e, invisible_for.total_seconds())
-        return len(messages)
+                looked += 1
+        return looked
 
-    async def _deadline_message(self, message: Message, invisible_for: timedelta) -> None:
+    async def _deadline_message(self, message: Message, invisible_for: timedelta) -> int:
         """A trigger message that surfaced: each of its tasks is looked at (``_look``);
         the message then holds the tasks still to be looked at, visible at the first next
-        look, or is deleted."""
+        look, or is deleted. How many tasks it held."""
         try:
             pairs = triggers.parse(message.text)
         except ValueError:
             log.error("dropping malformed message %s from %s", message.message_id,
                       message.queue_name)
             await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-            return
+            return 1
         now = timeutil.utcnow()
         looks = await gather_limited(self._look(task_id, deadline, now, invisible_for)
                                      for task_id, deadline in pairs)
@@ -146,11 +147,12 @@ class Resolution:
                 for (task_id, deadline), due in zip(pairs, looks) if due is not None]
         if not left:
             await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-            return
+            return len(pairs)
         # A message of an earlier release holds one task: it keeps its form.
         text = None if len(left) == len(pairs) else triggers.encode(left)
         await self.queues.postpone(message.queue_name, message.message_id, message.pop_receipt,
                                    triggers.visible_in(left), text=text)
+        return len(pairs)
 
     async def _look(self, task_id: str, deadline: datetime | None, now: datetime,
                     invisible_for: timedelta) -> datetime | None:

@@ -127,6 +127,7 @@ class DeadlineTriggers:
             raise
         except Exception as e:
             batch.stored.set_exception(e)
+            batch.stored.exception()  # raised to the callers; none may be left to ask
         else:
             batch.stored.set_result(None)
         finally:
