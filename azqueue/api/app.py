@@ -40,10 +40,9 @@ ROUTES: list[Route] = [*meta.ROUTES, *tasks.ROUTES, *groups.ROUTES, *claims.ROUT
 
 
 async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
-    settings = app[SETTINGS_KEY]
-    async with dashboard.hearing(app[dashboard.RECENT_KEY], settings.amqp_url,
-                                 settings.exchange_prefix):
-        yield
+    """The dashboard's hearing of every replica's changes ends with the app."""
+    yield
+    await app[dashboard.HEARING_KEY].close()
 
 
 def _service_ctx(events: EventSink | None, events_off: str | None
@@ -118,7 +117,9 @@ def create_app(settings: Settings, *, events: EventSink | None = None,
     app[BODY_TIMEOUT_KEY] = settings.body_timeout
     app[STARTED_KEY] = time.monotonic()
     app[AUTH_KEY] = Authenticator(settings)
-    app[dashboard.RECENT_KEY] = RecentChanges(hearing=bool(settings.amqp_url))
+    app[dashboard.RECENT_KEY] = recent = RecentChanges()
+    app[dashboard.HEARING_KEY] = dashboard.Hearing(recent, settings.amqp_url,
+                                                   settings.exchange_prefix)
     app.cleanup_ctx.append(_recent_ctx)
     app.cleanup_ctx.append(_service_ctx(events, events_off))
     if settings.metrics_port:

@@ -45,6 +45,11 @@ class Listener:
         self._connection: AbstractRobustConnection | None = None
         self._starting: asyncio.Task[None] | None = None
 
+    @property
+    def bound(self) -> bool:
+        """Whether the queue is bound and consumed (it may be waiting for a reconnect)."""
+        return self._connection is not None
+
     async def start(self) -> None:
         """Bind and consume now; if the broker cannot be reached, keep trying in the
         background."""

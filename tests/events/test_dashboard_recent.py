@@ -1,6 +1,7 @@
-"""The dashboard's recent lists (``GET /dashboard/recent``) with events on: every replica
-hears every replica's changes from the task exchanges, so whichever replica answers shows
-the same tasks, failures and resolutions per minute, unscheduled tasks among them."""
+"""The dashboard's recent lists (``GET /dashboard/recent``) with events on: while the
+dashboard is watched, every replica hears every replica's changes from the task exchanges,
+so whichever replica answers shows the same tasks, failures and resolutions per minute,
+unscheduled tasks among them; unwatched, a replica hears nothing and lists its own."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from typing import Any
 
 import aiohttp
 
+from azqueue.api.dashboard import HEARING_KEY, Hearing
+from azqueue.api.dashboard.recent import RecentChanges
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
 from tests.servers import Server, ServerFactory
@@ -39,6 +42,8 @@ async def test_two_replicas_show_the_same_recent_lists(
     a = await make_server(amqp_url=amqp_url)
     b = await make_server(amqp_url=amqp_url)
     queue = f"prov/recent-{uuid.uuid4().hex[:8]}"
+    for server in (a, b):  # the dashboard is open: both hear every replica from now on
+        assert (await _recent(http, server, queue))["note"] == "recent on every replica"
     done = [await create(http, a.api, definition(queue)) for _ in range(5)]
     failed = await create(http, a.api, definition(queue))
     blocker = await create(http, a.api, definition(queue))
@@ -59,3 +64,35 @@ async def test_two_replicas_show_the_same_recent_lists(
     on_a = await _recent(http, a, queue)
     assert _lists(on_a) == expected
     assert on_a["note"] == "recent on every replica"
+
+
+async def test_unwatched_a_replica_hears_nothing_and_lists_its_own_changes(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str) -> None:
+    a = await make_server(amqp_url=amqp_url)
+    b = await make_server(amqp_url=amqp_url)
+    queue = f"prov/unwatched-{uuid.uuid4().hex[:8]}"
+    on_a = await create(http, a.api, definition(queue))
+    on_b = await create(http, b.api, definition(queue))
+    assert not a.app[HEARING_KEY].listening()
+    # The first look lists what the replica stored itself, and hears the others from then.
+    first = await _recent(http, a, queue)
+    assert _lists(first)[0] == {on_a: "pending"}
+    later = await create(http, b.api, definition(queue))
+    seen = await eventually(lambda: _recent(http, a, queue),
+                            lambda r: later in _lists(r)[0], what="replica A hearing B's task")
+    assert on_b not in _lists(seen)[0] and seen["note"] == "recent on every replica"
+
+
+async def test_hearing_stops_once_the_dashboard_is_no_longer_watched(amqp_url: str) -> None:
+    changes = RecentChanges()
+    # The exchanges of the servers of these tests: nothing new is declared on the broker.
+    hearing = Hearing(changes, amqp_url, "exchange/taskcluster-queue/v1/", idle=0.5)
+    try:
+        await hearing.watched()
+        assert hearing.listening() and changes.note == "recent on every replica"
+        await eventually(lambda: not hearing.listening(), what="hearing stopped when unwatched")
+        assert changes.note == "recent on this replica"
+        await hearing.watched()  # watched again: hears again
+        assert hearing.listening()
+    finally:
+        await hearing.close()

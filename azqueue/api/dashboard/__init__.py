@@ -1,8 +1,9 @@
 """The web dashboard: static files served at ``/`` that read the queue's own API in the
 browser, anonymously (the server's anonymous scopes) or, once the operator signs in, with
 Hawk-signed requests and the scopes of the client they signed in as; and
-``GET /dashboard/recent``, the changes heard of lately (``recent``: every replica's with
-events on, this process's with events off), which the API has no listing of.
+``GET /dashboard/recent``, the changes heard of lately (``recent``: this process's, and
+with events on every replica's while the dashboard is watched, ``Hearing``), which the
+API has no listing of.
 
 The page carries the model's names it shows (``MODEL``: the priorities, the task states,
 those that are resolved) as data, in a ``<script type="application/json">`` block the
@@ -15,9 +16,10 @@ the recent changes as ``dashboardRecent``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+import time
 from importlib import resources
 
 from aiohttp import web
@@ -43,6 +45,9 @@ HEADERS = {
     "Cache-Control": "no-cache",
 }
 RECENT_KEY = web.AppKey("recent", RecentChanges)
+# How long a replica goes on hearing every replica's changes after the dashboard last
+# asked it for its recent lists (an open page asks every 3 s).
+WATCH_IDLE = 300.0
 # What index.html's data block holds, highest priority first.
 MODEL = {"priorities": [p.value for p in ORDER], "states": [s.value for s in TaskState],
          "resolved": [s.value for s in RESOLVED_STATES]}
@@ -73,6 +78,7 @@ async def recent(request: web.Request) -> web.Response:
     def visible(entry: Entry) -> bool:
         return scopes.satisfies(caller.scopes, f"queue:status:{entry['taskId']}")
 
+    await request.app[HEARING_KEY].watched()
     changes = request.app[RECENT_KEY]
     view = changes.view(task_queue_id, visible)
     view["tasks"], view["failures"] = (
@@ -87,21 +93,60 @@ def _named(held: tuple[str, ...], entry: Entry) -> Entry:
     return entry
 
 
-@asynccontextmanager
-async def hearing(changes: RecentChanges, amqp_url: str | None, exchange_prefix: str
-                  ) -> AsyncIterator[None]:
-    """``changes`` fed by the task exchanges while inside, with events on (``amqp_url``);
-    the server's own changes reach its ``record`` as an observer of its services
-    (``api.app``)."""
-    listener = None
-    try:
-        if amqp_url:
-            listener = Listener(amqp_url, exchange_prefix, TASK_EXCHANGES, changes.hear)
-            await listener.start()
-        yield
-    finally:
-        if listener is not None:
-            await listener.close()
+class Hearing:
+    """Every replica's changes in ``changes``, with events on (``amqp_url``), while the
+    dashboard is watched: from the first ``GET /dashboard/recent`` (``watched``) until
+    ``idle`` seconds pass without another, a queue of this process's own is bound to the
+    task exchanges (``events.listener``). Hearing costs the replica, and the broker, a
+    delivered message per task event of the whole deployment, its own included (four
+    per lifecycle): unwatched, nobody pays that, and the lists hold the changes this
+    replica stores itself (which reach ``changes.record`` as an observer of its
+    services, ``api.app``)."""
+
+    def __init__(self, changes: RecentChanges, amqp_url: str | None, exchange_prefix: str,
+                 idle: float = WATCH_IDLE) -> None:
+        self._changes = changes
+        self._url = amqp_url or None  # unset or empty: events are off
+        self._prefix = exchange_prefix
+        self._idle = idle
+        self._listener: Listener | None = None
+        self._last = 0.0
+        self._unwatched: asyncio.Task[None] | None = None
+        changes.listening = self.listening
+
+    def listening(self) -> bool:
+        return self._listener is not None and self._listener.bound
+
+    async def watched(self) -> None:
+        """The dashboard asked: hear the task exchanges from now (once bound: the first
+        call waits for that, or for the broker to refuse) until ``idle`` seconds after
+        the last call."""
+        self._last = time.monotonic()
+        if self._url is None or self._listener is not None:
+            return
+        listener = self._listener = Listener(self._url, self._prefix, TASK_EXCHANGES,
+                                             self._changes.hear)
+        self._unwatched = asyncio.create_task(self._close_when_unwatched(listener))
+        await listener.start()
+
+    async def _close_when_unwatched(self, listener: Listener) -> None:
+        while (left := self._last + self._idle - time.monotonic()) > 0:
+            await asyncio.sleep(left)
+        if self._listener is listener:
+            self._listener = None
+        await listener.close()
+
+    async def close(self) -> None:
+        if self._unwatched is not None:
+            self._unwatched.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._unwatched
+        if self._listener is not None:
+            await self._listener.close()
+            self._listener = None
+
+
+HEARING_KEY = web.AppKey("hearing", Hearing)
 
 
 def add_routes(router: web.UrlDispatcher) -> None:

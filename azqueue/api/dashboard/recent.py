@@ -5,12 +5,14 @@ The queue's API has no listing of recent or failed tasks, and storage keeps none
 read could use without scanning: so each server remembers, in memory and bounded, the
 changes it hears of, with no storage request:
 
-- with events on, every replica's: the task exchanges' messages (``hear``, fed by an
-  ``azqueue.events.listener.Listener``), which every replica publishes, so every replica
-  shows the same lists (``EVERY_REPLICA``), from the moment it started;
-- with events off, only the changes this server stores itself (``record``, an observer
-  of its services' changes, ``service.changes``): the page says "recent on this replica"
-  (``THIS_REPLICA``).
+- the changes this server stores itself (``record``, an observer of its services'
+  changes, ``service.changes``): with events off, that is all, and the page says "recent
+  on this replica" (``THIS_REPLICA``);
+- with events on, while the dashboard is watched (``listening``: see
+  ``dashboard.Hearing``), every replica's too: the task exchanges' messages (``hear``,
+  fed by an ``azqueue.events.listener.Listener``), which every replica publishes, so
+  every replica shows the same lists (``EVERY_REPLICA``) from the moment it was first
+  watched. A change both recorded and heard is listed (and counted) once.
 
 A restart forgets. A task's name is not in its messages: it is shown where this process
 stored or changed the task (``record`` notes it either way), and the page reads the
@@ -93,27 +95,26 @@ def _entry(status: dict[str, Any], name: str) -> Entry:
 
 
 class RecentChanges:
-    """The changes heard of lately, by task queue. ``hearing``: events are on, and the
-    lists come from ``hear`` only (``record`` then only notes names)."""
+    """The changes heard of lately, by task queue. ``listening`` says whether every
+    replica's changes are heard now (``hear``), besides those ``record`` notes."""
 
-    def __init__(self, hearing: bool = False) -> None:
-        self.hearing = hearing
+    def __init__(self) -> None:
+        self.listening: Callable[[], bool] = lambda: False
         self._queues: OrderedDict[str, _Queue] = OrderedDict()
         self._minutes: OrderedDict[int, Counter[str]] = OrderedDict()
         self._names: OrderedDict[str, str] = OrderedDict()
 
     @property
     def note(self) -> str:
-        return EVERY_REPLICA if self.hearing else THIS_REPLICA
+        return EVERY_REPLICA if self.listening() else THIS_REPLICA
 
     def record(self, before: Task | None, after: Task) -> None:
         """An observer of the server's changes (``service.changes.ChangeObserver``): note
-        ``after``'s name and, events off, remember its newest state."""
+        ``after``'s name and remember its newest state."""
         name = (after.definition.get("metadata") or {}).get("name", "")
         if name:
             _remember(self._names, after.task_id, name, MAX_NAMES)
-        if not self.hearing:
-            self._add(after.status())
+        self._add(after.status())
 
     def hear(self, exchange: str, payload: dict[str, Any]) -> None:
         """A ``Listener``'s handler: remember the newest state a task message carries."""
