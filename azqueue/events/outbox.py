@@ -148,8 +148,8 @@ class Outbox:
             log.debug("broker away: events of task %s handed over", task_id)
         else:
             try:
-                await asyncio.wait_for(self._publish(token, task_id, written, alone),
-                                       FAST_PATH_TIMEOUT)
+                async with asyncio.timeout(FAST_PATH_TIMEOUT):  # no task of its own
+                    await self._publish(token, task_id, written, alone)
                 return False
             except _NOT_NOW as e:
                 log.warning("events of task %s not published yet (%s: %s); they will be "
