@@ -9,9 +9,10 @@ write and the message's delete.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +30,9 @@ from azqueue.storage.queues import Message, Queues
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
+
+# A trigger due this soon is looked at with those due now (its message surfaced for them).
+DUE_SLACK = timedelta(seconds=1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,64 +119,95 @@ class Resolution:
 
     async def resolve_deadlines(self, invisible_for: timedelta, legacy: bool = False) -> int:
         """Handle the deadline triggers that are due (``triggers``; with ``legacy``, those
-        of earlier releases' queue); the number of tasks looked at. A task that fails for
-        a storage outage is looked at again after ``invisible_for``; the others are
-        handled meanwhile."""
+        of earlier releases' queue); the number of tasks looked at. A task that fails is
+        looked at again after ``invisible_for``; the others are handled meanwhile. The
+        messages received are left for later once half of ``invisible_for`` has passed,
+        before they reappear to be handled twice."""
         name = self.legacy_deadline_queue if legacy else self.deadline_queue
+        loop = asyncio.get_running_loop()
+        stop = loop.time() + invisible_for.total_seconds() / 2
         looked = 0
         for message in await self.queues.receive(name, invisible_for):
+            if loop.time() > stop:
+                log.info("deadline messages take long to handle: the rest of this receive "
+                         "comes back in %ds", invisible_for.total_seconds())
+                break
             try:
                 looked += await self._deadline_message(message, invisible_for)
             except errors.TRANSIENT as e:
                 log.warning("could not handle deadline message %s (%s); it comes back in %ds",
                             message.message_id, e, invisible_for.total_seconds())
-                looked += 1
+            except Exception:
+                log.exception("handling deadline message %s failed; it comes back in %ds",
+                              message.message_id, invisible_for.total_seconds())
         return looked
 
     async def _deadline_message(self, message: Message, invisible_for: timedelta) -> int:
-        """A trigger message that surfaced: each of its tasks is looked at (``_look``);
-        the message then holds the tasks still to be looked at, visible at the first next
-        look, or is deleted. How many tasks it held."""
+        """A trigger message that surfaced: each of its tasks that is due is looked at
+        (``_look``); the message then holds the tasks still to be looked at, visible at
+        the first next look, or is deleted. How many tasks were looked at."""
         try:
-            pairs = triggers.parse(message.text)
+            found = triggers.parse(message.text)
         except ValueError:
             log.error("dropping malformed message %s from %s", message.message_id,
                       message.queue_name)
             await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-            return 1
+            return 0
         now = timeutil.utcnow()
-        looks = await gather_limited(self._look(task_id, deadline, now, invisible_for)
-                                     for task_id, deadline in pairs)
-        left = [triggers.Entry(task_id, deadline, due)
-                for (task_id, deadline), due in zip(pairs, looks) if due is not None]
+        due = [e for e in found.entries if e.due <= now + DUE_SLACK]
+        later = [e for e in found.entries if e.due > now + DUE_SLACK]
+        looks = await gather_limited(self._look(e, found.put, now, invisible_for) for e in due)
+        left = later + [replace(e, due=at) for e, at in zip(due, looks) if at is not None]
         if not left:
             await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-            return len(pairs)
-        # A message of an earlier release holds one task: it keeps its form.
-        text = None if len(left) == len(pairs) else triggers.encode(left)
-        await self.queues.postpone(message.queue_name, message.message_id, message.pop_receipt,
-                                   triggers.visible_in(left), text=text)
-        return len(pairs)
+        elif found.put is None:  # an earlier release's message, of one task: its form kept
+            await self.queues.postpone(message.queue_name, message.message_id,
+                                       message.pop_receipt, triggers.visible_in(left))
+        else:
+            await self.queues.postpone(message.queue_name, message.message_id,
+                                       message.pop_receipt, triggers.visible_in(left),
+                                       text=triggers.encode(left, found.put))
+        return len(due)
 
-    async def _look(self, task_id: str, deadline: datetime | None, now: datetime,
+    async def _look(self, entry: triggers.Entry, put: datetime | None, now: datetime,
                     invisible_for: timedelta) -> datetime | None:
         """A task's trigger, due: before the task's deadline it is the task's tip repair
         check (``repair``), to be made again at the next look; at the deadline it
         resolves the task. When to look again; None once the trigger has done its work
-        (or is not the task's: a refused createTask's, whose deadline is another)."""
+        (or is not the task's: a refused createTask's, whose deadline is another; or its
+        task was not stored, ``triggers.STORE_GRACE`` after the message was ``put``). A
+        failure is logged, and the task looked at again after ``invisible_for``."""
+        task_id, deadline = entry.task_id, entry.deadline
         try:
-            stored = await self.tasks.load(task_id)
-        except errors.NotFound:
-            return None  # the task was never written, or has expired
+            try:
+                stored = await self.tasks.load(task_id)
+            except errors.NotFound:
+                # Not stored yet (a createTask sharing the message still storing it), never
+                # stored, or expired.
+                stored_by = None if put is None else put + triggers.STORE_GRACE
+                return stored_by if stored_by is not None and now < stored_by else None
+            task_deadline = stored.task.deadline
+            if deadline is not None and timeutil.fmt(deadline) != timeutil.fmt(task_deadline):
+                log.info("dropping a deadline trigger of task %s for %s: the task's deadline "
+                         "is %s", task_id, timeutil.fmt(deadline), timeutil.fmt(task_deadline))
+                return None
+            if task_deadline > now:
+                check = await self.repair.look(stored, now)
+                return None if check is None else min(check, task_deadline)
+            change = await self.changes.change(
+                task_id, lambda t: model.resolve_deadline(t, now), stored)
+            if change.changed:
+                log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
+            await self.changes.settle(change, len(change.after.runs) - 1)
         except errors.TRANSIENT as e:
-            log.warning("could not read task %s for its deadline trigger (%s); again in %ds",
+            log.warning("could not handle the deadline trigger of task %s (%s); again in %ds",
                         task_id, e, invisible_for.total_seconds())
             return now + invisible_for
-        task_deadline = stored.task.deadline
-        if deadline is not None and timeutil.fmt(deadline) != timeutil.fmt(task_deadline):
-            log.info("dropping a deadline trigger of task %s for %s: the task's deadline is %s",
-                     task_id, timeutil.fmt(deadline), timeutil.fmt(task_deadline))
-            return None
+        except Exception:
+            log.exception("handling the deadline trigger of task %s failed; again in %ds",
+                          task_id, invisible_for.total_seconds())
+            return now + invisible_for
+        return None
         try:
             if task_deadline > now:
                 check = await self.repair.look(stored, now)

@@ -12,13 +12,16 @@ alone puts its own message, as soon as it asks; under load, one message stands f
 of tasks, which saves a storage request (and a queued message, which Azurite looks at on
 each request) per task.
 
-The message holds ``{"tasks": [[taskId, deadline], ...]}``; it is visible when the
-first of its tasks' looks is due. The deadline resolver (``resolution``) looks at each
-task, and updates the message to hold the tasks still to be looked at, visible at the
-next look, or deletes it once none is left. A trigger whose deadline is not its task's
-(a createTask refused because another definition holds that taskId) is dropped at its
-first look; and a refused createTask withdraws its own trigger at once (``withdraw``),
-so that nothing it wrote works later.
+The message holds ``{"put": time, "tasks": [[taskId, deadline, due], ...]}``, each
+task's next look ``due``; it is visible when the first of them is. The deadline resolver
+(``resolution``) looks at the tasks that are due, each at its own time, and updates the
+message to hold the tasks still to be looked at, visible at the next look, or deletes it
+once none is left. A task not found is looked for again until ``STORE_GRACE`` after the
+message was put (the createTasks that share it may still be storing theirs: a task with
+a deadline a moment away makes its message visible at once). A trigger whose deadline is
+not its task's (a createTask refused because another definition holds that taskId) is
+dropped at its first look; and a refused createTask withdraws its own trigger at once
+(``withdraw``), so that nothing it wrote works later.
 
 Releases before this one put a message per task, ``{"taskId": ...}``, in
 ``<prefix>-deadline``; the resolver reads that queue too (``parse`` reads both forms),
@@ -28,52 +31,82 @@ and never rewrites such a message in the new form, which those releases would no
 from __future__ import annotations
 
 import asyncio
-import json
+import contextvars
+import logging
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from azqueue.model import timeutil
+from azqueue.storage import retry
 from azqueue.storage.errors import MessageGone
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
+
+log = logging.getLogger(__name__)
 
 # Puts of trigger messages in flight at once per process; what arrives meanwhile waits
 # for the next, all together.
 PUTS = 2
-# Tasks per message at most: about 70 characters each, far under Azure's 64 KiB.
+# Tasks per message at most: about 100 characters each, far under Azure's 64 KiB.
 MOST = 200
+# A createTask stores its task within its request's storage budget after its trigger is
+# stored (or never: then its client's retry stores another trigger). A trigger whose task
+# is not found yet is kept this long after its message was put.
+STORE_GRACE = timedelta(minutes=1)
+_EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass(frozen=True, slots=True)
 class Entry:
     """One task's trigger: its taskId, the deadline it was created with (None in a
-    message of an earlier release, which names the taskId alone), and when it is due."""
+    message of an earlier release, which names the taskId alone), and when its next look
+    is due (at once, for an earlier release's message)."""
 
     task_id: str
     deadline: datetime | None
     due: datetime
 
 
-def encode(entries: list[Entry]) -> str:
-    return encode_json({"tasks": [[e.task_id, timeutil.fmt(e.deadline) if e.deadline else None]
-                                  for e in entries]})
+@dataclass(frozen=True, slots=True)
+class Triggers:
+    """A trigger message's contents: when it was first put (None: an earlier release's
+    message) and its entries."""
+
+    put: datetime | None
+    entries: list[Entry]
 
 
-def parse(text: str) -> list[tuple[str, datetime | None]]:
-    """The (taskId, deadline) pairs of a trigger message, of either form; ValueError if
-    it is neither."""
+def encode(entries: list[Entry], put: datetime) -> str:
+    return encode_json({"put": timeutil.fmt(put), "tasks": [
+        [e.task_id, timeutil.fmt(e.deadline) if e.deadline else None, timeutil.fmt(e.due)]
+        for e in entries]})
+
+
+def parse(text: str) -> Triggers:
+    """A trigger message of either form; ValueError if it is neither. An entry that
+    cannot be read is left out (and logged); fields after the due time are ignored."""
     try:
         data = decode_json(text)
         if "taskId" in data:
-            return [(str(data["taskId"]), None)]
-        return [(str(task_id), timeutil.parse(deadline) if deadline else None)
-                for task_id, deadline in data["tasks"]]
-    except (KeyError, TypeError, json.JSONDecodeError) as e:
+            return Triggers(None, [Entry(str(data["taskId"]), None, _EARLIEST)])
+        put = timeutil.parse(str(data["put"]))
+        items = list(data["tasks"])
+    except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"not a deadline trigger: {e}") from e
+    entries = []
+    for item in items:
+        try:
+            task_id, deadline, due, *_ = item
+            entries.append(Entry(str(task_id), timeutil.parse(deadline) if deadline else None,
+                                 timeutil.parse(due)))
+        except (TypeError, ValueError) as e:
+            log.error("leaving out an unreadable deadline trigger %r: %s", item, e)
+    return Triggers(put, entries)
 
 
 @dataclass(slots=True)
 class _Batch:
     entries: list[Entry] = field(default_factory=list)
+    put: datetime = _EARLIEST
     stored: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
     message: Message | None = None
@@ -91,10 +124,11 @@ class Trigger:
 class DeadlineTriggers:
     """Puts the deadline triggers of this process's createTasks, several to a message."""
 
-    def __init__(self, queues: Queues, queue_name: str, puts: int = PUTS,
+    def __init__(self, queues: Queues, queue_name: str, budget: float, puts: int = PUTS,
                  most: int = MOST) -> None:
         self.queues = queues
         self.queue_name = queue_name
+        self._budget = budget
         self._most = most
         self._slots = asyncio.Semaphore(puts)
         self._filling: _Batch | None = None
@@ -103,12 +137,15 @@ class DeadlineTriggers:
     async def add(self, task_id: str, deadline: datetime, due: datetime) -> Trigger:
         """Store the trigger of ``task_id``, first due at ``due`` (at the latest its
         ``deadline``). A caller cancelled meanwhile leaves its trigger to the others'
-        message: the resolver drops a trigger whose task was never stored."""
+        message: the resolver drops a trigger whose task is not stored ``STORE_GRACE``
+        after its message was put."""
         entry = Entry(task_id, deadline, min(due, deadline))
         batch = self._filling
         if batch is None or len(batch.entries) >= self._most:
             batch = self._filling = _Batch()
-            put = asyncio.create_task(self._put(batch))
+            # For all its callers: outside the request that opened it, with a budget of
+            # its own.
+            put = asyncio.create_task(self._put(batch), context=contextvars.Context())
             self._putting.add(put)
             put.add_done_callback(self._putting.discard)
         batch.entries.append(entry)
@@ -120,8 +157,11 @@ class DeadlineTriggers:
             async with self._slots:
                 if self._filling is batch:
                     self._filling = None  # whoever comes now waits for the next put
-                batch.message = await self.queues.put(
-                    self.queue_name, encode(batch.entries), visible_in(batch.entries), forever=True)
+                batch.put = timeutil.utcnow()
+                with retry.budget(self._budget):
+                    batch.message = await self.queues.put(
+                        self.queue_name, encode(batch.entries, batch.put),
+                        visible_in(batch.entries), forever=True)
         except asyncio.CancelledError:
             batch.stored.cancel()
             raise
@@ -151,7 +191,7 @@ class DeadlineTriggers:
             try:
                 receipt = await self.queues.update(
                     message.queue_name, message.message_id, message.pop_receipt,
-                    visible_in(batch.entries), text=encode(batch.entries))
+                    visible_in(batch.entries), text=encode(batch.entries, batch.put))
             except MessageGone:
                 return
             batch.message = Message(message.queue_name, message.message_id, receipt,

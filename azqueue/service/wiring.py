@@ -101,7 +101,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
     signer = TipSigner(secrets=settings.tip_secrets, form=settings.tip_form)
     cache = TaskCache()
     claim_timeout = timedelta(seconds=settings.claim_timeout)
-    deadline_triggers = DeadlineTriggers(queues, account.queue_name("deadline-batches"))
+    deadline_triggers = DeadlineTriggers(queues, account.queue_name("deadline-batches"),
+                                         budget=settings.request_budget)
     legacy_deadline_queue = account.queue_name("deadline")
     repair_delay = timedelta(seconds=settings.tip_repair_delay)
     hints = PendingHints(queues=queues, pending=pending,

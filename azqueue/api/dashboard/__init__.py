@@ -127,7 +127,13 @@ class Hearing:
         listener = self._listener = Listener(self._url, self._prefix, TASK_EXCHANGES,
                                              self._changes.hear)
         self._unwatched = asyncio.create_task(self._close_when_unwatched(listener))
-        await listener.start()
+        try:
+            await listener.start()
+        except BaseException:  # the next call tries again
+            self._listener = None
+            self._unwatched.cancel()
+            await listener.close()
+            raise
 
     async def _close_when_unwatched(self, listener: Listener) -> None:
         while (left := self._last + self._idle - time.monotonic()) > 0:
