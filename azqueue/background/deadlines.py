@@ -33,7 +33,7 @@ async def resolve_due_deadlines(resolution: Resolution, legacy: bool = True) -> 
     """Handle due deadline triggers until none is left (with ``legacy``, earlier
     releases' too); how many tasks were looked at."""
     total = 0
-    for old in (False, True) if legacy else (False,):
+    for old in (True, False) if legacy else (False,):  # the earlier queue first: it waits most
         while handled := await resolution.resolve_deadlines(INVISIBLE_FOR, legacy=old):
             total += handled
     return total
