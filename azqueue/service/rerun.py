@@ -7,12 +7,18 @@ pending, and answer its status. Its tip is queued after the write, which publish
 ``task-pending``. A rerun of a task that is pending already queues its tip again, as a
 repeated scheduleTask does: a rerun whose process died between the write and the tip is
 finished by the client's retry (duplicate tips are harmless).
+
+A resolved task's deadline trigger is dropped at its next look, so the rerun of a
+resolved task stores a new one first (``triggers``), as createTask does: the new run is
+resolved at the task's deadline, and its tip repaired, like the first. A rerun refused or
+lost after it leaves a trigger that finds the task resolved, and is dropped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from azqueue.model import task as model
@@ -20,6 +26,7 @@ from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.service.changes import Changes
 from azqueue.service.tips import Tips
+from azqueue.service.triggers import DeadlineTriggers
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.tasks import TaskStore
 
@@ -33,6 +40,8 @@ class Rerun:
     groups: GroupStore
     changes: Changes
     tips: Tips
+    triggers: DeadlineTriggers
+    repair_delay: timedelta
     events_on: bool
 
     async def rerun_task(self, task_id: str,
@@ -41,6 +50,8 @@ class Rerun:
         loaded = await self.tasks.load(task_id)
         authorize(loaded.task)
         now = timeutil.utcnow()
+        if loaded.task.state.resolved and loaded.task.deadline > now:
+            await self.triggers.add(task_id, loaded.task.deadline, now + self.repair_delay)
         change = await self.changes.change(task_id, lambda t: model.rerun(t, now), loaded)
         task = change.after
         last = task.last_run

@@ -49,6 +49,25 @@ async def test_a_rerun_task_gets_a_new_run_a_sas_worker_claims(
     assert code == 200 and [r["state"] for r in done["status"]["runs"]] == ["completed"] * 2
 
 
+async def test_a_rerun_task_nobody_claims_is_resolved_at_its_deadline(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
+    """The first run's deadline trigger is dropped once the task is resolved; the rerun
+    stores another, so the new run is resolved deadline-exceeded like any other."""
+    server = await make_server(tip_repair_delay=1.0, deadline_resolver_interval=0.5)
+    task_id = await create(http, server.api, definition("prov/rerun-deadline",
+                                                        deadline=timedelta(seconds=6)))
+    await sas.post(http, f"{server.api}/task/{task_id}/cancel")
+    await eventually(lambda: storage.message_count(storage.queue_name("deadline-batches")),
+                     lambda n: n == 0, what="the resolved task's trigger dropped")
+    code, rerun = await sas.post(http, f"{server.api}/task/{task_id}/rerun")
+    assert code == 200, rerun
+    s = await eventually(lambda: status(http, server.api, task_id),
+                         lambda s: len(s["runs"]) == 2 and s["state"] == "exception",
+                         what="the rerun resolved at the deadline")
+    assert s["runs"][1]["reasonResolved"] == "deadline-exceeded"
+
+
 async def test_a_rerun_past_the_deadline_is_a_conflict(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """Taskcluster's rerunTask: "Task `{{taskId}}` can't be rescheduled past its deadline"
