@@ -1,17 +1,15 @@
 """A rolling upgrade loses nothing: the previous release serves a deployment, then this one
 takes over its storage; and while both serve, each claims what the other created.
 
-The previous release runs from its source in git (``PREVIOUS``, the last commit before the
-tips' signature covered the task queue; move it forward when a release changes what is
-stored, so that this test always starts from what the release before wrote). It creates
-tasks, a worker claims two of them through it (one with claimWork, one through its SAS
-URLs) and makes an artifact; then it stops and this release serves the same storage: the
-claims made before are reclaimed and completed with the credentials the previous release
-issued, the tasks still pending are claimed through the tips the previous release put
-(signed over the run alone), the artifact is read, and a task it created that nobody
-claims is resolved at its deadline by the trigger it put. Then both serve one storage prefix
-at once, this release with the tip form the previous one reads (``AZQUEUE_TIP_FORM=run``,
-for as long as ``PREVIOUS`` predates the signature over the task queue): a task created on
+The previous release runs from its source in git (``PREVIOUS``, the release before this
+one; move it forward when a release changes what is stored, so that this test always
+starts from what the release before wrote). It creates tasks, a worker claims two of them
+through it (one with claimWork, one through its SAS URLs) and makes an artifact; then it
+stops and this release serves the same storage: the claims made before are reclaimed and
+completed with the credentials the previous release issued, the tasks still pending are
+claimed through the tips the previous release put, the artifact is read, and a task it
+created that nobody claims is resolved at its deadline by the trigger it put. Then both
+serve one storage prefix at once, this release with no rollout setting: a task created on
 either is claimed through the other by the first claimWork call, long before any tip
 repair, a claim made through one is reclaimed and reported through the other, and a task
 of a group made on one waits for its dependency made on the other.
@@ -33,7 +31,6 @@ import pytest
 import taskcluster.aio
 
 from azqueue.devstorage import Azurite, free_port
-from azqueue.model.tip import TipForm
 from azqueue.testing import sas
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.tasks import definition, slugid
@@ -42,7 +39,7 @@ from tests.integration.test_doorbell import settled
 from tests.serving import serve
 from tests.waiting import eventually
 
-PREVIOUS = "6bb8ea3"
+PREVIOUS = "de8430f"
 REPOSITORY = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-0123456789abcdef"  # the tip secret of tests/serving.py and make_server
 
@@ -156,10 +153,9 @@ async def test_both_releases_serving_at_once_claim_what_the_other_created(
         azurite: Azurite, storage_prefix: str, make_server: ServerFactory,
         previous_release: Path) -> None:
     port = free_port()
-    # The rollout's settings from the previous release (docs/operating/upgrades.md): tips
-    # it reads, and pollers that look as often as its own (it rings no doorbell).
-    new_server = await make_server(tip_secrets=(SECRET,), tip_form=TipForm.RUN,
-                                   claim_work_fallback_interval=2.0, claim_work_wait=20.0)
+    # No rollout settings (docs/operating/upgrades.md): the previous release reads the tips
+    # this one puts and rings the doorbell.
+    new_server = await make_server(tip_secrets=(SECRET,), claim_work_wait=20.0)
     async with serve(azurite, storage_prefix, "", port, release=previous_release):
         old, new = _queue(f"http://127.0.0.1:{port}"), _queue(new_server.root_url)
         made_old, made_new, dependency, dependent = (slugid() for _ in range(4))
