@@ -160,13 +160,11 @@ class Resolution:
         left = later + [replace(e, due=at) for e, at in zip(due, looks) if at is not None]
         if not left:
             await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-        elif found.put is None:  # an earlier release's message, of one task: its form kept
-            await self.queues.postpone(message.queue_name, message.message_id,
-                                       message.pop_receipt, triggers.visible_in(left))
-        else:
-            await self.queues.postpone(message.queue_name, message.message_id,
-                                       message.pop_receipt, triggers.visible_in(left),
-                                       text=triggers.encode(left, found.put))
+            return len(due)
+        # An earlier release's message (of one task, put None) keeps its form.
+        text = None if found.put is None else triggers.encode(left, found.put)
+        await self.queues.postpone(message.queue_name, message.message_id, message.pop_receipt,
+                                   triggers.visible_in(left), text=text)
         return len(due)
 
     async def _look(self, entry: triggers.Entry, put: datetime | None, now: datetime,
@@ -206,19 +204,5 @@ class Resolution:
         except Exception:
             log.exception("handling the deadline trigger of task %s failed; again in %ds",
                           task_id, invisible_for.total_seconds())
-            return now + invisible_for
-        return None
-        try:
-            if task_deadline > now:
-                check = await self.repair.look(stored, now)
-                return None if check is None else min(check, task_deadline)
-            change = await self.changes.change(
-                task_id, lambda t: model.resolve_deadline(t, now), stored)
-            if change.changed:
-                log.info("task %s passed its deadline: resolved deadline-exceeded", task_id)
-            await self.changes.settle(change, len(change.after.runs) - 1)
-        except errors.TRANSIENT as e:
-            log.warning("could not handle the deadline trigger of task %s (%s); again in %ds",
-                        task_id, e, invisible_for.total_seconds())
             return now + invisible_for
         return None
