@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """What one event costs the process that publishes it: CPU per message of azqueue's
-``Publisher`` (aio-pika, persistent, publisher confirms), one at a time and 16 at once,
-beside aiormq's ``basic_publish`` alone (the layer under aio-pika), on a RabbitMQ of
-your choice. A lifecycle publishes five events (task-defined, task-pending,
-task-running, task-completed, task-group-resolved), so this is most of what events on
-add to a lifecycle's server CPU.
+``Publisher`` (persistent, publisher confirms), one at a time and 16 at once, beside
+aiormq's ``basic_publish`` alone as aio-pika's ``Exchange.publish`` calls it (holding the
+channel's lock until the frames are on the socket), on a RabbitMQ of your choice. A
+lifecycle publishes five events (task-defined, task-pending, task-running,
+task-completed, task-group-resolved), so this is most of what events on add to a
+lifecycle's server CPU.
 
 Usage: .venv/bin/python scripts/measure_publish.py [--amqp URL] [--messages 3000]
 """
@@ -64,7 +65,7 @@ async def main(url: str, messages: int) -> None:
     print("| publishing | at once | CPU per message, ms | messages/s |\n"
           "| --- | ---: | ---: | ---: |")
     try:
-        await measure("azqueue's Publisher (aio-pika)", lambda: publisher.publish(event), messages)
+        await measure("azqueue's Publisher", lambda: publisher.publish(event), messages)
     finally:
         await publisher.close()
 
@@ -80,7 +81,7 @@ async def main(url: str, messages: int) -> None:
             await raw.basic_publish(json.dumps(PAYLOAD).encode(), exchange=exchange,
                                     routing_key=event.routing_key, properties=properties)
 
-        await measure("aiormq basic_publish alone", basic_publish, messages)
+        await measure("aiormq basic_publish, as aio-pika calls it", basic_publish, messages)
         for name in EXCHANGES:  # those the Publisher declared
             await raw.exchange_delete(f"{prefix}{name}")
     finally:
