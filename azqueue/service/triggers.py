@@ -6,8 +6,9 @@ without it, a task nobody resolves would stay unresolved forever, and a tip lost
 would never be repaired (``repair``). The trigger is a message in the internal queue
 ``<prefix>-deadline-batches``, invisible until the first look is due (the tip repair
 delay after createTask, or the deadline if that comes first). One message holds the
-triggers of several tasks: at most ``PUTS`` puts are in flight per process, and the
-createTasks that arrive while they all are wait for the next one together. A createTask
+triggers of several tasks: at most ``PUTS`` puts are in flight per process (a put slower
+than ``SLOW_PUT`` no longer counts), and the createTasks that arrive while they all are
+wait for the next one together. A createTask
 alone puts its own message, as soon as it asks; under load, one message stands for tens
 of tasks, which saves a storage request (and a queued message, which Azurite looks at on
 each request) per task.
@@ -46,6 +47,10 @@ log = logging.getLogger(__name__)
 # Puts of trigger messages in flight at once per process; what arrives meanwhile waits
 # for the next, all together.
 PUTS = 2
+# A put still unanswered after this long (seconds) no longer counts among them: one whose
+# answer was lost waits out its attempt's time-out (5 s), and the createTasks after it
+# should not wait with it.
+SLOW_PUT = 1.0
 # Tasks per message at most: about 100 characters each, far under Azure's 64 KiB.
 MOST = 200
 # A createTask stores its task within its request's storage budget after its trigger is
@@ -153,8 +158,19 @@ class DeadlineTriggers:
         return Trigger(batch, entry)
 
     async def _put(self, batch: _Batch) -> None:
+        freed = False
+
+        def free() -> None:
+            nonlocal freed
+            if not freed:
+                freed = True
+                self._slots.release()
+
+        slow: asyncio.TimerHandle | None = None
         try:
-            async with self._slots:
+            await self._slots.acquire()
+            slow = asyncio.get_running_loop().call_later(SLOW_PUT, free)
+            try:
                 if self._filling is batch:
                     self._filling = None  # whoever comes now waits for the next put
                 batch.put = timeutil.utcnow()
@@ -162,6 +178,9 @@ class DeadlineTriggers:
                     batch.message = await self.queues.put(
                         self.queue_name, encode(batch.entries, batch.put),
                         visible_in(batch.entries), forever=True)
+            finally:
+                slow.cancel()
+                free()
         except asyncio.CancelledError:
             batch.stored.cancel()
             raise

@@ -20,7 +20,7 @@ import taskcluster.aio
 
 from azqueue.config import StorageSettings
 from azqueue.model import timeutil
-from azqueue.service import workclaimer
+from azqueue.service import triggers, workclaimer
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.storage import StorageInspector
@@ -452,3 +452,31 @@ async def test_claim_work_looks_again_when_the_tips_a_lost_receive_hid_reappear(
     assert code == 200, answer
     assert [c["status"]["taskId"] for c in answer["tasks"]] == [task_id], answer
     assert proxy.counts[f"queue {fault}"] == 1, proxy.counts
+
+
+async def test_trigger_puts_that_stall_hold_up_the_create_tasks_after_them_only_briefly(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A replica has two puts of deadline triggers in flight at most. When both wait for
+    answers that do not come, the createTasks after them are not held up until those
+    attempts time out (5 s): a put that has been slow for ``SLOW_PUT`` lets another start,
+    and every createTask is answered once its own trigger is stored."""
+    monkeypatch.setattr(triggers, "SLOW_PUT", 0.2)
+    server = await faulty_servers()
+    stalled = [proxy.hold("POST", "-deadline-batches/messages") for _ in range(2)]
+    first = asyncio.create_task(_create(http, server, "prov/stalled-triggers"))
+    await asyncio.wait_for(stalled[0].reached.wait(), 30)
+    second = asyncio.create_task(_create(http, server, "prov/stalled-triggers"))
+    await asyncio.wait_for(stalled[1].reached.wait(), 30)
+    third = asyncio.create_task(_create(http, server, "prov/stalled-triggers"))
+    try:
+        done, _ = await asyncio.wait({first, second, third}, timeout=60,
+                                     return_when=asyncio.FIRST_COMPLETED)
+        # The stalled two are answered only after their attempts' 5 s time-out.
+        assert done == {third}
+    finally:
+        for held in stalled:
+            held.release()
+    created = await asyncio.gather(first, second, third)
+    for task_id in created:
+        assert (await status(http, server.api, task_id))["state"] == "pending"
