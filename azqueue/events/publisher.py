@@ -153,9 +153,12 @@ class Publisher:
     async def publish(self, event: Event) -> None:
         """Publish and wait for the broker's confirm; BrokerError if it is not confirmed
         (a Basic.Nack is raised as aiormq's DeliveryError)."""
-        headers: dict[str, FieldValue] | None = {"CC": list(event.cc)} if event.cc else None
+        # As aio_pika.Message sets them: a headers table always (consumers read CC from
+        # it), priority 0.
+        headers: dict[str, FieldValue] = {"CC": list(event.cc)} if event.cc else {}
         properties = spec.Basic.Properties(content_type="application/json",
-                                           delivery_mode=PERSISTENT, headers=headers)
+                                           delivery_mode=PERSISTENT, headers=headers,
+                                           priority=0)
         try:
             await self._ready()
             assert self._channel is not None
@@ -175,6 +178,14 @@ class Publisher:
         except BROKER_ERRORS as e:
             raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: "
                               f"{type(e).__name__}: {e}") from e
+        except asyncio.CancelledError as e:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this publish was cancelled (its caller's timeout, a shutdown)
+            # aiormq closes a connection whose heartbeats stopped with the CancelledError
+            # of its reader, and rejects the confirms still awaited with it.
+            raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: the "
+                              "connection to the broker stopped answering") from e
         metrics.count_event(event.exchange)
 
     async def close(self) -> None:

@@ -53,12 +53,15 @@ async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_r
 
 
 class Proxy:
-    """A TCP proxy to RabbitMQ that the test can cut and restore."""
+    """A TCP proxy to RabbitMQ that the test can cut and restore, or freeze: the
+    connections stay open and nothing goes through, as in a network partition."""
 
     def __init__(self, target_port: int = 5672) -> None:
         self.target_port = target_port
         self.port = free_port()
         self.open = True
+        self._flowing = asyncio.Event()
+        self._flowing.set()
         self._writers: list[asyncio.StreamWriter] = []
         self._server: asyncio.Server | None = None
 
@@ -68,6 +71,7 @@ class Proxy:
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while data := await reader.read(65536):
+                await self._flowing.wait()
                 writer.write(data)
                 await writer.drain()
         except (ConnectionError, asyncio.CancelledError):
@@ -91,6 +95,9 @@ class Proxy:
 
     def restore(self) -> None:
         self.open = True
+
+    def freeze(self) -> None:
+        self._flowing.clear()
 
     async def close(self) -> None:
         self.cut()

@@ -13,8 +13,10 @@ import pytest
 from aio_pika.abc import AbstractChannel
 
 from azqueue.errors import BrokerError
+from azqueue.events import publisher as publishing
 from azqueue.events.publisher import Publisher
 from azqueue.model.events import Event
+from tests.events.test_durability import Proxy
 
 
 @pytest.fixture
@@ -38,10 +40,10 @@ async def channel(amqp_url: str) -> AsyncIterator[AbstractChannel]:
     await connection.close()
 
 
-def _event(task_id: str, run_id: int = 0) -> Event:
+def _event(task_id: str, run_id: int = 0, cc: tuple[str, ...] = ("route.index.example",)
+           ) -> Event:
     return Event("task-running", f"primary.{task_id}.{run_id}.g.w.prov.type._._._",
-                 {"status": {"taskId": task_id}, "runId": run_id, "version": 1},
-                 cc=("route.index.example",))
+                 {"status": {"taskId": task_id}, "runId": run_id, "version": 1}, cc=cc)
 
 
 async def test_a_message_the_broker_refuses_is_a_broker_error_not_a_publish(
@@ -83,3 +85,39 @@ async def test_publishes_of_concurrent_requests_all_arrive_each_callers_in_order
         assert message.content_type == "application/json"
     assert received == {f"caller{n}": list(range(each)) for n in range(callers)}
     assert await queue.get(fail=False) is None  # nothing twice
+
+
+async def test_a_message_without_routes_still_carries_a_headers_table(
+        publisher: Publisher, channel: AbstractChannel, prefix: str) -> None:
+    queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+    await queue.bind(f"{prefix}task-running", routing_key="#")
+    await publisher.publish(_event("no-routes", cc=()))
+    # Read as it came, without aio-pika's defaults (its consumers see {} either way; a
+    # pika consumer reading ``properties.headers.get("CC")`` would meet None).
+    raw = await channel.get_underlay_channel()
+    got = await raw.basic_get(queue.name, no_ack=True)
+    assert json.loads(got.body)["status"]["taskId"] == "no-routes"
+    assert got.header.properties.headers == {}
+    assert got.header.properties.delivery_mode == aio_pika.DeliveryMode.PERSISTENT
+
+
+async def test_a_connection_that_stops_answering_is_a_broker_error(
+        amqp_url: str, prefix: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The broker unreachable without the connection closing (a partition): aiormq gives
+    up on the connection once its heartbeats stop, and the publish waiting for its
+    confirm fails as any unconfirmed publish does, long before its own time-out."""
+    monkeypatch.setattr(publishing, "PUBLISH_TIMEOUT", 300.0)
+    proxy = Proxy()
+    await proxy.start()
+    user = amqp_url.split("//", 1)[1].split("@", 1)[0]
+    publisher = Publisher(f"amqp://{user}@127.0.0.1:{proxy.port}/?heartbeat=1", prefix)
+    try:
+        await publisher.start()
+        await publisher.publish(_event("before"))
+        proxy.freeze()
+        with pytest.raises(BrokerError, match="stopped answering"):
+            await asyncio.wait_for(publisher.publish(_event("frozen")), 120)
+    finally:
+        proxy.cut()
+        await publisher.close()
+        await proxy.close()
