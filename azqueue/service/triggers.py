@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 PUTS = 2
 # A put still unanswered after this long (seconds) no longer counts among them: one whose
 # answer was lost waits out its attempt's time-out (5 s), and the createTasks after it
-# should not wait with it.
+# should not wait with it. (So when storage is slow in general, about PUTS x its latency /
+# SLOW_PUT puts are in flight, each for the createTasks that came while they waited.)
 SLOW_PUT = 1.0
 # Tasks per message at most: about 100 characters each, far under Azure's 64 KiB.
 MOST = 200
@@ -166,7 +167,6 @@ class DeadlineTriggers:
                 freed = True
                 self._slots.release()
 
-        slow: asyncio.TimerHandle | None = None
         try:
             await self._slots.acquire()
             slow = asyncio.get_running_loop().call_later(SLOW_PUT, free)
