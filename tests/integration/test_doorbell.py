@@ -111,6 +111,26 @@ async def test_a_dependency_resolved_and_a_rerun_on_one_replica_wake_a_caller_on
     assert claim["runId"] == 0
 
 
+async def test_a_tip_repaired_on_one_replica_wakes_a_caller_waiting_on_another(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A pending task left without a tip (a worker deleted it) gets another from the tip
+    repair, the deadline resolver's look the repair delay after createTask: on a replica
+    where nobody waits, and the caller waiting on the other hears of it."""
+    a = await make_server(**quiet(tip_repair_delay=6.0, deadline_resolver_interval=0.3))
+    b = await make_server(**quiet(run_resolvers=False))
+    task_id = await create(http, a.api, definition("prov/repaired"))
+    urls = await sas.poll_task_urls(http, a.api, "prov", "repaired")
+    queue = urls["queues"][6]
+    [message] = await sas.get_messages(http, queue["signedPollUrl"])
+    assert message.tip["taskId"] == task_id
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], message) == 204
+    waiting = asyncio.create_task(claim_work(http, b, "prov/repaired"))
+    await settled(b, "prov/repaired")
+    assert not waiting.done()  # no tip until the repair
+    [claim] = await asyncio.wait_for(waiting, WAIT)
+    assert claim["status"]["taskId"] == task_id and claim["runId"] == 0
+
+
 async def test_an_idle_sas_worker_waiting_on_one_replica_hears_of_a_task_created_on_another(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """pollTaskUrls with ``pending=true&wait=<s>``: an idle SAS worker waits for a visible
