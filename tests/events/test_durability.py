@@ -99,6 +99,9 @@ class Proxy:
     def freeze(self) -> None:
         self._flowing.clear()
 
+    def thaw(self) -> None:
+        self._flowing.set()
+
     async def close(self) -> None:
         self.cut()
         if self._server is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+import contextlib
 from collections.abc import AsyncIterator
 
 import aio_pika
@@ -17,6 +18,7 @@ from azqueue.events import publisher as publishing
 from azqueue.events.publisher import Publisher
 from azqueue.model.events import Event
 from tests.events.test_durability import Proxy
+from tests.waiting import eventually
 
 
 @pytest.fixture
@@ -38,6 +40,23 @@ async def channel(amqp_url: str) -> AsyncIterator[AbstractChannel]:
     connection = await aio_pika.connect(amqp_url)
     yield await connection.channel()
     await connection.close()
+
+
+@contextlib.asynccontextmanager
+async def _behind_proxy(amqp_url: str, prefix: str, query: str = ""
+                        ) -> AsyncIterator[tuple[Proxy, Publisher]]:
+    """A started publisher whose connection to the broker goes through a ``Proxy``."""
+    proxy = Proxy()
+    await proxy.start()
+    user = amqp_url.split("//", 1)[1].split("@", 1)[0]
+    publisher = Publisher(f"amqp://{user}@127.0.0.1:{proxy.port}/{query}", prefix)
+    try:
+        await publisher.start()
+        yield proxy, publisher
+    finally:
+        proxy.cut()
+        await publisher.close()
+        await proxy.close()
 
 
 def _event(task_id: str, run_id: int = 0, cc: tuple[str, ...] = ("route.index.example",)
@@ -107,17 +126,43 @@ async def test_a_connection_that_stops_answering_is_a_broker_error(
     up on the connection once its heartbeats stop, and the publish waiting for its
     confirm fails as any unconfirmed publish does, long before its own time-out."""
     monkeypatch.setattr(publishing, "PUBLISH_TIMEOUT", 300.0)
-    proxy = Proxy()
-    await proxy.start()
-    user = amqp_url.split("//", 1)[1].split("@", 1)[0]
-    publisher = Publisher(f"amqp://{user}@127.0.0.1:{proxy.port}/?heartbeat=1", prefix)
-    try:
-        await publisher.start()
+    async with _behind_proxy(amqp_url, prefix, "?heartbeat=1") as (proxy, publisher):
         await publisher.publish(_event("before"))
         proxy.freeze()
         with pytest.raises(BrokerError, match="stopped answering"):
             await asyncio.wait_for(publisher.publish(_event("frozen")), 120)
-    finally:
-        proxy.cut()
-        await publisher.close()
-        await proxy.close()
+
+
+async def test_while_the_broker_confirms_nothing_one_event_at_a_time_is_sent(
+        amqp_url: str, prefix: str, channel: AbstractChannel) -> None:
+    """Events are sent without waiting for the socket to take them. While the broker
+    takes nothing in (a memory alarm blocks publishers; a network that holds everything),
+    they would pile up in the server's memory: after a publish that was not confirmed in
+    time, one at a time goes out to try again, and the others are refused at once, unsent
+    (the outbox leaves them to recovery), until one is confirmed."""
+    async with _behind_proxy(amqp_url, prefix) as (proxy, publisher):
+        queue = await channel.declare_queue(exclusive=True, auto_delete=True)
+        await queue.bind(f"{prefix}task-running", routing_key="#")
+        await publisher.publish(_event("before"))
+        proxy.freeze()
+        with pytest.raises(TimeoutError):  # as the outbox's time-out ends it
+            await asyncio.wait_for(publisher.publish(_event("unconfirmed")), 1.0)
+        assert publisher.reachable  # nothing waits for a confirm: the next one goes
+        trying = asyncio.create_task(publisher.publish(_event("trying")))
+        await eventually(lambda: publisher.reachable, lambda r: not r,
+                         what="the publisher held back while its try waits")
+        with pytest.raises(BrokerError, match="not sent"):
+            await publisher.publish(_event("held"))
+
+        proxy.thaw()
+        await asyncio.wait_for(trying, 30)
+        assert publisher.reachable
+        await publisher.publish(_event("after"))
+        arrived = []
+        for _ in range(4):
+            message = await queue.get(timeout=10, fail=True)
+            assert message is not None
+            await message.ack()
+            arrived.append(json.loads(message.body)["status"]["taskId"])
+        assert arrived == ["before", "unconfirmed", "trying", "after"]
+        assert await queue.get(fail=False) is None  # "held" was never sent
