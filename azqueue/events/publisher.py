@@ -39,6 +39,8 @@ START_RETRY = 2.0
 # What aio-pika raises when the broker is away, refuses or does not confirm in time.
 BROKER_ERRORS = (AMQPError, ChannelInvalidStateError, OSError, TimeoutError)
 PERSISTENT = int(aio_pika.DeliveryMode.PERSISTENT)
+# Events sent and not yet confirmed, at most, per process: about a megabyte.
+MOST_UNCONFIRMED = 1000
 
 
 async def connect(url: str) -> AbstractRobustConnection:
@@ -92,10 +94,7 @@ class Publisher:
         self._lock = asyncio.Lock()
         self._failed_at: float | None = None  # the last failed first connection attempt
         self._starting: asyncio.Task[None] | None = None
-        self._sending = 0  # publishes sent and awaiting their confirm
-        # Set when a publish was not confirmed in time, cleared by the next confirm: the
-        # broker takes nothing in (an alarm blocks publishers, or the network is stuck).
-        self._stalled = False
+        self._underlay: aiormq.Channel | None = None  # the channel events went out on last
 
     async def start(self) -> None:
         """Connect and declare the exchanges now; if the broker cannot be reached, keep
@@ -119,8 +118,8 @@ class Publisher:
     def reachable(self) -> bool:
         """False while the broker is known to be away (connection lost and not yet back,
         or the first connection failed less than ``FIRST_CONNECT_RETRY`` ago), or takes
-        nothing in (``_held_back``): publishing now would only wait for it."""
-        if self._held_back:
+        nothing in (``_full``): publishing now would only wait for it."""
+        if self._full(self._underlay):
             return False
         if self._connection is None:
             return (self._failed_at is None
@@ -156,39 +155,22 @@ class Publisher:
         if connected is not None and not connected.is_set():
             await asyncio.wait_for(connected.wait(), CONNECT_TIMEOUT)
 
-    @property
-    def _held_back(self) -> bool:
-        """Whether a publish now is refused unsent: a publish was not confirmed in time
-        and the one sent since to try again is still waiting. Events are sent without
-        waiting for the socket to take them (``wait=False``), so while the broker takes
-        nothing in they would pile up in this process's memory; held back, at most one
-        goes out per attempt's time-out, and the others are left to recovery."""
-        return self._stalled and self._sending > 0
+    @staticmethod
+    def _full(channel: aiormq.Channel | None) -> bool:
+        """Whether ``MOST_UNCONFIRMED`` events sent on ``channel`` still await the broker's
+        confirm. Events are sent without waiting for the socket to take them
+        (``wait=False``): while the broker takes nothing in (a memory or disk alarm blocks
+        publishers; a network that holds everything until the heartbeat gives up), they
+        would pile up in this process's memory. aiormq keeps an event's confirmation
+        until the broker answers it, also when its publish gave up waiting, so this
+        bounds what is held; a channel opened again after a reconnect starts empty."""
+        return (channel is not None and not channel.is_closed
+                and len(channel.confirmations) >= MOST_UNCONFIRMED)
 
     async def publish(self, event: Event) -> None:
         """Publish and wait for the broker's confirm; BrokerError if it is not confirmed
-        (a Basic.Nack is raised as aiormq's DeliveryError), or at once if it is held back
-        because the broker confirms nothing (``_held_back``)."""
-        if self._held_back:
-            raise BrokerError(f"{event.exchange} {event.routing_key} not sent: the broker "
-                              "has not confirmed the events sent before it")
-        self._sending += 1
-        try:
-            await self._publish(event)
-        except BrokerError as e:
-            # Not confirmed: a time-out, a lost connection; then the next publish is sent
-            # alone until one is confirmed. A refusal (Basic.Nack) is an answer, though.
-            self._stalled = not isinstance(e.__cause__, aiormq.exceptions.DeliveryError)
-            raise
-        except asyncio.CancelledError:
-            self._stalled = True  # its caller's time-out, most often
-            raise
-        finally:
-            self._sending -= 1
-        self._stalled = False
-        metrics.count_event(event.exchange)
-
-    async def _publish(self, event: Event) -> None:
+        (a Basic.Nack is raised as aiormq's DeliveryError), or at once, unsent, while
+        ``MOST_UNCONFIRMED`` events already await theirs (``_full``)."""
         # As aio_pika.Message sets them: a headers table always (consumers read CC from
         # it), priority 0.
         headers: dict[str, FieldValue] = {"CC": list(event.cc)} if event.cc else {}
@@ -201,6 +183,11 @@ class Publisher:
             exchange = self._exchanges[event.exchange].name  # declared, again after reconnects
             channel = await self._channel.get_underlay_channel()
             assert isinstance(channel, aiormq.Channel)  # whose basic_publish takes ``wait``
+            self._underlay = channel
+            if self._full(channel):
+                raise BrokerError(f"{event.exchange} {event.routing_key} not sent: "
+                                  f"{len(channel.confirmations)} events sent before it "
+                                  "still await the broker's confirm")
             # Through the channel under aio-pika's exchange, for ``wait=False``: the publish
             # does not hold the channel's lock until its frames are on the socket, so the
             # publishes of concurrent requests go out together and are confirmed together
@@ -222,6 +209,7 @@ class Publisher:
             # of its reader, and rejects the confirms still awaited with it.
             raise BrokerError(f"{event.exchange} {event.routing_key} not confirmed: the "
                               "connection to the broker stopped answering") from e
+        metrics.count_event(event.exchange)
 
     async def close(self) -> None:
         if self._starting is not None:

@@ -133,30 +133,29 @@ async def test_a_connection_that_stops_answering_is_a_broker_error(
             await asyncio.wait_for(publisher.publish(_event("frozen")), 120)
 
 
-async def test_while_the_broker_confirms_nothing_one_event_at_a_time_is_sent(
-        amqp_url: str, prefix: str, channel: AbstractChannel) -> None:
+async def test_while_the_broker_confirms_nothing_events_stop_piling_up_unsent(
+        amqp_url: str, prefix: str, channel: AbstractChannel,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     """Events are sent without waiting for the socket to take them. While the broker
     takes nothing in (a memory alarm blocks publishers; a network that holds everything),
-    they would pile up in the server's memory: after a publish that was not confirmed in
-    time, one at a time goes out to try again, and the others are refused at once, unsent
-    (the outbox leaves them to recovery), until one is confirmed."""
+    they would pile up in the server's memory: once ``MOST_UNCONFIRMED`` sent events
+    await their confirm, also those whose publish gave up, the next ones are refused at
+    once, unsent (the outbox leaves them to recovery), until the broker answers."""
+    monkeypatch.setattr(publishing, "MOST_UNCONFIRMED", 2)
     async with _behind_proxy(amqp_url, prefix) as (proxy, publisher):
         queue = await channel.declare_queue(exclusive=True, auto_delete=True)
         await queue.bind(f"{prefix}task-running", routing_key="#")
         await publisher.publish(_event("before"))
         proxy.freeze()
-        with pytest.raises(TimeoutError):  # as the outbox's time-out ends it
-            await asyncio.wait_for(publisher.publish(_event("unconfirmed")), 1.0)
-        assert publisher.reachable  # nothing waits for a confirm: the next one goes
-        trying = asyncio.create_task(publisher.publish(_event("trying")))
-        await eventually(lambda: publisher.reachable, lambda r: not r,
-                         what="the publisher held back while its try waits")
-        with pytest.raises(BrokerError, match="not sent"):
+        for task_id in ("first", "second"):
+            with pytest.raises(TimeoutError):  # as the outbox's time-out ends them
+                await asyncio.wait_for(publisher.publish(_event(task_id)), 1.0)
+        assert not publisher.reachable
+        with pytest.raises(BrokerError, match="not sent: 2 events sent before it"):
             await publisher.publish(_event("held"))
 
         proxy.thaw()
-        await asyncio.wait_for(trying, 30)
-        assert publisher.reachable
+        await eventually(lambda: publisher.reachable, what="the broker's late confirms")
         await publisher.publish(_event("after"))
         arrived = []
         for _ in range(4):
@@ -164,5 +163,5 @@ async def test_while_the_broker_confirms_nothing_one_event_at_a_time_is_sent(
             assert message is not None
             await message.ack()
             arrived.append(json.loads(message.body)["status"]["taskId"])
-        assert arrived == ["before", "unconfirmed", "trying", "after"]
+        assert arrived == ["before", "first", "second", "after"]
         assert await queue.get(fail=False) is None  # "held" was never sent
