@@ -8,10 +8,9 @@ would never be repaired (``repair``). The trigger is a message in the internal q
 delay after createTask, or the deadline if that comes first). One message holds the
 triggers of several tasks: at most ``PUTS`` puts are in flight per process (a put slower
 than ``SLOW_PUT`` no longer counts), and the createTasks that arrive while they all are
-wait for the next one together. A createTask
-alone puts its own message, as soon as it asks; under load, one message stands for tens
-of tasks, which saves a storage request (and a queued message, which Azurite looks at on
-each request) per task.
+wait for the next one together. A createTask alone puts its own message, as soon as it
+asks; under load, one message stands for tens of tasks, which saves a storage request
+(and a queued message, which Azurite looks at on each request) per task.
 
 The message holds ``{"put": time, "tasks": [[taskId, deadline, due], ...]}``, each
 task's next look ``due``; it is visible when the first of them is. The deadline resolver
