@@ -88,6 +88,9 @@ class WorkClaimer:
         loop = asyncio.get_running_loop()
         end = loop.time() + self.wait
         info = self.workerinfo
+        # Known from its first call on, not once that call ends (up to ``wait`` later): the
+        # first sight is written at once, a later one costs nothing (workers.py).
+        info.worker_active(task_queue_id, worker_group, worker_id)
         for priority in ORDER:
             await self.pending.ensure(task_queue_id, priority)
         tq = self.waiting.entry(task_queue_id)

@@ -8,8 +8,10 @@ What is recorded, and how often (never on a request's path, never a write per cl
   every ``TASK_QUEUE_RECORD_INTERVAL`` seconds per task queue and process while tasks are
   created and claimed (``IDLE_RECORD_INTERVAL`` while its workers only wait). Each write sets
   ``lastDateActive`` and ``expires`` (``TASK_QUEUE_EXPIRY`` ahead).
-* A **worker** is recorded when it calls claimWork, claims a task or reclaims one: at once
-  the first time this process sees it, then at most every ``WORKER_RECORD_INTERVAL``
+* A **worker** is recorded when it calls claimWork (as the call begins, not once its wait
+  is over), claims a task or reclaims one: at once the first time this process sees it
+  (and once more at its first claims, when that first sight brought none), then at most
+  every ``WORKER_RECORD_INTERVAL``
   seconds while it claims tasks (``IDLE_RECORD_INTERVAL`` while it only waits,
   so that waiting costs next to nothing); the tasks it claimed meanwhile (``recentTasks``, the latest 20) are written
   once that interval has passed (``FLUSH_INTERVAL`` later at most), whether it calls again
@@ -128,8 +130,11 @@ class WorkerInfo:
         if len(self._seen) >= MAX_REMEMBERED:
             self._seen = {k: v for k, v in self._seen.items()
                           if v[1] or now - v[0] < WORKER_RECORD_INTERVAL}
-        self._seen[key] = (now, [])
-        self._spawn(self._write_worker(key, pending, first=last == float("-inf")))
+        first = last == float("-inf")
+        # A first sight without claims (a claimWork call as it begins) is written at once
+        # but holds back none of the claims that follow: they are written as they come.
+        self._seen[key] = (now - WORKER_RECORD_INTERVAL if first and not pending else now, [])
+        self._spawn(self._write_worker(key, pending, first=first))
 
     def _spawn(self, job: Awaitable[None]) -> None:
         task = asyncio.ensure_future(job)

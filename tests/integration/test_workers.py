@@ -253,3 +253,28 @@ async def test_a_quarantined_sdk_sas_worker_says_so_and_waits_instead_of_blaming
                for r in caplog.records)
     assert not any("credentials" in r.getMessage() for r in caplog.records)
     assert (await status(http, server.api, task_id))["state"] == "pending"
+
+
+async def test_a_worker_is_listed_while_its_first_claim_work_call_still_waits(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A worker is known from its first request for work on (listWorkers, and so `task
+    create`'s check for a task queue nobody asks), not once that request's wait is over;
+    its first claims are recorded as they come, not a record interval later."""
+    server = await make_server(claim_work_wait=120.0)
+    tq = "prov/first-call"
+    url = f"{server.api}/provisioners/prov/worker-types/first-call/workers"
+    waiting = asyncio.ensure_future(claim_work(http, server, tq, worker_id="early"))
+    try:
+        listing = await eventually(lambda: _get(http, url), lambda r: r["workers"],
+                                   what="the waiting worker listed")
+        assert [w["workerId"] for w in listing["workers"]] == ["early"]
+        assert not waiting.done()
+        task_id = await create(http, server.api, definition(tq))
+        assert [c["status"]["taskId"] for c in await waiting] == [task_id]
+        worker = await eventually(lambda: _get(http, _worker_url(server, tq, "early")),
+                                  lambda w: w["recentTasks"], what="its first claim recorded",
+                                  timeout=20)
+        assert worker["recentTasks"] == [{"taskId": task_id, "runId": 0}]
+    finally:
+        waiting.cancel()
+        await asyncio.gather(waiting, return_exceptions=True)
