@@ -6,22 +6,29 @@ work:
 * ``azurite`` (session): a throwaway Azurite (data in RAM where there is some), with
   ``.connection_string``; found or installed as ``azqueue.devstorage.azurite_bin`` says.
 * ``azqueue_server``: an azqueue on it, its own storage prefix per test (deleted after
-  it), with ``.root_url``, ``.client_id``, ``.access_token``, ``.options()`` and
-  ``.queue()``. Events are off unless the test asks for ``azqueue_events`` (recorded)
-  or ``--azqueue-events=AMQP_URL`` (or the ini setting ``azqueue_events``) is given.
-* ``azqueue_worker``: ``azqueue_worker(task_queue_id, handler, *, capacity=1,
-  mode="claimwork")`` makes a worker of the SDK; its ``.drain(timeout=60)`` (or ``await
-  .drain_async()``) runs it until no task of the task queue is pending or running.
+  it), with ``.root_url``, ``.client_id``, ``.access_token``, ``.prefix``, ``.options()``,
+  ``.queue()``, ``.create_task(task_queue_id, payload, **fields)`` (Taskcluster's
+  defaults filled in), ``.wait(task_id, timeout)`` (the resolution) and
+  ``.temporary_credentials(scopes)``. Events are off unless the test asks for
+  ``azqueue_events`` (recorded) or ``--azqueue-events=AMQP_URL`` (or the ini setting
+  ``azqueue_events``) is given.
+* ``azqueue_worker``: ``azqueue_worker(task_queue_id, handler, **settings)`` makes a worker
+  of the SDK (``azqueue.testing.queueworker.QueueWorker`` lists the settings); its
+  ``.drain(timeout=60)`` (or ``await .drain_async()``) runs it until no task of the task
+  queue is pending or running, and raises what its handler raised (an ``AssertionError``
+  by default); ``azqueue_worker.drain(w1, w2)`` drains several at once.
+* ``azqueue_worker_parameters``: settings of every ``azqueue_worker(...)``, {} unless a
+  module or conftest.py overrides it.
 * ``azqueue_events``: the events of ``azqueue_server``, on and recorded without a broker
   in the tests that ask for it; ``.wait_for(kind, task_id, timeout=30)`` returns the
   message as Taskcluster's schema has it.
 * ``azure_storage_faults``: the server's storage behind a proxy that injects ServerBusy
   and lost answers on demand.
-* ``@pytest.mark.azqueue(claim_timeout=5, ...)``: settings of ``azqueue_server`` for one
-  test, any field of ``azqueue.config.Settings`` by name.
+* ``@pytest.mark.azqueue(claim_timeout=5, clients={"builder": [scopes]}, ...)``: settings
+  of ``azqueue_server`` for one test, any field of ``azqueue.config.Settings`` by name.
 
 The server, the workers and the proxy run on an event loop in a thread of their own, so
-synchronous tests use them as asyncio tests do (handlers run on that loop). With
+synchronous tests use them as asyncio tests do (handlers run on that loop's thread). With
 pytest-xdist each worker process has its own Azurite, ended by a reaper process
 (``azqueue.reaper``) if pytest is killed. ``--azqueue-keep`` keeps storage (and
 Azurite's data) and prints where it is.
@@ -41,7 +48,8 @@ if TYPE_CHECKING:
     from azqueue.devstorage import Azurite
     from azqueue.testing.background import BackgroundLoop
     from azqueue.testing.events import RecordedEvents
-    from azqueue.testing.harness import AzqueueServer, QueueWorker, StorageFaults
+    from azqueue.testing.harness import AzqueueServer, StorageFaults
+    from azqueue.testing.queueworker import QueueWorker
 
 KEPT = "azqueue storage kept"
 
@@ -65,7 +73,7 @@ CHATTY = ("azure.core.pipeline.policies.http_logging_policy",)
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "azqueue(**settings): settings of azqueue_server for "
-                            "this test, e.g. claim_timeout=5 (seconds)")
+                            "this test, e.g. claim_timeout=5 (seconds), clients={id: [scopes]}")
     for name in CHATTY:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:
@@ -161,23 +169,65 @@ def azqueue_server(request: pytest.FixtureRequest, _azqueue_loop: BackgroundLoop
 
 
 @pytest.fixture
-def azqueue_worker(_azqueue_loop: BackgroundLoop, azqueue_server: AzqueueServer
-                   ) -> Callable[..., QueueWorker]:
-    """``azqueue_worker(task_queue_id, handler, *, capacity=1, mode="claimwork")``: a
-    worker of the SDK on ``azqueue_server``, with the root client's credentials; ``mode``
-    is ``"claimwork"`` or ``"sas"``."""
-    from azqueue.testing.harness import QueueWorker
+def azqueue_worker_parameters() -> dict[str, Any]:
+    """Settings of every ``azqueue_worker(...)`` of the tests that see this fixture: {} here;
+    a module or conftest.py overrides it (e.g. ``{"status_interval": 0.5}``), and the
+    arguments of ``azqueue_worker(...)`` override it in turn."""
+    return {}
 
-    made: list[QueueWorker] = []
 
-    def make(task_queue_id: str, handler: Any, *, capacity: int = 1,
-             mode: Any = "claimwork") -> QueueWorker:
-        worker = QueueWorker(_azqueue_loop, azqueue_server, task_queue_id, handler,
-                             capacity=capacity, mode=mode, worker_id=f"worker-{len(made) + 1}")
-        made.append(worker)
+@pytest.fixture
+def azqueue_worker(_azqueue_loop: BackgroundLoop, azqueue_server: AzqueueServer,
+                   azqueue_worker_parameters: dict[str, Any]) -> WorkerFactory:
+    """``azqueue_worker(task_queue_id, handler, **settings)``: a worker of the SDK on
+    ``azqueue_server`` (``azqueue.testing.queueworker.QueueWorker`` lists the settings);
+    ``azqueue_worker.drain(*workers)`` drains several at once."""
+    from azqueue.testing.queueworker import DEPRECATED_MODES, normalize_mode
+
+    parameters = dict(azqueue_worker_parameters)
+    if parameters.get("mode") in DEPRECATED_MODES:
+        parameters["mode"] = normalize_mode(parameters["mode"], 2)
+    return WorkerFactory(_azqueue_loop, azqueue_server, parameters)
+
+
+class WorkerFactory:
+    """What the ``azqueue_worker`` fixture is: called, a new worker (``worker-1``,
+    ``worker-2``, ... of the group ``azqueue-testing`` unless told otherwise); ``drain()``
+    drains several at once. ``workers`` lists those made."""
+
+    def __init__(self, loop: BackgroundLoop, server: AzqueueServer,
+                 parameters: dict[str, Any]) -> None:
+        self._loop = loop
+        self._server = server
+        self._parameters = parameters
+        self.workers: list[QueueWorker] = []
+
+    def __call__(self, task_queue_id: str, handler: Any, **settings: Any) -> QueueWorker:
+        from azqueue.testing.queueworker import QueueWorker, normalize_mode
+
+        if "mode" in settings:  # warned here, so that the warning names the test's line
+            settings["mode"] = normalize_mode(settings["mode"], 3)
+        merged = {"worker_id": f"worker-{len(self.workers) + 1}", **self._parameters,
+                  **settings}
+        worker = QueueWorker(self._loop, self._server, task_queue_id, handler, **merged)
+        self.workers.append(worker)
         return worker
 
-    return make
+    def drain(self, *workers: QueueWorker, timeout: float = 60.0,
+              propagate: Any = None) -> None:
+        """Drain ``workers`` (all made so far if none is named) at once, on the background
+        loop: the test needs no thread. Raises as ``QueueWorker.drain()`` does, once all
+        are over."""
+        from azqueue.testing.queueworker import drain_all
+
+        drain_all(workers or self.workers, timeout, propagate=propagate)
+
+    async def drain_async(self, *workers: QueueWorker, timeout: float = 60.0,
+                          propagate: Any = None) -> None:
+        """``drain()`` for a test on an event loop of its own, which keeps running."""
+        from azqueue.testing.queueworker import drain_all_async
+
+        await drain_all_async(workers or self.workers, timeout, propagate=propagate)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
