@@ -224,3 +224,57 @@ def test_fails_to_show_its_log(azqueue_server):
     done = run_pytest(project, "-q", "--log-level=INFO")
     assert "the test ran" in done.stdout, done.stdout
     assert "Request URL" not in done.stdout, done.stdout[-3000:]
+
+
+@pytest.mark.timeout(300)
+def test_old_mode_spelling_warns_and_propagate_chooses_what_a_drain_raises(
+        tmp_path: Path) -> None:
+    """`mode="claimwork"` still works with a DeprecationWarning (from the test's own line);
+    a drain raises a handler's bug only with propagate=True, and a pytest.fail() in a
+    handler by default; unknown worker settings are a TypeError naming the known ones."""
+    project = downstream_project(tmp_path, """
+import pytest
+
+from azqueue.worker import TaskRun
+
+
+async def crash(run: TaskRun) -> None:
+    raise RuntimeError("a bug in the handler")
+
+
+def test_the_old_spelling_warns(azqueue_server, azqueue_worker):
+    azqueue_server.create_task("old/mode")
+    with pytest.deprecated_call(match="mode='claimwork' is deprecated: write "
+                                      "mode='claim-work'") as seen:
+        worker = azqueue_worker("old/mode", crash, mode="claimwork")
+    assert seen[0].filename == __file__
+    assert worker.config.mode == "claim-work"
+    worker.drain()  # a bug is the run's internal-error, not the test's, by default
+    assert [type(e.error) for e in worker.errors] == [RuntimeError]
+
+
+def test_propagate_true_raises_a_bug(azqueue_server, azqueue_worker):
+    azqueue_server.create_task("bug/raised")
+    with pytest.raises(RuntimeError, match="a bug in the handler") as raised:
+        azqueue_worker("bug/raised", crash, propagate=True).drain()
+    assert "reported exception internal-error" in "".join(raised.value.__notes__)
+
+
+def test_pytest_fail_in_a_handler_fails_the_test(azqueue_server, azqueue_worker):
+    azqueue_server.create_task("fail/raised")
+
+    async def handler(run: TaskRun) -> None:
+        pytest.fail("the handler saw something wrong")
+
+    with pytest.raises(pytest.fail.Exception, match="saw something wrong"):
+        azqueue_worker("fail/raised", handler).drain()
+
+
+def test_unknown_settings_are_named(azqueue_worker):
+    with pytest.raises(TypeError, match="unknown worker setting.s. status_intervall; .*"
+                                        "status_interval"):
+        azqueue_worker("any/queue", crash, status_intervall=1)
+""")
+    done = run_pytest(project, "-q")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"\b4 passed\b", done.stdout), done.stdout
