@@ -109,17 +109,24 @@ def queue(root_url: str, credentials: Credentials | None,
 
 async def poll_task_urls(session: aiohttp.ClientSession, root_url: str,
                          credentials: Credentials | None, task_queue_id: str,
-                         pending: bool = False, wait: float = 0.0) -> dict[str, Any]:
+                         pending: bool = False, wait: float = 0.0,
+                         worker: tuple[str, str] | None = None) -> dict[str, Any]:
     """``{expires, queues: [{signedPollUrl, signedDeleteUrl}, ...]}``, highest priority
     first, and with ``pending`` the queue's ``pending: {sampled, queues: [bool, ...], ages: [seconds, ...]}``
     when it gave one (left out if malformed); ``QueueUnavailable`` saying why otherwise.
     With ``wait`` (and ``pending``), the queue answers once a queue holds a visible tip, or
-    after that many seconds."""
+    after that many seconds. ``worker`` (workerGroup, workerId) names the worker that asks,
+    so that the queue knows it before its first claim (a queue that does not ignores it)."""
     url = f"{root_url.rstrip('/')}/api/queue/v1/poll-task-url/{task_queue_id}"
+    query = []
     if pending:
-        url += "?pending=true"
+        query.append("pending=true")
         if wait > 0:
-            url += f"&wait={wait:g}"
+            query.append(f"wait={wait:g}")
+    if worker is not None:
+        query += [f"workerGroup={worker[0]}", f"workerId={worker[1]}"]
+    if query:
+        url += "?" + "&".join(query)
     headers = {}
     if credentials is not None:
         ext = queue(root_url, credentials).makeHawkExt()

@@ -159,6 +159,7 @@ class SasSource:
         self.task_queue_id = task_queue_id
         self.worker_group = worker_group
         self.worker_id = worker_id
+        self._worker = (worker_group, worker_id)
         self.idle_sleep = idle_sleep
         self.max_idle_sleep = max_idle_sleep
         self.priority_recheck = priority_recheck
@@ -179,7 +180,8 @@ class SasSource:
         if self._urls is None or datetime.now(UTC) + REFRESH_BEFORE >= self._expires:
             self.requests[POLL_TASK_URLS] += 1
             self._urls = await client.poll_task_urls(self.session, self.root_url,
-                                                     self.credentials, self.task_queue_id)
+                                                     self.credentials, self.task_queue_id,
+                                                     worker=self._worker)
             self._expires = client.parse_time(self._urls["expires"])
         return list(self._urls["queues"])
 
@@ -193,7 +195,8 @@ class SasSource:
             try:
                 urls = await client.poll_task_urls(self.session, self.root_url,
                                                    self.credentials, self.task_queue_id,
-                                                   pending=True, wait=wait)
+                                                   pending=True, wait=wait,
+                                                   worker=self._worker)
             except client.EXPECTED as e:
                 if wait and client.status_of(e) == 400:
                     # A queue that does not wait (an earlier release): sleep between passes.

@@ -278,3 +278,22 @@ async def test_a_worker_is_listed_while_its_first_claim_work_call_still_waits(
     finally:
         waiting.cancel()
         await asyncio.gather(waiting, return_exceptions=True)
+
+
+async def test_an_sdk_sas_worker_is_listed_from_its_first_poll_before_any_claim(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """The SDK's SAS worker names itself to pollTaskUrls: listWorkers shows it while it
+    has found no work yet. A poll naming half a worker is refused saying what to send."""
+    tq = "prov/sas-first-poll"
+    url = f"{server.api}/provisioners/prov/worker-types/sas-first-poll/workers"
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, Credentials(ROOT.client_id,
+                           ROOT.access_token), tq, "wg", "polling", max_idle_sleep=0.5)
+        assert await source.get(1, asyncio.Event()) == []
+    listing = await eventually(lambda: _get(http, url), lambda r: r["workers"],
+                               what="the polling SAS worker listed")
+    assert [w["workerId"] for w in listing["workers"]] == ["polling"]
+    async with http.get(f"{server.api}/poll-task-url/prov/sas-first-poll?workerGroup=wg") as r:
+        answer = await r.json()
+        assert r.status == 400, answer
+    assert "`workerGroup` ('wg') and `workerId` (None) go together" in answer["message"]

@@ -11,6 +11,7 @@ from typing import Any
 from azqueue import errors
 from azqueue.api.auth import require
 from azqueue.api.routing import Call, Route, Routes
+from azqueue.model.identifiers import IDENTIFIER
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.claims import TipClaim
 from azqueue.service.taskurls import MAX_WAIT
@@ -22,10 +23,12 @@ routes = Routes("Worker interface")
                 title="Get the task queue's poll URLs",
                 description=("SAS URLs of the task queue's Azure queues, for workers that poll"
                              " Azure directly (see [the SAS protocol](../workers/sas.md)); "
-                             "`pending=true&wait=<s>` waits for a visible tip"),
-                query=("pending", "wait"), long_poll=True,
+                             "`pending=true&wait=<s>` waits for a visible tip; "
+                             "`workerGroup=<g>&workerId=<w>` makes the worker known at once"),
+                query=("pending", "wait", "workerGroup", "workerId"), long_poll=True,
                 scopes="queue:poll-task-urls:<provisionerId>/<workerType>")
 async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> Any:
+    _polling_worker(call, f"{provisioner_id}/{worker_type}")
     pending = call.query("pending") or "false"
     if pending not in ("true", "false"):
         raise errors.InputError(f"query parameter `pending` is {pending!r}; use true (also say "
@@ -41,6 +44,22 @@ async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> A
                                 "with pending=true")
     return await call.services.task_urls.poll_task_urls(provisioner_id, worker_type,
                                                         pending == "true", wait)
+
+
+def _polling_worker(call: Call, task_queue_id: str) -> None:
+    """A worker that names itself (``workerGroup`` and ``workerId``, which it must be
+    allowed to act as) is recorded as asking the task queue for work, as claimWork's
+    callers are: listWorkers shows it before its first claim."""
+    worker_group, worker_id = call.query("workerGroup"), call.query("workerId")
+    if worker_group is None and worker_id is None:
+        return
+    if not (worker_group and worker_id and IDENTIFIER.match(worker_group)
+            and IDENTIFIER.match(worker_id)):
+        raise errors.InputError(f"query parameters `workerGroup` ({worker_group!r}) and "
+                                f"`workerId` ({worker_id!r}) go together, each 1-38 letters, "
+                                "digits, - or _; or leave both out")
+    require(call.caller, f"queue:worker-id:{worker_group}/{worker_id}")
+    call.services.workers.worker_active(task_queue_id, worker_group, worker_id)
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask",
