@@ -13,9 +13,10 @@ from azqueue.worker.errors import (
     TaskFailed,
     WorkerError,
 )
-from azqueue.worker.run import TaskRun
+from azqueue.worker.livelog import LiveLog
+from azqueue.worker.run import RunLog, TaskRun
 from azqueue.worker.worker import Worker, WorkerState
 
-__all__ = ["Credentials", "IntermittentTask", "MalformedPayload", "QueueRefused", "RequestFailed",
-           "ResourceUnavailable", "TaskFailed", "TaskRun", "Worker", "WorkerConfig",
-           "WorkerError", "WorkerState"]
+__all__ = ["Credentials", "IntermittentTask", "LiveLog", "MalformedPayload", "QueueRefused",
+           "RequestFailed", "ResourceUnavailable", "RunLog", "TaskFailed", "TaskRun", "Worker",
+           "WorkerConfig", "WorkerError", "WorkerState"]

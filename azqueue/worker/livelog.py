@@ -31,7 +31,11 @@ Failures while the command runs, once the retries of one append are used up, are
 as warnings and tried again at the next tick: a run never fails because one append
 failed. ``close()`` appends the rest and raises ``LogNotWritten`` (the run then ends
 ``intermittent-task``) if the log cannot be written whole then. ``append()`` adds bytes
-that are in no file (the reason a run failed, ``azqueue.worker.runlog``) after the rest.
+that are in no file (the reason a run failed, ``TaskRun.end_log``) after the rest.
+
+A handler streams a file of its own this way (``LiveLog(run, LOG_ARTIFACT, fd,
+content_type)``, as ``azqueue.worker.shell`` does), or writes ``run.log``, which
+``HandlerLog`` streams alike.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from datetime import UTC, datetime, timedelta
 
 from azqueue.worker import client, retry
 from azqueue.worker.errors import LogNotWritten, RequestFailed
-from azqueue.worker.run import TaskRun
+from azqueue.worker.run import LOG_ARTIFACT, LOG_CONTENT_TYPE, TaskRun
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +59,8 @@ FINISH_EVERY = timedelta(minutes=1)
 # The pauses between the last tries to append the rest of a log, once the command ended.
 FINAL_PAUSES = (1.0, 3.0)
 
-__all__ = ["LiveLog", "LogNotWritten"]
+__all__ = ["HandlerLog", "LiveLog", "LogNotWritten"]
+
 
 class LiveLog:
     """Streams the file open as ``fd`` to the artifact ``name`` of ``run`` (see the module
@@ -219,3 +224,44 @@ class LiveLog:
         if answer.status in (401, 403):
             self._expires = datetime.min.replace(tzinfo=UTC)  # ask for a fresh putUrl
         raise self._fail(f"{what} answered {answer.status}: {answer.code}", final)
+
+
+class HandlerLog:
+    """Streams what a handler writes to ``run.log`` (``azqueue.worker.run.RunLog``) to the
+    run's ``LOG_ARTIFACT`` with a ``LiveLog``, from the first write on (made on the
+    worker's loop, whatever thread wrote); ``close()`` appends the rest once the handler
+    is over. A log that cannot be written is a warning: the run's outcome stands."""
+
+    def __init__(self, run: TaskRun) -> None:
+        self.run = run
+        self._live: LiveLog | None = None
+        self._follower: asyncio.Future[None] | None = None
+        loop = asyncio.get_running_loop()
+
+        def first_write() -> None:
+            loop.call_soon_threadsafe(self._begin)
+
+        run.log.on_first_write = first_write
+
+    def _begin(self) -> None:
+        fd = self.run.log.fileno()
+        if self._live is not None or fd is None:
+            return
+        self._live = LiveLog(self.run, LOG_ARTIFACT, fd, LOG_CONTENT_TYPE)
+        self._follower = asyncio.ensure_future(self._follow(self._live))
+
+    async def _follow(self, live: LiveLog) -> None:
+        await live.start()
+        await live.follow(self.run.log_interval)
+
+    async def close(self) -> None:
+        """Append what is left; the reason the run ended goes after it (``end_log``)."""
+        self._begin()  # a first write whose call to _begin has not come yet
+        if self._live is None or self._follower is None:
+            return
+        self._live.stop()
+        await self._follower
+        try:
+            await self._live.close()
+        except LogNotWritten as e:
+            log.warning("task %s/%d: %s", self.run.task_id, self.run.run_id, e)

@@ -1,17 +1,22 @@
-"""One claimed run, as a task handler sees it (``TaskRun``), and the handler's type.
+"""One claimed run, as a task handler sees it (``TaskRun``), its log (``RunLog``), and the
+handler's type.
 
-The reason a run failed or ended in an exception is written at the end of its log, the
-artifact ``LOG_ARTIFACT`` that the dashboard shows, as Taskcluster's workers do
-(``TaskRun.end_log``): appended to the live log the handler streamed
-(``azqueue.worker.livelog``), or else uploaded as that artifact, a text of its own."""
+The run's log is the artifact ``LOG_ARTIFACT`` that the dashboard shows, and the SDK owns
+it: a handler writes to it with ``run.log`` (streamed by the worker from the first write
+on), or streams a file of its own there with ``azqueue.worker.livelog.LiveLog``;
+``upload_artifact`` refuses its name. The reason a run failed or ended in an exception is
+written at its end, as Taskcluster's workers do (``TaskRun.end_log``): appended to the
+live log, or else uploaded as that artifact, a text of its own."""
 
 from __future__ import annotations
 
 import inspect
 import io
 import logging
+import tempfile
+import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, BinaryIO
 
@@ -30,6 +35,45 @@ LOG_CONTENT_TYPE = "text/plain; charset=utf-8"
 NOT_WRITTEN: tuple[type[Exception], ...] = (WorkerError, *client.EXPECTED)
 
 
+class RunLog:
+    """The run's log (``LOG_ARTIFACT``) as a handler writes it: ``write(text)``, str or
+    bytes, from any thread, so ``print(..., file=run.log)`` works too. What is written
+    goes to a temporary file that the worker streams to the artifact every
+    ``log_interval`` seconds from the first write on (a run that writes nothing costs no
+    request), the rest once the handler is over, and after it the reason the run failed.
+    ``on_first_write`` is the worker's: called, from the writing thread, once."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._file: Any = None
+        self.on_first_write: Callable[[], None] | None = None
+
+    def write(self, text: str | bytes) -> int:
+        data = text.encode() if isinstance(text, str) else bytes(text)
+        with self._lock:
+            first = self._file is None
+            if first:
+                self._file = tempfile.TemporaryFile()
+            self._file.write(data)
+            self._file.flush()  # the worker reads the file by its descriptor
+        if first and self.on_first_write is not None:
+            self.on_first_write()
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing to do: ``write`` hands every byte to the file at once."""
+
+    def fileno(self) -> int | None:
+        """The file's descriptor, None until something was written."""
+        with self._lock:
+            return None if self._file is None else int(self._file.fileno())
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+
+
 @dataclass(slots=True)
 class TaskRun:
     """One claimed run, as a handler sees it.
@@ -40,8 +84,9 @@ class TaskRun:
     is the worker's (seconds between appends to a live log). ``lost`` becomes
     True when the run is no longer this worker's (a reclaim answered 409, or its status
     shows it resolved by someone else; ``lost_because`` says which): the handler is
-    then cancelled. ``log_appender`` appends bytes to the live log the handler streams
-    (set by ``azqueue.worker.livelog.LiveLog``), None if it streams none.
+    then cancelled. ``log`` is the run's log (``RunLog``: ``run.log.write("...")``).
+    ``log_appender`` appends bytes to the live log being streamed (set by
+    ``azqueue.worker.livelog.LiveLog``), None if none is.
     """
 
     task_id: str
@@ -56,6 +101,7 @@ class TaskRun:
     lost_because: str = ""
     canceled: bool = False  # lost because the task was canceled (cancelTask)
     log_appender: Callable[[bytes], Awaitable[None]] | None = None
+    log: RunLog = field(default_factory=RunLog)
 
     def lose(self, because: str, canceled: bool = False) -> None:
         self.lost, self.lost_because, self.canceled = True, because, canceled
@@ -80,7 +126,17 @@ class TaskRun:
         out: the PUT is sent again from the start of ``data`` with a bounded backoff
         (``azqueue.worker.retry``), and the queue's calls are retried by its client.
         ``RequestFailed`` (the run then ends ``intermittent-task``) says what was tried
-        once the retries are used up."""
+        once the retries are used up.
+
+        ``LOG_ARTIFACT`` is refused (ValueError): that log is the SDK's, which writes
+        the reason a run failed at its end; write to it with ``run.log``."""
+        if name == LOG_ARTIFACT:
+            raise ValueError(f"{LOG_ARTIFACT} is the run's log, which the worker writes (and "
+                             "the reason a run failed at its end): write to it with "
+                             "run.log.write(...), or upload your own log under another name")
+        await self._upload(name, data, content_type)
+
+    async def _upload(self, name: str, data: bytes | BinaryIO, content_type: str) -> None:
         body: Callable[[], object]
         if isinstance(data, bytes | bytearray | memoryview):
             payload = bytes(data)
@@ -104,7 +160,7 @@ class TaskRun:
             if self.log_appender is not None:
                 await self.log_appender(data)
             else:
-                await self.upload_artifact(LOG_ARTIFACT, data, LOG_CONTENT_TYPE)
+                await self._upload(LOG_ARTIFACT, data, LOG_CONTENT_TYPE)
         except NOT_WRITTEN as e:
             log.warning("task %s/%d: could not write why it ended to %s: %s", self.task_id,
                         self.run_id, LOG_ARTIFACT, client.describe(e))

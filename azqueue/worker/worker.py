@@ -51,6 +51,7 @@ from azqueue.worker import client, errors
 from azqueue.worker.claimwork import ClaimWorkSource
 from azqueue.worker.client import Credentials
 from azqueue.worker.config import WorkerConfig
+from azqueue.worker.livelog import HandlerLog
 from azqueue.worker.run import Handler, TaskRun, check_handler
 from azqueue.worker.sas import SasSource
 
@@ -247,7 +248,7 @@ class Worker:
                       log_interval=self.config.log_interval)
         log.info("task %s/%d: claimed (%s)", run.task_id, run.run_id,
                  str(run.task.get("metadata", {}).get("name", ""))[:80])
-        task = asyncio.ensure_future(self._run(run))
+        task = asyncio.ensure_future(self._run(run, HandlerLog(run)))
         self._running[task] = run
         task.add_done_callback(lambda t: self._running.pop(t, None))
 
@@ -256,7 +257,7 @@ class Worker:
         returns a coroutine, is the run's outcome."""
         await self.handler(run)
 
-    async def _run(self, run: TaskRun) -> None:
+    async def _run(self, run: TaskRun, handler_log: HandlerLog) -> None:
         handler = asyncio.ensure_future(self._call(run))
         reclaimer = asyncio.ensure_future(self._reclaim(run, handler))
         watcher = asyncio.ensure_future(self._watch(run, handler))
@@ -273,6 +274,7 @@ class Worker:
                 if run.lost:
                     log.warning("task %s/%d: %s; stopped it, no report", run.task_id,
                                 run.run_id, run.lost_because)
+                    await _close_log(run, handler_log)
                     if run.canceled:
                         await run.end_log(CANCELED)
                     return
@@ -300,7 +302,8 @@ class Worker:
             try:
                 if outcome is not None and not run.lost:
                     # A forced stop must not cancel a report that is already due.
-                    report = asyncio.ensure_future(self._end(run, why, *outcome))
+                    report = asyncio.ensure_future(self._end(run, handler_log, why,
+                                                             *outcome))
                     try:
                         await asyncio.shield(report)
                     except asyncio.CancelledError:
@@ -309,9 +312,13 @@ class Worker:
             finally:
                 await _cancel(reclaimer, f"task {run.task_id}/{run.run_id}: reclaiming")
                 await _cancel(watcher, f"task {run.task_id}/{run.run_id}: watching")
+                run.log.close()
 
-    async def _end(self, run: TaskRun, why: str, state: str, reason: str) -> None:
-        """Write why the run ended at the end of its log, then report it."""
+    async def _end(self, run: TaskRun, handler_log: HandlerLog, why: str, state: str,
+                   reason: str) -> None:
+        """Append the rest of what the handler wrote to its log, and why the run ended
+        after it, then report it."""
+        await _close_log(run, handler_log)
         if why:
             try:
                 await run.end_log(f"the run ended {why}")
@@ -415,3 +422,13 @@ async def _cancel(task: asyncio.Future[None], what: str) -> None:
     await asyncio.wait({task})
     if not task.cancelled() and task.exception() is not None:
         log.error("%s failed while being cancelled", what, exc_info=task.exception())
+
+
+async def _close_log(run: TaskRun, handler_log: HandlerLog) -> None:
+    """Append the rest of what the handler wrote to ``run.log``; a bug in doing so is
+    logged, and the run reported all the same."""
+    try:
+        await handler_log.close()
+    except Exception:
+        log.error("task %s/%d: writing the handler's log failed unexpectedly", run.task_id,
+                  run.run_id, exc_info=True)

@@ -5,6 +5,7 @@ the end of its log."""
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import io
 from collections.abc import Callable
@@ -162,3 +163,49 @@ async def test_an_upload_that_keeps_failing_ends_the_run_intermittent_saying_wha
     assert (f"the run ended exception (intermittent-task): uploading "
             f"public/result.txt: {retry.ATTEMPTS} attempts in ") in log, log
     assert "all failed: 503 ServerBusy; 503 ServerBusy" in log, log
+
+
+async def test_what_a_handler_writes_to_run_log_comes_before_the_reason_it_failed(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """`run.log` is the run's public/logs/live.log: what the handler writes there (also
+    from another thread, and with print) is in it, then the reason the run failed; a run
+    that completes keeps its lines; one that writes nothing has no log."""
+    failing = await create(http, server.api, definition("prov/run-log", payload={"n": 1}))
+    done = await create(http, server.api, definition("prov/run-log", payload={"n": 2}))
+    quiet = await create(http, server.api, definition("prov/run-log", payload={"n": 3}))
+
+    async def handler(run: TaskRun) -> None:
+        if run.payload["n"] == 3:
+            return
+        run.log.write("compiling\n")
+        await asyncio.to_thread(print, "linking", file=run.log)
+        if run.payload["n"] == 1:
+            raise TaskFailed("the linker failed")
+
+    async with running(Worker(config(server, "prov/run-log", "logs"), handler)):
+        for task_id, state in ((failing, "failed"), (done, "completed"), (quiet, "completed")):
+            await wait_status(http, server, task_id, _ended(state))
+    assert await log_of(http, server, failing, 0) == (
+        "compiling\nlinking\n\n[azqueue] the run ended failed: the linker failed\n")
+    assert await log_of(http, server, done, 0) == "compiling\nlinking\n"
+    async with http.get(f"{server.api}/task/{quiet}/runs/0/artifacts") as r:
+        assert (await r.json())["artifacts"] == []
+
+
+async def test_a_handler_cannot_upload_the_runs_log_and_hide_why_it_failed(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    """public/logs/live.log is the SDK's: upload_artifact refuses it, saying what to use,
+    and the run's log says so."""
+    task_id = await create(http, server.api, definition("prov/own-log"))
+
+    async def handler(run: TaskRun) -> None:
+        await run.upload_artifact("public/logs/live.log", b"my own log\n", "text/plain")
+
+    async with running(Worker(config(server, "prov/own-log", "own"), handler)):
+        await wait_status(http, server, task_id, _ended("exception", "internal-error"))
+    log = await log_of(http, server, task_id, 0)
+    assert "my own log" not in log
+    assert log.endswith("the run ended exception (internal-error): ValueError: "
+                        "public/logs/live.log is the run's log, which the worker writes (and "
+                        "the reason a run failed at its end): write to it with "
+                        "run.log.write(...), or upload your own log under another name\n"), log
