@@ -117,7 +117,7 @@ def install_into_cache(pin: AzuritePin, env: Mapping[str, str] = os.environ,
         if binary.exists():
             return binary
         announce(f"installing Azurite {pin.version} (the storage emulator azqueue runs on) "
-                 f"with npm into {target}, once for this user; it takes a few seconds")
+                 f"with npm into {target}, once for this user; npm takes 20 s to a minute")
         staging = Path(tempfile.mkdtemp(prefix=f".azurite-{pin.version}-", dir=target.parent))
         try:
             for name, content in pin.files.items():
@@ -140,7 +140,7 @@ def _installed(folder: Path, announce: Callable[[str], None]) -> Path:
     npm = shutil.which("npm")
     if npm is None:
         raise ConfigError("Azurite needs Node.js and npm (Node 20 or newer); install them first")
-    announce(f"installing Azurite with npm into {folder}; it takes a few seconds")
+    announce(f"installing Azurite with npm into {folder}; npm takes 20 s to a minute")
     subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=folder,
                    check=True)
     return binary

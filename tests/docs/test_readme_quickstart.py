@@ -140,6 +140,8 @@ async def test_readme_quickstart_completes_its_tasks_and_shows_their_logs(
                     f"{process.returncode}): {process.communicate()[0]}")
         cli, python = outputs[0], outputs[1]
         assert "hello from the CLI" in cli, cli
+        assert re.search(r"^\[azqueue\] running \['echo', 'hello', 'from', 'the', 'CLI'\]",
+                         cli, re.M), cli  # README: the worker's [azqueue] lines too
         assert re.search(r"^\S+ completed$", python, re.M), python
         assert "hello from Python" in python, python
         async with aiohttp.ClientSession() as http:
