@@ -104,8 +104,9 @@ class Dev:
 async def test_readme_quickstart_completes_its_tasks_and_shows_their_logs(
         tmp_path: Path) -> None:
     """Every block of README's quickstart works as written: the worker runs, the CLI's task
-    and the Python client's task complete, and their logs print what the commands said;
-    the dashboard answers at the rootUrl."""
+    and the Python client's task complete, and their logs print what the commands said
+    (after the worker's own lines); `task create` does not warn that no worker asks for
+    work once the worker said it runs; the dashboard answers at the rootUrl."""
     blocks = quickstart_blocks(README.read_text())
     work = tmp_path / "checkout"
     work.mkdir()
@@ -125,6 +126,10 @@ async def test_readme_quickstart_completes_its_tasks_and_shows_their_logs(
                 background.append(subprocess.Popen(
                     ["bash", "-e", "-c", block.body], cwd=work, env=env, text=True,
                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True))
+                # The reader goes on once the worker says it runs (its first line).
+                said = await asyncio.wait_for(asyncio.to_thread(
+                    background[-1].stdout.readline), BANNER_TIMEOUT)  # type: ignore[union-attr]
+                assert said.startswith("azqueue worker "), said
             else:
                 assert block.kind == "run", f"unknown quickstart mark {block.kind!r}"
                 done = await asyncio.to_thread(
@@ -134,6 +139,8 @@ async def test_readme_quickstart_completes_its_tasks_and_shows_their_logs(
                     f"README quickstart block failed (exit {done.returncode}):\n{block.body}\n"
                     f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}")
                 outputs.append(done.stdout)
+                # The worker asks for work: no warning that none does.
+                assert "no worker has asked" not in done.stderr, done.stderr
             for process in background:
                 assert process.poll() is None, (
                     f"a background block of README's quickstart ended (exit "
