@@ -126,7 +126,9 @@ async def _drive(server: Server) -> None:
     assert task_queue["lastDateActive"] >= iso(now - timedelta(seconds=5))
 
     workers = check("list-workers-response", await eventually(
-        lambda: q.listWorkers("prov-wm", "wt-a"), lambda r: r["workers"], what="w1 listed"))
+        lambda: q.listWorkers("prov-wm", "wt-a"),
+        lambda r: r["workers"] and "latestTask" in r["workers"][0],
+        what="w1 listed with its claim"))
     assert workers["workers"] == [{"workerGroup": "wg", "workerId": "w1",
                                    "firstClaim": workers["workers"][0]["firstClaim"],
                                    "latestTask": {"taskId": high[0], "runId": 0}}]

@@ -15,8 +15,10 @@ from tests.waiting import eventually, stays
 
 
 async def recorded_worker(http: aiohttp.ClientSession, server: Server, task_queue_id: str,
-                          worker_id: str) -> dict[str, Any]:
-    """The worker as getWorker answers it, once recorded (just after claimWork answers)."""
+                          worker_id: str, task_id: str | None = None) -> dict[str, Any]:
+    """The worker as getWorker answers it, once recorded (as its first claimWork call
+    begins), and with ``task_id`` among its recent tasks if given (written as claimWork
+    answers)."""
     provisioner_id, worker_type = task_queue_id.split("/", 1)
     url = (f"{server.api}/provisioners/{provisioner_id}/worker-types/{worker_type}/workers/"
            f"wg/{worker_id}")
@@ -27,6 +29,9 @@ async def recorded_worker(http: aiohttp.ClientSession, server: Server, task_queu
                 return None
             assert r.status == 200, await r.text()
             found: dict[str, Any] = await r.json()
+            if task_id is not None and {"taskId": task_id, "runId": 0} not in found[
+                    "recentTasks"]:
+                return None
             return found
 
     worker = await eventually(get, lambda found: found is not None,
@@ -92,7 +97,7 @@ async def test_workers_are_recorded_with_their_recent_tasks(
     server = await make_server()
     task_id = await create(http, server.api, definition("prov/record"))
     await claim_work(http, server, "prov/record", worker_id="rec")
-    worker = await recorded_worker(http, server, "prov/record", "rec")
+    worker = await recorded_worker(http, server, "prov/record", "rec", task_id)
     assert worker["firstClaim"]
     assert {"taskId": task_id, "runId": 0} in worker["recentTasks"]
 
