@@ -9,6 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import taskcluster
 
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
@@ -297,3 +298,15 @@ async def test_an_sdk_sas_worker_is_listed_from_its_first_poll_before_any_claim(
         answer = await r.json()
         assert r.status == 400, answer
     assert "`workerGroup` ('wg') and `workerId` (None) go together" in answer["message"]
+    # Credentials that may poll but not act as the worker they name are served their URLs
+    # and record no worker.
+    now = datetime.now(UTC)
+    poll_only = taskcluster.createTemporaryCredentials(
+        ROOT.client_id, ROOT.access_token, now - timedelta(minutes=1), now + timedelta(hours=1),
+        [f"queue:poll-task-urls:{tq}"])
+    async with aiohttp.ClientSession() as session:
+        source = SasSource(session, server.root_url, Credentials(
+            poll_only["clientId"], poll_only["accessToken"], poll_only["certificate"]),
+            tq, "wg", "impostor", max_idle_sleep=0.5)
+        assert await source.get(1, asyncio.Event()) == []
+    assert [w["workerId"] for w in (await _get(http, url))["workers"]] == ["polling"]

@@ -11,6 +11,7 @@ from typing import Any
 from azqueue import errors
 from azqueue.api.auth import require
 from azqueue.api.routing import Call, Route, Routes
+from azqueue.model import scopes
 from azqueue.model.identifiers import IDENTIFIER
 from azqueue.model.task import ReasonResolved, RunState, Task
 from azqueue.service.claims import TipClaim
@@ -47,9 +48,11 @@ async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> A
 
 
 def _polling_worker(call: Call, task_queue_id: str) -> None:
-    """A worker that names itself (``workerGroup`` and ``workerId``, which it must be
-    allowed to act as) is recorded as asking the task queue for work, as claimWork's
-    callers are: listWorkers shows it before its first claim."""
+    """A worker that names itself (``workerGroup`` and ``workerId``) is recorded as asking
+    the task queue for work, as claimWork's callers are, so listWorkers shows it before its
+    first claim; only if it may act as that worker (its worker-id scope). Without that
+    scope it is served its URLs all the same and recorded by nothing: a poll-only client
+    polls as before, and the claims it cannot make say what it lacks."""
     worker_group, worker_id = call.query("workerGroup"), call.query("workerId")
     if worker_group is None and worker_id is None:
         return
@@ -58,8 +61,8 @@ def _polling_worker(call: Call, task_queue_id: str) -> None:
         raise errors.InputError(f"query parameters `workerGroup` ({worker_group!r}) and "
                                 f"`workerId` ({worker_id!r}) go together, each 1-38 letters, "
                                 "digits, - or _; or leave both out")
-    require(call.caller, f"queue:worker-id:{worker_group}/{worker_id}")
-    call.services.workers.worker_active(task_queue_id, worker_group, worker_id)
+    if scopes.satisfies(call.caller.scopes, f"queue:worker-id:{worker_group}/{worker_id}"):
+        call.services.workers.worker_active(task_queue_id, worker_group, worker_id)
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/claim", "claimTask",
