@@ -2,7 +2,8 @@
 
 As in Taskcluster, taskIds that name no task are left out (the caller compares), a
 taskId asked for twice is answered once, and the answer is paged: at most ``limit``
-of the given taskIds are read per call, in the order given, and ``continuationToken``
+of the given taskIds are read per call, in the order given (fewer once the page holds
+``paging.MAX_PAGE_BYTES``), and ``continuationToken``
 (sent again with the same body) says where the next call starts. Each taskId read is one
 storage request, made a few at a time.
 """
@@ -16,7 +17,6 @@ from typing import Any
 from azqueue import errors
 from azqueue.model.task import Task
 from azqueue.service import paging
-from azqueue.service.dependencies import gather_limited
 from azqueue.storage.tasks import TaskStore
 
 
@@ -43,7 +43,11 @@ class BatchReads:
         unique = list(dict.fromkeys(task_ids))
         start = _start(continuation)
         page = unique[start:start + limit]
-        found = await gather_limited(self.tasks.find(t) for t in page if valid(t))
-        end = start + len(page)
+        async def read(task_id: str) -> dict[str, Any] | None:
+            task = await self.tasks.find(task_id) if valid(task_id) else None
+            return None if task is None else answer(task)
+
+        found, read_ids = await paging.read_fitting(page, read)
+        end = start + read_ids
         token = paging.token(str(end)) if end < len(unique) else None
-        return [answer(t) for t in found if t is not None], token
+        return found, token

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import datetime
 from typing import Any
 
@@ -151,6 +152,7 @@ class TaskQueueCounts:
         tasks; one may hold fewer tasks than that (stale tips) and still a token."""
         start_rank, after = _pending_position(paging.after(continuation))
         listed: list[dict[str, Any]] = []
+        size = 0  # of the entries listed, as JSON
         seen: set[tuple[str, int]] = set()
         for priority in ORDER[start_rank:]:
             peeked = await self.queues.peek(
@@ -165,18 +167,28 @@ class TaskQueueCounts:
                         candidates.append((message, tip))
             more = len(candidates) > limit - len(listed)
             candidates = candidates[:limit - len(listed)]
-            tasks = await gather_limited(self.tasks.find(tip[0]) for _, tip in candidates)
-            for (message, (task_id, run_id)), task in zip(candidates, tasks):
-                if task is not None and _in_state(task, run_id, RunState.PENDING) and \
-                        task.task_queue_id == task_queue_id:
-                    listed.append({"taskId": task_id, "runId": run_id,
-                                   "task": dict(task.definition),
-                                   "inserted": timeutil.fmt(message.inserted)})
+            found, read = await paging.read_fitting(
+                candidates, partial(self._pending_entry, task_queue_id),
+                paging.MAX_PAGE_BYTES - size)
+            listed += found
+            size += sum(map(paging.json_size, found))
+            if read < len(candidates):
+                more, candidates = True, candidates[:read]
             if more or len(listed) >= limit:
                 last = candidates[-1][0]
                 return {"tasks": listed, "continuationToken": paging.token(
                     f"{priority.rank}|{timeutil.fmt(last.inserted)}|{last.message_id}")}
         return {"tasks": listed}
+
+    async def _pending_entry(self, task_queue_id: str, candidate: tuple[Peeked, tuple[str, int]]
+                             ) -> dict[str, Any] | None:
+        message, (task_id, run_id) = candidate
+        task = await self.tasks.find(task_id)
+        if task is None or not _in_state(task, run_id, RunState.PENDING) or \
+                task.task_queue_id != task_queue_id:
+            return None
+        return {"taskId": task_id, "runId": run_id, "task": dict(task.definition),
+                "inserted": timeutil.fmt(message.inserted)}
 
     async def list_claimed(self, task_queue_id: str, continuation: str | None,
                            limit: int) -> dict[str, Any]:
@@ -188,18 +200,22 @@ class TaskQueueCounts:
         if after is not None:
             rows = [r for r in rows if _claim_key(*r) > after]
         page = rows[:limit]
-        tasks = await gather_limited(self.tasks.find(task_id) for task_id, _ in page)
-        listed: list[dict[str, Any]] = []
-        for (task_id, run_id), task in zip(page, tasks):
+
+        async def read(row: tuple[str, int]) -> dict[str, Any] | None:
+            task_id, run_id = row
+            task = await self.tasks.find(task_id)
             if task is None or not _in_state(task, run_id, RunState.RUNNING):
-                continue
+                return None
             run = task.runs[run_id]
-            listed.append({"taskId": task_id, "runId": run_id,
-                           "workerGroup": run.worker_group or "", "workerId": run.worker_id or "",
-                           "claimed": timeutil.fmt(run.started or run.scheduled),
-                           "task": dict(task.definition)})
-        if len(rows) > limit:
-            return {"tasks": listed, "continuationToken": paging.token(_claim_key(*page[-1]))}
+            return {"taskId": task_id, "runId": run_id,
+                    "workerGroup": run.worker_group or "", "workerId": run.worker_id or "",
+                    "claimed": timeutil.fmt(run.started or run.scheduled),
+                    "task": dict(task.definition)}
+
+        listed, read_rows = await paging.read_fitting(page, read)
+        if len(rows) > read_rows:
+            return {"tasks": listed,
+                    "continuationToken": paging.token(_claim_key(*page[read_rows - 1]))}
         return {"tasks": listed}
 
 

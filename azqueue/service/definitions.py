@@ -239,20 +239,27 @@ class Definitions:
             if len(page) > limit:
                 page = page[:limit]
                 last = page[-1]
-        tasks = await self._definitions_and_statuses(
+        tasks, read = await self._definitions_and_statuses(
             page, lambda t: t.definition["taskGroupId"] == task_group_id)
+        if read < len(page):
+            last = page[read - 1]
         if not rows and not tasks and after is None:
             raise errors.NotFound(f"task group {task_group_id} has no tasks (or does not exist)")
         return {"taskGroupId": task_group_id, "tasks": tasks,
                 **({"continuationToken": paging.token(last)} if last is not None else {})}
 
     async def _definitions_and_statuses(self, task_ids: list[str], belongs: Callable[[Task], bool]
-                                        ) -> list[dict[str, Any]]:
+                                        ) -> tuple[list[dict[str, Any]], int]:
         """``{status, task}`` of each task that exists and ``belongs`` (a row may outlive a
-        createTask that died, or be left by a refused one)."""
-        found = await gather_limited(self.tasks.find(t) for t in task_ids)
-        return [{"status": t.status(), "task": dict(t.definition)}
-                for t in found if t is not None and belongs(t)]
+        createTask that died, or be left by a refused one), for as many of ``task_ids`` as
+        a page holds (``paging.read_fitting``); and how many those are."""
+        async def read(task_id: str) -> dict[str, Any] | None:
+            t = await self.tasks.find(task_id)
+            if t is None or not belongs(t):
+                return None
+            return {"status": t.status(), "task": dict(t.definition)}
+
+        return await paging.read_fitting(task_ids, read)
 
     async def list_dependents(self, task_id: str, continuation: str | None,
                               limit: int) -> dict[str, Any]:
@@ -260,9 +267,11 @@ class Definitions:
         await self.tasks.get(task_id)
         page, last = await self.dependencies.dependents.page(task_id, paging.after(continuation),
                                                               limit)
-        return {"taskId": task_id,
-                "tasks": await self._definitions_and_statuses(
-                    page, lambda t: task_id in t.dependencies),
+        tasks, read = await self._definitions_and_statuses(
+            page, lambda t: task_id in t.dependencies)
+        if read < len(page):
+            last = page[read - 1]
+        return {"taskId": task_id, "tasks": tasks,
                 **({"continuationToken": paging.token(last)} if last is not None else {})}
 
     async def definition(self, task_id: str) -> dict[str, Any]:
