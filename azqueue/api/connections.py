@@ -16,6 +16,14 @@ connections until the process runs out of file descriptors. So:
   upload receiver reads its bodies itself, cut off only when nothing arrives for
   ``upload_read_timeout`` seconds (``service/uploads.py``): an upload of gigabytes that
   keeps sending is never cut.
+* **Answers**: an answer is written while the client reads it. Once more than
+  ``HIGH_WATER`` bytes of it wait unsent (the socket's buffers full), the client must
+  read enough of them to bring that under ``LOW_WATER`` within ``send_timeout``
+  seconds, or the connection is dropped with the rest of the answer
+  (``_Counted.pause_writing``): a client that stops reading, or sends pipelined requests
+  it never reads the answers of, holds neither memory nor a connection for longer. The
+  listings bound each page by bytes as well as by count (``service.paging``), so that
+  what one answer holds is small.
 * **How many**: ``ListeningSite`` answers a connection beyond ``max_connections`` open at
   once in this process with a 503 (``Retry-After``) and closes it, before reading
   anything of it; the log says so, once a minute at most while it goes on.
@@ -47,6 +55,10 @@ RETRY_AFTER = 1  # seconds, in the 503 of a connection over the cap
 REFUSED_LINGER = 1.0  # seconds a refused connection stays open for its peer to read
 LOG_EVERY = 60.0  # seconds between two log lines about refused connections
 BODY_TIMEOUT_KEY = web.AppKey("body_timeout", float)
+# Bytes of an answer waiting unsent above which a connection's writes pause (and the send
+# timer runs), and under which they resume (asyncio's defaults, stated for the docs).
+HIGH_WATER = 64 * 1024
+LOW_WATER = 16 * 1024
 
 
 def _options(settings: Settings) -> dict[str, Any]:
@@ -108,15 +120,46 @@ class _Refused(asyncio.Protocol):
 class _Counted(RequestHandler):
     """aiohttp's handler of one connection, counted by its site while it is open, and
     closed when a request's headers, once begun, are not complete within the header
-    timeout. (It reads two attributes of aiohttp's handler: ``_waiter``, set while the
+    timeout, or dropped when its client leaves an answer unread for the send timeout.
+    (It reads two attributes of aiohttp's handler: ``_waiter``, set while the
     connection waits for a request, and ``_request_count``, the requests parsed.)"""
 
     def __init__(self, site: ListeningSite, manager: web.Server, header_timeout: float,
-                 **options: Any) -> None:
+                 send_timeout: float, **options: Any) -> None:
         super().__init__(manager, **options)
         self._site = site
         self._header_timeout = header_timeout
+        self._send_timeout = send_timeout
         self._headers_due: asyncio.TimerHandle | None = None
+        self._unread_due: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.WriteTransport)
+        transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
+
+    def pause_writing(self) -> None:
+        """The client has not read what was written; it has the send timeout to do so."""
+        super().pause_writing()
+        if self._unread_due is None:
+            self._unread_due = asyncio.get_running_loop().call_later(
+                self._send_timeout, self._drop_unread)
+
+    def resume_writing(self) -> None:
+        self._stop_send_timer()
+        super().resume_writing()
+
+    def _stop_send_timer(self) -> None:
+        if self._unread_due is not None:
+            self._unread_due.cancel()
+            self._unread_due = None
+
+    def _drop_unread(self) -> None:
+        """Abort, not close: a close would wait to send the unread rest first. The
+        handler writing the answer gets a ConnectionResetError and ends."""
+        self._unread_due = None
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         parsed = self._request_count
@@ -134,6 +177,7 @@ class _Counted(RequestHandler):
 
     def connection_lost(self, exc: BaseException | None) -> None:
         self._stop_header_timer()
+        self._stop_send_timer()
         super().connection_lost(exc)
         self._site.open -= 1
 
@@ -149,6 +193,7 @@ class ListeningSite(web.TCPSite):
         self.max_connections = settings.max_connections
         self._options = _options(settings)
         self._header_timeout = settings.header_timeout
+        self._send_timeout = settings.send_timeout
         self.open = 0
         self.refused = 0  # since the last log line
         self._logged = -LOG_EVERY
@@ -158,7 +203,7 @@ class ListeningSite(web.TCPSite):
         assert server is not None
         if self.open < self.max_connections:
             self.open += 1
-            return _Counted(self, server, self._header_timeout,
+            return _Counted(self, server, self._header_timeout, self._send_timeout,
                             loop=asyncio.get_running_loop(), **self._options)
         self.refused += 1
         now = time.monotonic()

@@ -94,12 +94,13 @@ class Settings:
     # Slow and half-open connections (azqueue.api.connections): a request's headers must
     # be complete within header_timeout of its first byte, an API request's body whole
     # within body_timeout of its headers; a connection that sends nothing of a request for
-    # idle_timeout (from its start or the answer before) is closed; at most
-    # max_connections connections are open at once in a process, further ones are
-    # answered 503 and closed.
+    # idle_timeout (from its start or the answer before) is closed; a client that leaves
+    # an answer unread for send_timeout is cut off; at most max_connections connections
+    # are open at once in a process, further ones are answered 503 and closed.
     header_timeout: float = 5.0
     idle_timeout: float = 60.0
     body_timeout: float = 10.0
+    send_timeout: float = 10.0
     max_connections: int = 1000
     # Test-only fault injection: exit the process right after a state change is stored,
     # before its events are published (AZQUEUE_TEST_CRASH_AFTER_COMMIT=1).
