@@ -37,7 +37,8 @@ request is a bug, answered 500 with an incident id and logged with its traceback
         ├── LengthRequired           411 LengthRequired        an upload without Content-Length
         ├── TooLarge                 413 InputTooLarge
         ├── ArtifactFailed           424 ArtifactError         an error artifact was asked for
-        └── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
+        ├── NotConfigured            503 NotConfigured         the deployment lacks what the request needs
+        └── Busy                     503 ServerBusy            this process takes no more of these now: try again
 
 Errors raised by the Azure SDK never leave ``azqueue.storage``: ``storage/errors.py``
 translates them into the ``StorageCondition``s and ``StorageError``; ``events/publisher.py``
@@ -214,6 +215,14 @@ class ArtifactFailed(QueueError):
 class NotConfigured(QueueError):
     code = "NotConfigured"
     status = 503
+
+
+class Busy(QueueError):
+    """This process holds as much of this kind of work as it takes; the answer carries
+    ``Retry-After: RETRY_AFTER``."""
+    code = "ServerBusy"
+    status = 503
+    RETRY_AFTER = 5  # seconds
 
 
 TRANSIENT: tuple[type[AzqueueError], ...] = (StorageError, BrokerError)

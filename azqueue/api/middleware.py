@@ -69,10 +69,13 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except errors.StorageError as e:
         return _incident(request, *STORAGE_FAILED, e)
     except errors.QueueError as e:
-        if e.status >= 500 and not isinstance(e, errors.NotConfigured):
-            # NotConfigured is the deployment's choice, announced at start-up: no incident.
+        if e.status >= 500 and not isinstance(e, (errors.NotConfigured, errors.Busy)):
+            # NotConfigured is the deployment's choice, announced at start-up, and Busy a
+            # bound it sets: no incident.
             return _incident(request, e.status, e.code, e)
         response = error_response(request, e.status, e.code, e.message)
+        if isinstance(e, errors.Busy):
+            response.headers["Retry-After"] = str(e.RETRY_AFTER)
         if isinstance(e, errors.SlowRequest):
             response.force_close()  # the rest of its body is not waited for
         return response

@@ -91,6 +91,9 @@ class Settings:
     # How long a PUT to an s3 artifact's putUrl may send nothing before it is cut off,
     # storing nothing (azqueue.service.uploads.READ_TIMEOUT).
     upload_read_timeout: float = 60.0
+    # What the PUTs to putUrls under way in a process may hold in all (MiB); one more is
+    # answered 503 (azqueue.service.uploads.MEMORY).
+    upload_memory_mib: int = 256
     # Slow and half-open connections (azqueue.api.connections): a request's headers must
     # be complete within header_timeout of its first byte, an API request's body whole
     # within body_timeout of its headers; a connection that sends nothing of a request for

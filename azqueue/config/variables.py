@@ -261,6 +261,11 @@ SETTINGS: tuple[Setting, ...] = (
             parse=_seconds, note="seconds a putUrl PUT may send nothing",
             meaning="seconds a PUT to an `s3` artifact's `putUrl` may send nothing before it is "
                     "answered 400 with nothing stored (see Uploading an `s3` artifact)"),
+    Setting("AZQUEUE_UPLOAD_MEMORY_MIB", "uploads", field="upload_memory_mib", parse=_count,
+            meaning="MiB the PUTs to `s3` artifacts' `putUrl`s under way in a process may hold "
+                    "in all (each its length up to 4 MiB, 20 MiB for a body over 4 MiB); a PUT that "
+                    "would take more is answered 503 `ServerBusy` with `Retry-After`, before "
+                    "its body is read (see Uploading an `s3` artifact)"),
     Setting("AZQUEUE_HEADER_TIMEOUT", "connections", field="header_timeout", parse=_seconds,
             meaning="seconds within which a request's headers must be complete, counted from "
                     f"their first byte; then the connection is closed (see {_CONNECTIONS})"),

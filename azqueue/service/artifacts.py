@@ -15,7 +15,7 @@ from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
 from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.service import paging
-from azqueue.service.uploads import READ_TIMEOUT, UploadReceiver
+from azqueue.service.uploads import MEMORY, READ_TIMEOUT, UploadReceiver
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore
@@ -46,10 +46,12 @@ class ArtifactService:
 
     def __init__(self, account: StorageAccount, tasks: TaskStore, signer: UploadSigner,
                  root_url: str, outbox: Outbox | None = None,
-                 upload_read_timeout: float = READ_TIMEOUT) -> None:
+                 upload_read_timeout: float = READ_TIMEOUT,
+                 upload_memory: int = MEMORY) -> None:
         """``signer`` signs the ``putUrl`` of s3 artifacts, which point at ``root_url``
         (the service's public root URL); a PUT to one that sends nothing for
-        ``upload_read_timeout`` seconds is cut off."""
+        ``upload_read_timeout`` seconds is cut off; the PUTs under way hold at most
+        ``upload_memory`` bytes in all."""
         self.tasks = tasks
         self.records = ArtifactStore(account, tasks.name)
         self.blobs = BlobStore(account)
@@ -57,7 +59,7 @@ class ArtifactService:
         self.signer = signer
         self.root_url = root_url
         self.uploads = UploadReceiver(tasks, self.records, self.blobs, signer,
-                                      upload_read_timeout)
+                                      upload_read_timeout, upload_memory)
 
     async def setup(self) -> None:
         await self.blobs.ensure()

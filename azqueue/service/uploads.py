@@ -21,13 +21,21 @@ Promises:
   other answers 409 having stored nothing.
 * Once the content is committed the artifact is marked present; a PUT of the same
   artifact again (a retry) replaces the content with its own, like S3.
+* One upload of an artifact at a time in a process: a PUT while another of the same
+  artifact is under way here is refused (409) before anything is read. (Replicas do not
+  know of each other's; of two on different replicas, the rule above decides.)
+* What the uploads of a process hold is bounded as a whole: each takes, before its
+  body is read, the buffers it may need (``footprint``) out of ``memory`` bytes, and gives
+  them back when it ends; a PUT that finds too few left is refused (503 ``Busy``, with
+  ``Retry-After``) before anything is read.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 from azqueue import errors
 from azqueue.model import timeutil
@@ -45,6 +53,16 @@ MAX_LENGTH = 50_000 * BLOCK_SIZE
 # Seconds a body may send nothing before the upload is cut off, storing nothing (the
 # default of AZQUEUE_UPLOAD_READ_TIMEOUT).
 READ_TIMEOUT = 60.0
+# The bytes a process's uploads may hold in all (the default of AZQUEUE_UPLOAD_MEMORY_MIB).
+MEMORY = 256 * 1024 * 1024
+
+
+def footprint(content_length: int) -> int:
+    """The bytes an upload of ``content_length`` may hold at once: the block it reads,
+    and the blocks in flight."""
+    if content_length <= BLOCK_SIZE:
+        return content_length
+    return (PARALLEL + 1) * BLOCK_SIZE
 
 Read = Callable[[int], Awaitable[bytes]]
 
@@ -57,12 +75,41 @@ class UploadReceiver:
     """Checks a PUT to a ``putUrl`` against its grant and streams its body into Blob storage."""
 
     def __init__(self, tasks: TaskStore, records: ArtifactStore, blobs: BlobStore,
-                 signer: UploadSigner, read_timeout: float = READ_TIMEOUT) -> None:
+                 signer: UploadSigner, read_timeout: float = READ_TIMEOUT,
+                 memory: int = MEMORY) -> None:
         self.tasks = tasks
         self.read_timeout = read_timeout
+        self.memory = memory
         self.records = records
         self.blobs = blobs
         self.signer = signer
+        self._under_way: set[tuple[str, int, str]] = set()
+        self.held = 0  # bytes the uploads under way took
+
+    @contextmanager
+    def _admitted(self, grant: UploadGrant, content_length: int) -> Iterator[None]:
+        """The upload's turn: Conflict if another of the artifact is under way here, Busy
+        if the uploads under way hold too much to take its ``footprint`` too."""
+        key = (grant.task_id, grant.run_id, grant.name)
+        if key in self._under_way:
+            raise errors.Conflict(
+                f"another upload of artifact {grant.name!r} of run {grant.run_id} of task "
+                f"{grant.task_id} is under way: one upload of an artifact at a time. Wait "
+                "for it to end (one that sends nothing is cut off after "
+                f"{self.read_timeout:g} s) and PUT again")
+        need = footprint(content_length)
+        if self.held + need > self.memory:
+            raise errors.Busy(
+                f"this server is receiving as many uploads as it holds buffers for "
+                f"({self.memory // (1024 * 1024)} MiB, AZQUEUE_UPLOAD_MEMORY_MIB); nothing was "
+                f"stored: PUT again in {errors.Busy.RETRY_AFTER} s")
+        self._under_way.add(key)
+        self.held += need
+        try:
+            yield
+        finally:
+            self._under_way.discard(key)
+            self.held -= need
 
     def check(self, grant: UploadGrant, signature: str, content_type: str | None,
               content_length: int | None) -> None:
@@ -95,7 +142,12 @@ class UploadReceiver:
     async def receive(self, grant: UploadGrant, content_length: int, read: Read) -> Artifact:
         """Store the body (``read(n)`` gives up to n more bytes, b"" at its end;
         ``content_length`` in all) as the artifact's content and mark it present.
-        InputError if the body is shorter or longer than that."""
+        InputError if the body is shorter or longer than that; Conflict or Busy
+        (``_admitted``) before anything is read."""
+        with self._admitted(grant, content_length):
+            return await self._receive(grant, content_length, read)
+
+    async def _receive(self, grant: UploadGrant, content_length: int, read: Read) -> Artifact:
         task, found = await asyncio.gather(
             self.tasks.get(grant.task_id),
             self.records.get(grant.task_id, grant.run_id, grant.name))
