@@ -6,6 +6,7 @@ declares them; the logic is in ``service.taskurls``, ``service.workclaimer``,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from azqueue import errors
@@ -18,6 +19,14 @@ from azqueue.service.claims import TipClaim
 from azqueue.service.taskurls import MAX_WAIT
 
 routes = Routes("Worker interface")
+
+
+def _connected(call: Call) -> Callable[[], bool]:
+    """Whether the caller of a long poll is still connected, to read its answer."""
+    def connected() -> bool:
+        transport = call.request.transport
+        return transport is not None and not transport.is_closing()
+    return connected
 
 
 @routes.declare("GET", "/poll-task-url/<provisionerId>/<workerType>", "pollTaskUrls",
@@ -44,7 +53,8 @@ async def poll_task_urls(call: Call, provisioner_id: str, worker_type: str) -> A
                                 f"(0 to {MAX_WAIT:.0f}) to wait for a visible tip, together "
                                 "with pending=true")
     return await call.services.task_urls.poll_task_urls(provisioner_id, worker_type,
-                                                        pending == "true", wait)
+                                                        pending == "true", wait,
+                                                        _connected(call))
 
 
 def _polling_worker(call: Call, task_queue_id: str) -> None:
@@ -101,12 +111,8 @@ async def claim_task(call: Call, task_id: str, run_id: int) -> Any:
 async def claim_work(call: Call, task_queue_id: str) -> Any:
     worker_group, worker_id = call.body["workerGroup"], call.body["workerId"]
     call.authorize(workerGroup=worker_group, workerId=worker_id)
-    def connected() -> bool:
-        transport = call.request.transport
-        return transport is not None and not transport.is_closing()
-
     return {"tasks": await call.services.work.claim_work(task_queue_id, worker_group, worker_id,
-                                                        call.body["tasks"], connected)}
+                                                        call.body["tasks"], _connected(call))}
 
 
 @routes.declare("POST", "/task/<taskId>/runs/<runId>/reclaim", "reclaimTask",
