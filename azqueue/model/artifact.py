@@ -90,6 +90,17 @@ _FIELDS = {"s3": {"contentType", "contentLength"}, "blob": {"contentType", "blob
            "error": {"reason", "message"}}
 
 
+def url_fault(url: str) -> str | None:
+    """What makes ``url`` unfit for a reference artifact, whose URL readers are redirected
+    to (a ``Location`` header): None if nothing does. A URL is printable ASCII without
+    spaces; a control character (CR, LF) would end the header."""
+    bad = next((i for i, c in enumerate(url) if not "!" <= c <= "~"), None)
+    if bad is None:
+        return None
+    return (f"holds {url[bad]!r} at position {bad}: a URL is printable ASCII without spaces "
+            "or control characters; percent-encode anything else")
+
+
 def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Artifact:
     """The artifact a (schema-valid) createArtifact body describes, or InputError."""
     kind = body["storageType"]
@@ -102,6 +113,9 @@ def from_request(task: Task, run_id: int, name: str, body: dict[str, Any]) -> Ar
     if extra:
         raise InputError(f"{', '.join(f'`{f}`' for f in extra)} cannot be given with storageType "
                          f"{kind!r}; it takes {', '.join(sorted(_FIELDS[kind]))}")
+    fault = url_fault(body.get("url", "")) if kind == "reference" else None
+    if fault:
+        raise InputError(f"`url` {body['url'][:100]!r} {fault}")
     try:
         expires = timeutil.parse(body["expires"])
     except ValueError as e:

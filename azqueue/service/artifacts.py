@@ -181,6 +181,10 @@ class ArtifactService:
             found = self._unexpired(await self.find(task_id, run_id, found.link))
         names = tuple(seen)
         if found.storage_type == "reference":
+            fault = model.url_fault(found.url)
+            if fault:  # stored before such URLs were refused
+                raise errors.Conflict(f"artifact {found.name!r} is a reference whose URL "
+                                      f"{fault}; it cannot be served")
             return Target(found, names, found.url)
         if found.has_content:
             if not found.present and not (found.storage_type == "s3"
