@@ -32,7 +32,7 @@ import slugid
 import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
-from azqueue.cli import follow
+from azqueue.cli import follow, terminal
 from azqueue.cli.exitcodes import ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES
 from azqueue.model.task import RESOLVED_STATES
 from azqueue.worker import client, shell
@@ -79,10 +79,10 @@ def run(args: argparse.Namespace) -> int:
             return _print_listing(args, _queue(root_url))
         return _task(args, _queue(root_url))
     except CommandError as e:
-        print(f"azqueue: {e}", file=sys.stderr)
+        print(f"azqueue: {terminal.text(str(e))}", file=sys.stderr)
         return ERROR
     except TaskclusterFailure as e:
-        print(f"azqueue: {explain(e, root_url)}", file=sys.stderr)
+        print(f"azqueue: {terminal.text(explain(e, root_url))}", file=sys.stderr)
         return ERROR
     except KeyboardInterrupt:
         return INTERRUPTED
@@ -342,7 +342,7 @@ def describe(status: dict[str, Any]) -> str:
                      + (f" on {r['workerGroup']}/{r['workerId']}"
                         if r.get("workerId") and r["state"] == "running" else "")
                      for r in status["runs"])
-    return f"{status['taskId']} {status['state']}: {runs or 'no runs'}"
+    return terminal.line(f"{status['taskId']} {status['state']}: {runs or 'no runs'}")
 
 
 def _print_status(status: dict[str, Any], as_json: bool) -> None:
@@ -384,8 +384,10 @@ async def _print_url(url: str, root_url: str) -> bool:
             if r.status != 200:
                 raise CommandError(f"task log: reading the log answered "
                                    f"{client.error_answer(r.status, await r.text())}")
+            log = terminal.LogText()
             async for chunk in r.content.iter_chunked(65536):
-                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.write(log.feed(chunk))
+            sys.stdout.buffer.write(log.feed(b"", final=True))
             sys.stdout.buffer.flush()
     except (aiohttp.ClientError, TimeoutError) as e:
         raise _unreachable(root_url, e) from None
@@ -507,11 +509,12 @@ def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
                           f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
     else:
         recent = _recent(queue, args.task_queue)
-        print(f"azqueue: tasks {args.state} lately, {recent['note']}", file=sys.stderr)
+        print(f"azqueue: tasks {args.state} lately, {terminal.line(recent['note'])}",
+              file=sys.stderr)
         items = iter([t for t in recent["tasks"] if t["state"] == args.state or (
             args.state == "resolved" and t["state"] in RESOLVED_STATES)])
         line = lambda t: (f"{t['taskId']}  {t['state']:<11} "  # noqa: E731
                           f"{t.get('resolved') or t['changed']}  {t['name']}")
     for item in items:
-        print(json.dumps(item) if args.json else line(item), flush=True)
+        print(json.dumps(item) if args.json else terminal.line(line(item)), flush=True)
     return OK

@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO, TextIO
 
 import aiohttp
 import taskcluster
 
 from azqueue.model.task import RESOLVED_STATES
+from azqueue.cli import terminal
 from azqueue.cli.exitcodes import WAIT_EXIT_CODES
 
 POLL = 1.0
@@ -47,11 +48,12 @@ class Follower:
     offset: int = 0  # the bytes of the run's log printed so far
     _blob_url: str = ""
     _said: str = ""
+    _log: terminal.LogText = field(default_factory=terminal.LogText)  # over the runs' logs
 
     def _say(self, line: str) -> None:
         """A line on stderr, unless it is the one said last."""
         if line != self._said:
-            print(f"azqueue: {line}", file=self.err, flush=True)
+            print(f"azqueue: {terminal.line(line)}", file=self.err, flush=True)
             self._said = line
 
     async def run(self) -> int:
@@ -97,7 +99,7 @@ class Follower:
                         await r.content.readexactly(self.offset)
                     printed = 0
                     async for chunk in r.content.iter_chunked(READ_CHUNK):
-                        self.out.write(chunk)
+                        self.out.write(self._log.feed(chunk))
                         printed += len(chunk)
                     self.out.flush()
                     self.offset += printed
