@@ -14,15 +14,17 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from azqueue import errors
-from azqueue.service.dependencies import gather_limited
+from azqueue.service.dependencies import MAX_PARALLEL, gather_limited
 
 # The bytes of JSON a page's entries hold at most, besides its last entry: a page holds
 # one entry at least, whatever its size.
 MAX_PAGE_BYTES = 512 * 1024
+# How many entries of a page are read at once before their sizes are known.
+FIRST_WAVE = 4
 
 K = TypeVar("K")
 
@@ -50,30 +52,29 @@ async def read_fitting(keys: Sequence[K], read: Callable[[K], Awaitable[dict[str
                        budget: int = MAX_PAGE_BYTES
                        ) -> tuple[list[dict[str, Any]], int]:
     """The entries ``read(key)`` gives for the first of ``keys`` (None: that key has
-    none), read a few at a time, in order, until they hold ``budget`` bytes as JSON;
-    and how many keys they are the entries of (``len(keys)``: all of them). Entries
-    read past that point are dropped: a page ends with the entry that filled it."""
+    none), in order, until they hold ``budget`` bytes as JSON; and how many keys they are
+    the entries of (``len(keys)``: all of them). They are read in waves: ``FIRST_WAVE``
+    at once, then as many as the entries' sizes so far say fit in what is left (up to
+    ``MAX_PARALLEL``), so that a page of large entries is not read many times over.
+    Entries read past the one that filled the page are dropped."""
+    found: list[tuple[dict[str, Any] | None, int]] = []
     held = 0
-
-    async def one(key: K) -> tuple[dict[str, Any] | None, int]:
-        nonlocal held
-        entry = await read(key)
-        size = 0 if entry is None else json_size(entry)
-        held += size
-        return entry, size
-
-    def calls() -> Iterator[Awaitable[tuple[dict[str, Any] | None, int]]]:
-        for key in keys:
-            if held >= budget:
-                return
-            yield one(key)
-
-    found = await gather_limited(calls())
+    while len(found) < len(keys) and held < budget:
+        average = held / len(found) if found else 0
+        wave = FIRST_WAVE if not average else int((budget - held) // average) + 1
+        wave = min(wave, MAX_PARALLEL)
+        found += await gather_limited(_sized(read, key) for key in keys[len(found):][:wave])
+        held = sum(size for _, size in found)
     total = 0
     for i, (_, size) in enumerate(found):
         total += size
         if total >= budget:
             found = found[:i + 1]
             break
-    entries = [entry for entry, _ in found if entry is not None]
-    return entries, len(found)
+    return [entry for entry, _ in found if entry is not None], len(found)
+
+
+async def _sized(read: Callable[[K], Awaitable[dict[str, Any] | None]], key: K
+                 ) -> tuple[dict[str, Any] | None, int]:
+    entry = await read(key)
+    return entry, 0 if entry is None else json_size(entry)
