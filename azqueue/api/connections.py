@@ -18,8 +18,8 @@ connections until the process runs out of file descriptors. So:
   keeps sending is never cut.
 * **Answers**: an answer is written while the client reads it. Once more than
   ``HIGH_WATER`` bytes of it wait unsent (the socket's buffers full), the client must
-  read enough of them to bring that under ``LOW_WATER`` within ``send_timeout``
-  seconds, or the connection is dropped with the rest of the answer
+  take at least ``HIGH_WATER`` bytes more of it every ``send_timeout`` seconds until
+  less than ``LOW_WATER`` wait, or the connection is dropped with the rest of the answer
   (``_Counted.pause_writing``): a client that stops reading, or sends pipelined requests
   it never reads the answers of, holds neither memory nor a connection for longer. The
   listings bound each page by bytes as well as by count (``service.paging``), so that
@@ -132,6 +132,7 @@ class _Counted(RequestHandler):
         self._send_timeout = send_timeout
         self._headers_due: asyncio.TimerHandle | None = None
         self._unread_due: asyncio.TimerHandle | None = None
+        self._unsent = 0  # bytes waiting to be sent when the send timer was set
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -139,11 +140,17 @@ class _Counted(RequestHandler):
         transport.set_write_buffer_limits(high=HIGH_WATER, low=LOW_WATER)
 
     def pause_writing(self) -> None:
-        """The client has not read what was written; it has the send timeout to do so."""
+        """The client has not read what was written; it has the send timeout to take
+        some of it."""
         super().pause_writing()
         if self._unread_due is None:
-            self._unread_due = asyncio.get_running_loop().call_later(
-                self._send_timeout, self._drop_unread)
+            self._set_send_timer()
+
+    def _set_send_timer(self) -> None:
+        assert self.transport is not None
+        self._unsent = self.transport.get_write_buffer_size()
+        self._unread_due = asyncio.get_running_loop().call_later(
+            self._send_timeout, self._drop_unread)
 
     def resume_writing(self) -> None:
         self._stop_send_timer()
@@ -155,10 +162,16 @@ class _Counted(RequestHandler):
             self._unread_due = None
 
     def _drop_unread(self) -> None:
-        """Abort, not close: a close would wait to send the unread rest first. The
-        handler writing the answer gets a ConnectionResetError and ends."""
+        """Drop the connection unless its client took ``HIGH_WATER`` bytes since the
+        timer was set (then it has the send timeout again). Abort, not close: a close
+        would wait to send the unread rest first. The handler writing the answer gets a
+        ConnectionResetError and ends."""
         self._unread_due = None
-        if self.transport is not None:
+        if self.transport is None:
+            return
+        if self._unsent - self.transport.get_write_buffer_size() >= HIGH_WATER:
+            self._set_send_timer()
+        else:
             self.transport.abort()
 
     def data_received(self, data: bytes) -> None:

@@ -97,8 +97,8 @@ class Settings:
     # Slow and half-open connections (azqueue.api.connections): a request's headers must
     # be complete within header_timeout of its first byte, an API request's body whole
     # within body_timeout of its headers; a connection that sends nothing of a request for
-    # idle_timeout (from its start or the answer before) is closed; a client that leaves
-    # an answer unread for send_timeout is cut off; at most max_connections connections
+    # idle_timeout (from its start or the answer before) is closed; a client that takes
+    # less than 64 KiB of an answer waiting unsent in send_timeout is cut off; at most max_connections connections
     # are open at once in a process, further ones are answered 503 and closed.
     header_timeout: float = 5.0
     idle_timeout: float = 60.0

@@ -279,9 +279,9 @@ SETTINGS: tuple[Setting, ...] = (
                     "closed. A PUT to an `s3` `putUrl` has `AZQUEUE_UPLOAD_READ_TIMEOUT` "
                     f"instead (see {_CONNECTIONS})"),
     Setting("AZQUEUE_SEND_TIMEOUT", "connections", field="send_timeout", parse=_seconds,
-            meaning="seconds a client may leave more than 64 KiB of an answer unread (until "
-                    "it has read all but 16 KiB of it); then the connection is dropped with "
-                    f"the rest of the answer (see {_CONNECTIONS})"),
+            meaning="while more than 64 KiB of an answer wait unsent, seconds within which "
+                    "its client must take 64 KiB more of it; then the connection is dropped "
+                    f"with the rest of the answer (see {_CONNECTIONS})"),
     Setting("AZQUEUE_MAX_CONNECTIONS", "connections", field="max_connections", parse=_count,
             meaning="connections one process keeps open at once; one more is answered 503 "
                     "with `Retry-After` and closed, and the log says so (at most once a "

@@ -10,6 +10,7 @@ a page by bytes, and the continuationToken still leads through every entry.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -28,6 +29,7 @@ ALLOWED_GROWTH = 50 * MIB
 SEND_TIMEOUT = 2.0
 # No answer of a listing is larger than this, however large its entries.
 LARGEST_PAGE = 2 * MIB
+MAX_PAGE_BYTES = 512 * 1024  # a page's entries, besides its last
 # The payload of each task of the group: a definition just under the 400,000 characters
 # a task may have.
 BIG = "x" * 390_000
@@ -76,9 +78,13 @@ async def _pages(anonymous: aiohttp.ClientSession, url: str) -> list[dict[str, A
 
 async def _never_reading(port: int, requests: bytes
                          ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection that sends ``requests`` and reads nothing (its reader stops taking
-    from the socket after a few KiB)."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=1024)
+    """A connection that sends ``requests`` and reads nothing (a small receive buffer,
+    and a reader that stops taking from the socket after a few KiB)."""
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock, limit=1024)
     writer.write(requests)
     await writer.drain()
     return reader, writer
@@ -121,6 +127,19 @@ async def test_listings_of_big_tasks_left_unread_hold_no_memory_and_page_by_byte
         finally:
             for _, writer in hogs:
                 writer.close()
+        # A client that reads slowly, but keeps reading, gets the whole answer.
+        reader, writer = await _never_reading(server.port, request)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:")))
+            body = b""
+            while len(body) < length:
+                await asyncio.sleep(SEND_TIMEOUT / 8)  # 64 KiB every quarter of the timeout
+                body += await reader.readexactly(min(64 * 1024, length - len(body)))
+        finally:
+            writer.close()
+        assert len(body) == length > MAX_PAGE_BYTES / 2
 
 
 async def test_pipelined_requests_never_read_are_cut_off_and_free_their_connections(
