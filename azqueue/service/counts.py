@@ -172,7 +172,7 @@ class TaskQueueCounts:
                 paging.MAX_PAGE_BYTES - size)
             listed += found
             size += sum(map(paging.json_size, found))
-            if read < len(candidates):
+            if read < len(candidates) or size >= paging.MAX_PAGE_BYTES:
                 more, candidates = True, candidates[:read]
             if more or len(listed) >= limit:
                 last = candidates[-1][0]

@@ -59,7 +59,7 @@ async def read_fitting(keys: Sequence[K], read: Callable[[K], Awaitable[dict[str
     Entries read past the one that filled the page are dropped."""
     found: list[tuple[dict[str, Any] | None, int]] = []
     held = 0
-    while len(found) < len(keys) and held < budget:
+    while len(found) < len(keys) and (held < budget or not found):  # one key at least
         average = held / len(found) if found else 0
         wave = FIRST_WAVE if not average else int((budget - held) // average) + 1
         wave = min(wave, MAX_PARALLEL)

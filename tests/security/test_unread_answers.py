@@ -33,6 +33,7 @@ MAX_PAGE_BYTES = 512 * 1024  # a page's entries, besides its last
 # The payload of each task of the group: a definition just under the 400,000 characters
 # a task may have.
 BIG = "x" * 390_000
+QUEUE = "prov/unread-answers"
 
 
 def _rss(server: ServeProcess) -> int:
@@ -54,7 +55,7 @@ async def _big_group(http: aiohttp.ClientSession, api: str, size: int) -> tuple[
     limit = asyncio.Semaphore(4)
 
     async def create(task_id: str) -> None:
-        body = definition(taskGroupId=group, payload={"data": BIG})
+        body = definition(QUEUE, taskGroupId=group, payload={"data": BIG})
         async with limit, http.put(f"{api}/task/{task_id}", json=body) as r:
             assert r.status == 200, await r.text()
 
@@ -113,6 +114,10 @@ async def test_listings_of_big_tasks_left_unread_hold_no_memory_and_page_by_byte
         pages = await _pages(anonymous, url)
         assert len(pages) > 1
         assert {t["status"]["taskId"] for p in pages for t in p["tasks"]} == ids
+        pages = await _pages(anonymous, f"{server.api}/task-queues/{QUEUE.replace('/', '%2F')}"
+                                        "/pending")
+        assert len(pages) > 1
+        assert {t["taskId"] for p in pages for t in p["tasks"]} == ids
         before = _rss(server)
 
         request = (f"GET /api/queue/v1/task-group/{group}/list HTTP/1.1\r\n"

@@ -26,9 +26,10 @@ async def test_a_page_ends_with_the_entry_that_fills_it_and_reads_little_beyond(
     assert len(asked) - covered <= MAX_PARALLEL
 
 
-async def test_a_page_under_its_budget_covers_every_key() -> None:
+async def test_a_page_under_its_budget_covers_every_key_and_any_page_one_at_least() -> None:
     async def read(key: int) -> dict[str, Any] | None:
         return {"key": key}
 
     assert await read_fitting([1, 2, 3], read, BUDGET) == ([{"key": 1}, {"key": 2}, {"key": 3}], 3)
     assert await read_fitting([], read, BUDGET) == ([], 0)
+    assert await read_fitting([1, 2], read, 0) == ([{"key": 1}], 1)  # one key at least
