@@ -21,9 +21,12 @@ Promises:
   other answers 409 having stored nothing.
 * Once the content is committed the artifact is marked present; a PUT of the same
   artifact again (a retry) replaces the content with its own, like S3.
-* One upload of an artifact at a time in a process: a PUT while another of the same
-  artifact is under way here is refused (409) before anything is read. (Replicas do not
-  know of each other's; of two on different replicas, the rule above decides.)
+* One upload of an artifact at a time: a PUT while another of the same artifact is
+  under way is refused (409) before anything is read: at once when the other is in this
+  process, else when the artifact's row bears the other's mark (``begin_upload``), which
+  its server moves on while it runs and clears when it ends; the mark of a server that
+  stopped lapses after ``UPLOAD_MARK``. (Two PUTs that read the row at once: one of them
+  writes its mark first, and the other's conditional write fails, reads again and sees it.)
 * What the uploads of a process hold is bounded as a whole: each takes, before its
   body is read, the buffers it may need (``footprint``) out of ``memory`` bytes, and gives
   them back when it ends; a PUT that finds too few left is refused (503 ``Busy``, with
@@ -33,14 +36,17 @@ Promises:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta
 
 from azqueue import errors
 from azqueue.model import timeutil
 from azqueue.model import artifact as rules
 from azqueue.model.artifact import Artifact
+from azqueue.model.task import Task
 from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.storage.artifacts import ArtifactStore
 from azqueue.storage.blobs import BlobStore
@@ -53,6 +59,9 @@ MAX_LENGTH = 50_000 * BLOCK_SIZE
 # Seconds a body may send nothing before the upload is cut off, storing nothing (the
 # default of AZQUEUE_UPLOAD_READ_TIMEOUT).
 READ_TIMEOUT = 60.0
+# How long the mark of an upload under way lasts on the artifact's row unless moved on (its
+# server moves it on every third of that while the upload runs).
+UPLOAD_MARK = timedelta(seconds=60)
 # The bytes a process's uploads may hold in all (the default of AZQUEUE_UPLOAD_MEMORY_MIB).
 MEMORY = 256 * 1024 * 1024
 
@@ -148,13 +157,55 @@ class UploadReceiver:
             return await self._receive(grant, content_length, read)
 
     async def _receive(self, grant: UploadGrant, content_length: int, read: Read) -> Artifact:
-        task, found = await asyncio.gather(
-            self.tasks.get(grant.task_id),
-            self.records.get(grant.task_id, grant.run_id, grant.name))
-        rules.check_can_create(task, grant.run_id, timeutil.utcnow(), "uploaded")
+        """The upload, once the artifact's row says no other is under way (on any
+        replica) and marks this one, until it ends."""
+        upload_id = secrets.token_hex(8)
+        task, begun = await asyncio.gather(self.tasks.get(grant.task_id),
+                                           self._begin(grant, upload_id),
+                                           return_exceptions=True)
+        if isinstance(begun, BaseException):
+            raise begun
+        found, other_until = begun
         if found is None:
+            if isinstance(task, BaseException):
+                raise task
             raise errors.NotFound(f"run {grant.run_id} of task {grant.task_id} has no artifact "
                                   f"{grant.name!r} (it expired, or was never created)")
+        if other_until is not None:
+            raise errors.Conflict(
+                f"another upload of artifact {grant.name!r} of run {grant.run_id} of task "
+                f"{grant.task_id} is under way on another server: one upload of an artifact "
+                f"at a time. Wait for it to end (one that sends nothing is cut off after "
+                f"{self.read_timeout:g} s; one whose server stopped holds the artifact until "
+                f"{timeutil.fmt(other_until)}) and PUT again")
+        renewing = asyncio.create_task(self._renew(grant, upload_id))
+        try:
+            if isinstance(task, BaseException):
+                raise task
+            return await self._store(grant, content_length, read, task, found)
+        finally:
+            renewing.cancel()
+            await asyncio.gather(renewing, return_exceptions=True)
+            with contextlib.suppress(errors.StorageError):  # the mark lapses by itself
+                await self.records.end_upload(found, timeutil.utcnow())
+
+    async def _begin(self, grant: UploadGrant, upload_id: str
+                     ) -> tuple[Artifact | None, datetime | None]:
+        now = timeutil.utcnow()
+        return await self.records.begin_upload(grant.task_id, grant.run_id, grant.name,
+                                               upload_id, now + UPLOAD_MARK, now)
+
+    async def _renew(self, grant: UploadGrant, upload_id: str) -> None:
+        """Move the upload's mark on while it runs, so that it lapses only once its
+        server is gone."""
+        while True:
+            await asyncio.sleep(UPLOAD_MARK.total_seconds() / 3)
+            with contextlib.suppress(errors.StorageError):
+                await self._begin(grant, upload_id)
+
+    async def _store(self, grant: UploadGrant, content_length: int, read: Read, task: Task,
+                     found: Artifact) -> Artifact:
+        rules.check_can_create(task, grant.run_id, timeutil.utcnow(), "uploaded")
         if found.storage_type != "s3":
             raise errors.Conflict(f"artifact {grant.name!r} is a {found.storage_type!r} "
                                   "artifact, not s3: it has no content to upload")

@@ -23,6 +23,10 @@ from azqueue.storage.errors import (EntityExists, EntityNotFound, ETagMismatch,
 
 
 PREFIX = "artifact:"
+# The properties marking an s3 artifact's upload under way (``begin_upload``): its id,
+# and when the mark lapses unless it is moved on.
+UPLOAD_ID = "uploadId"
+UPLOADING_UNTIL = "uploadingUntil"
 
 
 # Azure Table keys hold at most 512 characters (1 KiB of UTF-16).
@@ -100,6 +104,48 @@ class ArtifactStore:
         except EntityNotFound:
             return None
         return _from_entity(entity)
+
+    async def begin_upload(self, task_id: str, run_id: int, name: str, upload_id: str,
+                           until: datetime, now: datetime
+                           ) -> tuple[Artifact | None, datetime | None]:
+        """Mark the artifact as receiving upload ``upload_id`` until ``until``, unless
+        another upload's mark is on it and ends after ``now``: the artifact (None if there
+        is none), and the end of the other upload's mark (None once the mark is ours).
+        Asked again with the same ``upload_id``, it moves the mark's end."""
+        row = _row(run_id, name)
+        while True:
+            try:
+                with translate(f"reading artifact {name}"):
+                    entity = await self._table.get_entity(task_id, row)
+            except EntityNotFound:
+                return None, None
+            other, other_until = entity.get(UPLOAD_ID, ""), entity.get(UPLOADING_UNTIL)
+            if other and other != upload_id and other_until is not None and other_until > now:
+                return _from_entity(entity), other_until
+            try:
+                with translate(f"marking artifact {name} as being uploaded"):
+                    await self._table.update_entity(
+                        {"PartitionKey": task_id, "RowKey": row, UPLOAD_ID: upload_id,
+                         UPLOADING_UNTIL: until},
+                        mode=UpdateMode.MERGE, etag=entity.metadata["etag"],
+                        match_condition=MatchConditions.IfNotModified)
+            except ETagMismatch:
+                continue
+            except EntityNotFound:
+                return None, None
+            return _from_entity(entity), None
+
+    async def end_upload(self, artifact: Artifact, now: datetime) -> None:
+        """Clear the mark of the upload under way (``begin_upload``)."""
+        try:
+            with translate(f"marking artifact {artifact.name} as uploaded"):
+                await self._table.update_entity(
+                    {"PartitionKey": artifact.task_id,
+                     "RowKey": _row(artifact.run_id, artifact.name), UPLOAD_ID: "",
+                     UPLOADING_UNTIL: now},
+                    mode=UpdateMode.MERGE, match_condition=MatchConditions.Unconditionally)
+        except EntityNotFound:
+            pass
 
     async def mark_present(self, artifact: Artifact, content_type: str,
                            snapshot: str = "") -> None:

@@ -1,8 +1,8 @@
 """A worker with claim credentials and an ``s3`` putUrl, stalling uploads to hold the
 server's memory.
 
-One artifact takes one upload at a time, and the uploads of a process hold a bounded
-amount in all: a PUT beyond either is refused before its body is read.
+One artifact takes one upload at a time, on any replica, and the uploads of a process
+hold a bounded amount in all: a PUT beyond either is refused before its body is read.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ import aiohttp
 
 from azqueue.testing import sas
 from azqueue.testing.tasks import iso
+from azqueue.testing.storage import StorageInspector
 from tests.integration.test_artifacts import _running_task
 from tests.servers import Server, ServerFactory
+from tests.waiting import eventually
 
 MIB = 1024 * 1024
 TYPE = "application/octet-stream"
@@ -58,6 +60,15 @@ async def _put(put_url: str, body: bytes) -> tuple[int, dict[str, str], dict[str
         return r.status, dict(r.headers), json.loads(await r.read())
 
 
+async def _under_way(storage: StorageInspector, task_id: str, name: str) -> None:
+    """Wait until the artifact's row bears the mark of an upload under way."""
+    async def marked() -> bool:
+        rows = await storage.rows("tasks", task_id)
+        return any(r.get("name") == name and r.get("uploadId") for r in rows)
+
+    await eventually(marked, what=f"the upload of {name} under way")
+
+
 async def _until(put_url: str, body: bytes, wanted: int
                  ) -> tuple[int, dict[str, str], dict[str, str]]:
     """PUT ``body`` until the answer is ``wanted`` (the server sees a stalled PUT begin, or
@@ -70,18 +81,37 @@ async def _until(put_url: str, body: bytes, wanted: int
     return status, headers, answer
 
 
-async def test_a_second_put_on_a_put_url_while_one_is_under_way_is_refused(
-        server: Server, http: aiohttp.ClientSession) -> None:
-    task_id = await _running_task(http, server)
-    put_url = await _put_url(http, server, task_id, "public/once.bin")
+async def _refused_while_under_way(storage: StorageInspector, task_id: str, name: str,
+                                   put_url: str, again: str) -> None:
+    """A PUT to ``again`` while one to ``put_url`` stalls is refused, saying why; once
+    the stalled one is gone, it is taken."""
     async with _stalled(put_url, 10 * MIB, 1000):
-        status, _, answer = await _until(put_url, b"y" * 1000, 409)
+        await _under_way(storage, task_id, name)
+        status, _, answer = await _until(again, b"y" * 1000, 409)
     assert status == 409, answer
     assert answer["code"] == "RequestConflict"
-    assert "another upload of artifact 'public/once.bin'" in answer["message"]
+    assert f"another upload of artifact {name!r}" in answer["message"]
     assert "under way" in answer["message"]
-    status, _, answer = await _until(put_url, b"z" * 1000, 200)  # once it is gone
+    status, _, answer = await _until(again, b"z" * 1000, 200)
     assert status == 200, answer
+
+
+async def test_a_second_put_on_a_put_url_while_one_is_under_way_is_refused(
+        server: Server, http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    task_id = await _running_task(http, server)
+    put_url = await _put_url(http, server, task_id, "public/once.bin")
+    await _refused_while_under_way(storage, task_id, "public/once.bin", put_url, put_url)
+
+
+async def test_a_put_on_another_replica_while_one_is_under_way_is_refused(
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
+    first, second = await make_server(), await make_server()  # replicas of one deployment
+    task_id = await _running_task(http, first)
+    put_url = await _put_url(http, first, task_id, "public/once-anywhere.bin")
+    elsewhere = urlsplit(put_url)._replace(netloc=urlsplit(second.root_url).netloc).geturl()
+    await _refused_while_under_way(storage, task_id, "public/once-anywhere.bin", put_url,
+                                   elsewhere)
 
 
 async def test_the_uploads_of_a_process_hold_a_bounded_amount_in_all(
