@@ -1,3 +1,3 @@
 """azqueue: a Taskcluster-compatible task queue whose state lives in Azure Storage."""
 
-__version__ = "0.1.0"
+__version__ = "1.0.0"

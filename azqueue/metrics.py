@@ -26,8 +26,10 @@ from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import Counter, Histogram, disable_created_metrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.registry import REGISTRY, Collector
+
+from azqueue import release
 
 if TYPE_CHECKING:
     from azqueue.model.task import Task
@@ -283,7 +285,17 @@ class _Pending(Collector):
                                     "waiting to be published (sampled)", value=self._outbox)
 
 
+class _Build(Collector):
+    """``azqueue_build_info{version, commit} 1``: the release this process runs, so that
+    replicas of two releases show side by side during a rollout."""
+
+    def collect(self) -> Iterator[InfoMetricFamily]:
+        running = release.current()
+        yield InfoMetricFamily("azqueue_build", "The release this process runs",
+                               value={"version": running.version, "commit": running.commit})
+
+
 STORAGE = _StorageRequests()
 PENDING = _Pending()
-for _collector in (STORAGE, PENDING, _ResolverLag()):
+for _collector in (STORAGE, PENDING, _ResolverLag(), _Build()):
     REGISTRY.register(_collector)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
@@ -26,7 +26,7 @@ from azqueue.api.dashboard.recent import RecentChanges
 from azqueue.api.auth import Authenticator
 from azqueue.api.connections import BODY_TIMEOUT_KEY
 from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
-from azqueue.api.routing import AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
+from azqueue.api.routing import API, AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
 from azqueue.events.publisher import EventSink
@@ -34,9 +34,18 @@ from azqueue.service.wiring import EVENTS_OFF, allow_browsers, open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
 MAX_BODY = 2 * 1024 * 1024
+DOCKERFLOW_PATHS = ("/__version__", "/__heartbeat__", "/__lbheartbeat__")
 # Every endpoint of the API (a request goes to the first route that has its method and path).
 ROUTES: list[Route] = [*meta.ROUTES, *tasks.ROUTES, *groups.ROUTES, *claims.ROUTES,
                        *artifacts.ROUTES, *workers.ROUTES, *counts.ROUTES]
+
+
+def _under_api(router: Router) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+    """Dockerflow's endpoints at the root, as load balancers and platforms look for them:
+    the API's own, answered as under ``/api/queue/v1``."""
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await router(request.clone(rel_url=API + request.raw_path))
+    return handle
 
 
 async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
@@ -129,6 +138,8 @@ def create_app(settings: Settings, *, events: EventSink | None = None,
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
     dashboard.add_routes(app.router)
+    for path in DOCKERFLOW_PATHS:
+        app.router.add_get(path, _under_api(router))
     app.router.add_route("*", artifacts.UPLOAD_ROUTE, artifacts.receive_upload)
     # Every path, newlines (%0A) included: `.` would leave those to aiohttp's plain-text 404.
     # aiohttp takes a coroutine function as a handler, not a callable object.

@@ -251,10 +251,10 @@ SETTINGS: tuple[Setting, ...] = (
             meaning="seconds after which a pending run whose tip went missing gets a new one "
                     f"(see {_FAILURES})"),
     Setting("AZQUEUE_TIP_FORM", "upgrades", field="tip_form", parse=_tip_form,
-            note="run: beside replicas of 6bb8ea3 or earlier",
+            note="run: beside replicas of 0.1.0",
             meaning="what the signature of the tips this replica puts covers: `task-queue` "
                     "(the task queue, taskId and runId) or `run` (the taskId and runId alone, "
-                    "all that releases up to 6bb8ea3 check); both are claimed. Set `run` only "
+                    "all that 0.1.0 checks); both are claimed. Set `run` only "
                     "while replicas of such a release serve beside this one (see "
                     "[Upgrades](upgrades.md))"),
     Setting("AZQUEUE_UPLOAD_READ_TIMEOUT", "uploads", field="upload_read_timeout",

@@ -74,6 +74,10 @@ class EventSink(Protocol):
     def reachable(self) -> bool:
         """False while sending would only wait (then the outbox hands the change over)."""
 
+    @property
+    def connected(self) -> bool:
+        """Whether the sink can take events now (the heartbeat asks)."""
+
     async def start(self) -> None: ...
 
     async def publish(self, event: Event) -> None:
@@ -124,6 +128,14 @@ class Publisher:
         if self._connection is None:
             return (self._failed_at is None
                     or time.monotonic() - self._failed_at > FIRST_CONNECT_RETRY)
+        connected = getattr(self._connection, "connected", None)
+        return connected is None or connected.is_set()
+
+    @property
+    def connected(self) -> bool:
+        """Whether a connection to the broker is up now (not merely worth a try)."""
+        if self._connection is None:
+            return False
         connected = getattr(self._connection, "connected", None)
         return connected is None or connected.is_set()
 

@@ -165,7 +165,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
         expiry=Expiry(tasks=tasks, claim_store=index.store,
                       dependents=dependencies.dependents, groups=groups,
                       workerinfo=workerinfo, artifacts=artifacts),
-        health=Health(account=account, tasks=tasks),
+        health=Health(account=account, tasks=tasks, broker=_broker_reachable(outbox)),
         dependencies=dependencies, index=index, changes=changes, tips=tips,
         doorbell=doorbell, outbox=outbox)
 
@@ -183,6 +183,14 @@ def _dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore,
         queue_name=account.queue_name("dependencies"),
         recovery_delay=timedelta(seconds=settings.dependencies_recovery_delay),
         schedule=schedule)
+
+
+def _broker_reachable(outbox: Outbox | None) -> Callable[[], bool] | None:
+    """Whether the events' broker is connected now, for the heartbeat (None: events off)."""
+    if outbox is None:
+        return None
+    publisher = outbox.publisher
+    return lambda: publisher.connected
 
 
 def _doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
@@ -270,7 +278,7 @@ async def open_services(settings: Settings, events: EventSink | None = None,
         await _setup(services)
         if settings.tip_form is TipForm.RUN:
             log.warning("AZQUEUE_TIP_FORM=run: tips are signed over the taskId and runId "
-                        "alone, for replicas of releases up to 6bb8ea3 serving beside this "
+                        "alone, for replicas of 0.1.0 serving beside this "
                         "one; remove it once none does (docs/operating/upgrades.md)")
         if account.uses_identity:
             log.warning("storage: signed in with azure-identity, no account key: pollTaskUrls "

@@ -55,6 +55,10 @@ class RecordedEvents:
     def reachable(self) -> bool:
         return True
 
+    @property
+    def connected(self) -> bool:
+        return True
+
     async def start(self) -> None:
         pass
 

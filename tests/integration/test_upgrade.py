@@ -39,7 +39,7 @@ from tests.integration.test_doorbell import settled
 from tests.serving import serve
 from tests.waiting import eventually
 
-PREVIOUS = "de8430f"
+PREVIOUS = "de8430f"  # 0.3.0 (CHANGELOG.md)
 REPOSITORY = Path(__file__).resolve().parents[2]
 SECRET = "test-secret-0123456789abcdef"  # the tip secret of tests/serving.py and make_server
 

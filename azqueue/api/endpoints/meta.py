@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from azqueue import __version__, errors
+from aiohttp import web
+
+from azqueue import errors, release
 from azqueue.api import validation
 from azqueue.api.routing import STARTED_KEY, Call, Route, Routes
 
@@ -29,18 +31,20 @@ async def lbheartbeat(call: Call) -> Any:
 
 @routes.declare("GET", "/__heartbeat__", "heartbeat",
                 title="Heartbeat",
-                description="checks that storage answers")
+                description=("checks that storage answers and, with events on, that the "
+                             "broker is reachable: 200, or 500 naming what failed"))
 async def heartbeat(call: Call) -> Any:
-    await call.services.health.check_storage()
-    return {}
+    checks = await call.services.health.checks()
+    if all(state in ("ok", "off") for state in checks.values()):
+        return {}
+    return web.json_response({"status": "error", "checks": checks}, status=500)
 
 
 @routes.declare("GET", "/__version__", "version",
                 title="Version",
                 description="the release this replica runs")
 async def version(call: Call) -> Any:
-    return {"source": "https://github.com/azqueue/azqueue", "version": __version__,
-            "commit": "", "build": ""}
+    return release.current().as_json()
 
 
 @routes.declare("GET", "/__metrics__", "metrics",
