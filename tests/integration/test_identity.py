@@ -9,7 +9,6 @@ with a clear error, and claimWork keeps working."
 from __future__ import annotations
 
 import base64
-import ipaddress
 import json
 import logging
 import ssl
@@ -26,15 +25,12 @@ import pytest
 from azure.core.credentials import AccessToken
 from azure.core.exceptions import HttpResponseError
 from azure.storage.queue.aio import QueueServiceClient
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from azqueue.config import StorageSettings
 from azqueue.devstorage import Azurite
 from azqueue.testing.tasks import definition, iso, slugid
 from tests.servers import ServerFactory
+from tests.tls import self_signed
 
 
 def _b64url(data: bytes) -> str:
@@ -73,29 +69,9 @@ class EntraShapedTokens:
         pass
 
 
-def _self_signed(directory: Path) -> tuple[str, str]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.now(UTC)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - timedelta(minutes=5)).not_valid_after(now + timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([
-                x509.IPAddress(ipaddress.ip_address("127.0.0.1")), x509.DNSName("localhost")]),
-                critical=False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-            .sign(key, hashes.SHA256()))
-    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
-    cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(key.private_bytes(serialization.Encoding.PEM,
-                                           serialization.PrivateFormat.PKCS8,
-                                           serialization.NoEncryption()))
-    return str(cert_file), str(key_file)
-
-
 @pytest.fixture
 async def tls_azurite(tmp_path: Path) -> AsyncIterator[tuple[Azurite, str]]:
-    cert, key = _self_signed(tmp_path)
+    cert, key = map(str, self_signed(tmp_path))
     azurite = await Azurite.start(tls=(cert, key))
     try:
         yield azurite, cert
