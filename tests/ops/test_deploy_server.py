@@ -246,3 +246,21 @@ def test_scripts_image_builds_and_pushes_the_image_the_files_name(tmp_path: Path
     assert build.split("--tag ")[1].split()[0] == image and build.endswith(" .")
     assert push == f"push {image}"
     assert IMAGE.match(image)
+
+
+def test_requests_and_limits_are_those_of_the_capacity_page() -> None:
+    """The memory request and limit, and the Container Apps' requests per replica, are
+    the figures docs/capacity.md derives from scripts/measure_memory.py."""
+    page = (ROOT / "docs" / "capacity.md").read_text()
+    request, limit, per_replica = (re.search(pattern, " ".join(page.split()))[1]  # type: ignore[index]
+                                   for pattern in (r"memory request of (\d+) MiB",
+                                                   r"limit of (\d+) MiB",
+                                                   r"a replica per (\d+) concurrent requests"))
+    for overlay in OVERLAYS:
+        resources = one(kustomize(overlay), "Deployment")["spec"]["template"]["spec"][
+            "containers"][0]["resources"]
+        assert resources["requests"]["memory"] == f"{request}Mi"
+        assert resources["limits"]["memory"] == f"{limit}Mi"
+    rules = container_app()["properties"]["template"]["scale"]["rules"]
+    assert [r["http"]["metadata"]["concurrentRequests"] for r in rules] == [per_replica]
+    assert f"concurrentRequests: '{per_replica}'" in BICEP.read_text()
