@@ -172,6 +172,10 @@ def parser() -> argparse.ArgumentParser:
                           "credentials each start)")
     dev.add_argument("--port", type=_number(int, 1, 65535, "port number"),
                      help="HTTP port (default: AZQUEUE_PORT, else 8080)")
+    dev.add_argument("--replicas", type=_number(int, 1, 16, "number of replicas"), default=1,
+                     help="serve N replicas of one deployment on the one Azurite, on "
+                          "consecutive ports from --port (the first in this process, the "
+                          "others as `azqueue serve` processes) (default: 1)")
     dev.add_argument("--access-log", action="store_true",
                      help="log a line per request (default: only with --log-level DEBUG)")
 

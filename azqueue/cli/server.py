@@ -16,6 +16,8 @@ uses DIR: it holds a lock on ``DEV_LOCK`` (which names its pid) while it runs, a
 second one says so and exits. Azurite's pid is kept in ``AZURITE_PID``: an Azurite that a
 killed ``dev`` left running on DIR is stopped by the next one before it starts its own.
 
+``dev --replicas N`` serves N replicas on its one Azurite (``azqueue.cli.replicas``).
+
 ``dev`` logs no line per request unless asked (``--access-log``, or ``--log-level
 DEBUG``): its terminal is for what the developer is doing.
 """
@@ -41,6 +43,7 @@ from urllib.parse import urlsplit
 
 from azqueue import __version__
 from azqueue.config import ConfigError, Settings, connection_settings, new_secret
+from azqueue.cli.replicas import replicas, serving
 from azqueue.devstorage import Azurite
 from azqueue.errors import StartupError
 
@@ -197,13 +200,17 @@ def _first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [""])[0][:300]
 
 
-def _dev_banner(settings: Settings) -> None:
+def _dev_banner(group: list[Settings]) -> None:
+    settings = group[0]
     root = settings.public_root_url
+    others = "".join(f"\n  replica {i}:    {r.public_root_url}   (port {r.port}, its dashboard "
+                     f"at /)" for i, r in enumerate(group[1:], 2))
+    what = f"{len(group)} replicas are" if len(group) > 1 else "it is"
     print(f"""
-azqueue {__version__} is running on an embedded Azurite (Ctrl-C stops both).
+azqueue {__version__}: {what} running on an embedded Azurite (Ctrl-C stops all).
 
   rootUrl:      {root}
-  dashboard:    {root}/
+  dashboard:    {root}/{others}
   clientId:     {settings.root.client_id}   (scope *)
   accessToken:  {settings.root.access_token}
 
@@ -347,6 +354,14 @@ def _quiet_requests(args: argparse.Namespace) -> None:
         logging.getLogger("azqueue.access").setLevel(logging.WARNING)
 
 
+def _replicas_log_level(args: argparse.Namespace) -> str:
+    """The log level of the replicas ``dev`` starts: its own, but WARNING while it logs no
+    line per request (``_quiet_requests``)."""
+    level = logging.getLogger().getEffectiveLevel()
+    quiet = not args.access_log and level > logging.DEBUG
+    return "WARNING" if quiet else logging.getLevelName(level)
+
+
 async def _dev(args: argparse.Namespace, stop: asyncio.Event) -> None:
     data_dir = _data_dir(args.data)
     lock = _lock(data_dir, args.data) if data_dir else None
@@ -369,7 +384,9 @@ async def _dev_locked(args: argparse.Namespace, data_dir: Path | None,
     # known yet: any well-formed one stands in for it).
     env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
     env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
-    _check_can_listen(Settings.from_env(env))
+    group = replicas(Settings.from_env(env), args.replicas)
+    for replica in group:
+        _check_can_listen(replica)
     if data_dir:
         await _stop_left_behind(data_dir)
     azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))
@@ -379,10 +396,12 @@ async def _dev_locked(args: argparse.Namespace, data_dir: Path | None,
         _record_azurite(data_dir, azurite.process.pid)
     try:
         env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
-        settings = Settings.from_env(env)
-        if not settings.blob_cors_origins:  # its own Azurite: the dashboard may read logs
-            settings = settings.with_(blob_cors_origins=_dev_origins(settings.public_root_url))
-        await _serve(settings, stop, _dev_banner)
+        if not env.get("AZQUEUE_BLOB_CORS_ORIGINS"):  # its Azurite: the dashboards read logs
+            env["AZQUEUE_BLOB_CORS_ORIGINS"] = ",".join(
+                origin for replica in group for origin in _dev_origins(replica.public_root_url))
+        group = replicas(Settings.from_env(env), args.replicas)
+        async with serving({**env, "AZQUEUE_LOG_LEVEL": _replicas_log_level(args)}, group[1:]):
+            await _serve(group[0], stop, lambda settings: _dev_banner(group))
     finally:
         await azurite.stop()
         if data_dir:

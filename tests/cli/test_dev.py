@@ -211,3 +211,37 @@ async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Pa
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"127.0.0.1:{port}" in one_line_error(done) and "in use" in one_line_error(done)
     assert not ran.exists(), "Azurite was started before the port was checked"
+
+
+@pytest.mark.slow
+@pytest.mark.crash
+async def test_dev_replicas_share_one_azurite(tmp_path: Path) -> None:
+    """`dev --replicas 2` serves two replicas of one deployment, on the port asked for and
+    the next: a task created through the first is claimed through the second, the
+    banner names both, and SIGTERM stops both."""
+    port = free_port()
+    while not _free(port + 1):
+        port = free_port()
+    dev = await Dev(tmp_path / "data", port, dev_options=("--replicas", "2")).started()
+    second = f"http://127.0.0.1:{port + 1}"
+    try:
+        assert any(second in line for line in dev.banner), dev.banner
+        task_id, task_queue_id = slugid(), f"prov/replicas-{slugid()[:6].lower()}"
+        async with aiohttp.ClientSession(middlewares=(hawk_signer("root", dev.token),)) as http:
+            async with http.put(f"{dev.root_url}/api/queue/v1/task/{task_id}",
+                                json=definition(task_queue_id)) as r:
+                assert r.status == 200, await r.text()
+            async with http.post(
+                    f"{second}/api/queue/v1/claim-work/{task_queue_id.replace('/', '%2F')}",
+                    json={"workerGroup": "g", "workerId": "w", "tasks": 1}) as r:
+                claimed = (await r.json())["tasks"]
+        assert [c["status"]["taskId"] for c in claimed] == [task_id]
+    finally:
+        err = await asyncio.to_thread(dev.stop, signal.SIGTERM)
+    assert dev.process.returncode == 0, err
+    assert _free(port + 1), "the second replica outlived `azqueue dev`"
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) != 0
