@@ -49,7 +49,9 @@ def _under_api(router: Router) -> Callable[[web.Request], Awaitable[web.StreamRe
 
 
 async def _recent_ctx(app: web.Application) -> AsyncIterator[None]:
-    """The dashboard's hearing of every replica's changes ends with the app."""
+    """With events on, the broker keeps the task events from the start for the dashboard
+    (before this replica changes anything); its hearing of them ends with the app."""
+    await app[dashboard.HEARING_KEY].keep()
     yield
     await app[dashboard.HEARING_KEY].close()
 

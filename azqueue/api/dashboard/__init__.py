@@ -2,8 +2,8 @@
 browser, anonymously (the server's anonymous scopes) or, once the operator signs in, with
 Hawk-signed requests and the scopes of the client they signed in as; and
 ``GET /dashboard/recent``, the changes heard of lately (``recent``: this process's, and
-with events on every replica's while the dashboard is watched, ``Hearing``), which the
-API has no listing of.
+with events on the last hour of every replica's, read from the broker's stream of task
+events once the dashboard is watched, ``Hearing``), which the API has no listing of.
 
 The page carries the model's names it shows (``MODEL``: the priorities, the task states,
 those that are resolved) as data, in a ``<script type="application/json">`` block the
@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import time
 from importlib import resources
 
@@ -28,11 +29,14 @@ from azqueue import errors
 from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.api.routing import AUTH_KEY
+from azqueue.events import history
 from azqueue.events.listener import Listener
 from azqueue.model import scopes, timeutil
 from azqueue.model.identifiers import TASK_QUEUE_ID
 from azqueue.model.priority import ORDER
 from azqueue.model.task import RESOLVED_STATES, TaskState
+
+log = logging.getLogger(__name__)
 
 FILES = {"index.html": "text/html", "app.js": "text/javascript", "style.css": "text/css"}
 # Scripts only from here (nothing the API returns can run), data from anywhere (artifacts
@@ -48,6 +52,8 @@ RECENT_KEY = web.AppKey("recent", RecentChanges)
 # How long a replica goes on hearing every replica's changes after the dashboard last
 # asked it for its recent lists (an open page asks every 3 s).
 WATCH_IDLE = 300.0
+# How long the first ask waits for the last hour to be read (the lists fill on after).
+CATCH_UP = 10.0
 # What index.html's data block holds, highest priority first.
 MODEL = {"priorities": [p.value for p in ORDER], "states": [s.value for s in TaskState],
          "resolved": [s.value for s in RESOLVED_STATES]}
@@ -96,11 +102,13 @@ def _named(held: tuple[str, ...], entry: Entry) -> Entry:
 class Hearing:
     """Every replica's changes in ``changes``, with events on (``amqp_url``), while the
     dashboard is watched: from the first ``GET /dashboard/recent`` (``watched``) until
-    ``idle`` seconds pass without another, a queue of this process's own is bound to the
-    task exchanges (``events.listener``). Hearing costs the replica, and the broker, a
-    delivered message per task event of the whole deployment, its own included (four
-    per lifecycle): unwatched, nobody pays that, and the lists hold the changes this
-    replica stores itself (which reach ``changes.record`` as an observer of its
+    ``idle`` seconds pass without another, this process reads the broker's stream of the
+    task events (``events.history``, which every replica declares as it starts, ``keep``):
+    the last hour first, which the first ask waits for (up to ``CATCH_UP``), then each
+    event as it comes. Hearing costs the replica, and the broker, a delivered message per
+    task event of the whole deployment, its own included (four per lifecycle), and the
+    hour's once per watch: unwatched, nobody pays that, and the lists hold the changes
+    this replica stores itself (which reach ``changes.record`` as an observer of its
     services, ``api.app``)."""
 
     def __init__(self, changes: RecentChanges, amqp_url: str | None, exchange_prefix: str,
@@ -117,6 +125,12 @@ class Hearing:
     def listening(self) -> bool:
         return self._listener is not None and self._listener.bound
 
+    async def keep(self) -> None:
+        """With events on, have the broker keep the task events from now on (as a
+        replica starts: ``events.history.keep``)."""
+        if self._url is not None:
+            await history.keep(self._url, self._prefix, TASK_EXCHANGES)
+
     async def watched(self) -> None:
         """The dashboard asked: hear the task exchanges from now (once bound: the first
         call waits for that, or for the broker to refuse) until ``idle`` seconds after
@@ -125,7 +139,7 @@ class Hearing:
         if self._url is None or self._listener is not None:
             return
         listener = self._listener = Listener(self._url, self._prefix, TASK_EXCHANGES,
-                                             self._changes.hear)
+                                             self._changes.hear, history=True)
         self._unwatched = asyncio.create_task(self._close_when_unwatched(listener))
         try:
             await listener.start()
@@ -134,6 +148,9 @@ class Hearing:
             self._unwatched.cancel()
             await listener.close()
             raise
+        if listener.bound and not await listener.caught_up(CATCH_UP):
+            log.warning("the dashboard's last hour of task events was not read within %g s; "
+                        "its lists fill on as it is", CATCH_UP)
 
     async def _close_when_unwatched(self, listener: Listener) -> None:
         while (left := self._last + self._idle - time.monotonic()) > 0:

@@ -10,9 +10,14 @@ changes it hears of, with no storage request:
   on this replica" (``THIS_REPLICA``);
 - with events on, while the dashboard is watched (``listening``: see
   ``dashboard.Hearing``), every replica's too: the task exchanges' messages (``hear``,
-  fed by an ``azqueue.events.listener.Listener``), which every replica publishes, so
-  every replica shows the same lists (``EVERY_REPLICA``) from the moment it was first
-  watched. A change both recorded and heard is listed (and counted) once.
+  fed by an ``azqueue.events.listener.Listener``), which every replica publishes and the
+  broker keeps for an hour (``events.history``), so every replica shows the same lists
+  of the last hour (``EVERY_REPLICA``) from the first time it is watched. A change both
+  recorded and heard, or heard twice, is listed (and counted) once.
+
+Each change is placed at the time it happened, as its status says (the run's resolution,
+start or scheduling), not when it was heard: an hour read at once keeps its order and
+its minutes.
 
 A restart forgets. A task's name is not in its messages: it is shown where this process
 stored or changed the task (``record`` notes it either way), and the page reads the
@@ -44,7 +49,7 @@ MAX_NAMES = 5000
 # The exchanges whose messages carry a task's status structure.
 TASK_EXCHANGES = ("task-defined", "task-pending", "task-running", "task-completed",
                   "task-failed", "task-exception")
-EVERY_REPLICA = "recent on every replica"
+EVERY_REPLICA = "the last hour on every replica"
 THIS_REPLICA = "recent on this replica"
 
 Entry = dict[str, Any]
@@ -55,7 +60,7 @@ class _Queue:
         self.tasks: OrderedDict[str, Entry] = OrderedDict()
         self.failures: OrderedDict[str, Entry] = OrderedDict()
         # minute (seconds since 1970 // 60) -> resolutions by state
-        self.minutes: OrderedDict[int, Counter[str]] = OrderedDict()
+        self.minutes: dict[int, Counter[str]] = {}
 
 
 def _remember(entries: OrderedDict[str, Any], key: str, value: Any, bound: int) -> None:
@@ -66,10 +71,20 @@ def _remember(entries: OrderedDict[str, Any], key: str, value: Any, bound: int) 
         entries.popitem(last=False)
 
 
-def _resolved_at(minutes: OrderedDict[int, Counter[str]], minute: int, state: str) -> None:
+def _resolved_at(minutes: dict[int, Counter[str]], minute: int, state: str) -> None:
+    """Count a resolution in its minute, if that is one of the last ``MINUTES``."""
+    now = int(time.time() // 60)
+    if minute <= now - MINUTES:
+        return
     minutes.setdefault(minute, Counter())[state] += 1
-    while minutes and next(iter(minutes)) <= minute - MINUTES:
-        minutes.popitem(last=False)
+    for old in [m for m in minutes if m <= now - MINUTES]:
+        del minutes[old]
+
+
+def _happened(run: dict[str, Any]) -> str:
+    """When a task's last change happened, as its last run says (now if it has none)."""
+    return (run.get("resolved") or run.get("started") or run.get("scheduled")
+            or timeutil.fmt(timeutil.utcnow()))
 
 
 def _progress(entry: Entry) -> tuple[int, int]:
@@ -91,7 +106,7 @@ def _entry(status: dict[str, Any], name: str) -> Entry:
         "reasonResolved": run.get("reasonResolved"), "workerGroup": run.get("workerGroup"),
         "workerId": run.get("workerId"), "scheduled": run.get("scheduled"),
         "started": run.get("started"), "resolved": run.get("resolved"),
-        "changed": timeutil.fmt(timeutil.utcnow())}
+        "changed": _happened(run)}
 
 
 class RecentChanges:
@@ -101,7 +116,7 @@ class RecentChanges:
     def __init__(self) -> None:
         self.listening: Callable[[], bool] = lambda: False
         self._queues: OrderedDict[str, _Queue] = OrderedDict()
-        self._minutes: OrderedDict[int, Counter[str]] = OrderedDict()
+        self._minutes: dict[int, Counter[str]] = {}
         self._names: OrderedDict[str, str] = OrderedDict()
 
     @property
@@ -138,7 +153,8 @@ class RecentChanges:
         if entry["state"] in FAILED:
             _remember(queue.failures, entry["taskId"], entry, FAILURES_PER_QUEUE)
         if entry["state"] in RESOLVED_STATES and was != (entry["runId"], entry["state"]):
-            minute = int(time.time() // 60)
+            minute = int(timeutil.parse(entry["resolved"]).timestamp() // 60) \
+                if entry["resolved"] else int(time.time() // 60)
             _resolved_at(queue.minutes, minute, entry["state"])
             _resolved_at(self._minutes, minute, entry["state"])
 
@@ -153,7 +169,7 @@ class RecentChanges:
         else:
             found = self._queues.get(task_queue_id)
             queues = [found] if found is not None else []
-            minutes = found.minutes if found is not None else OrderedDict()
+            minutes = found.minutes if found is not None else {}
 
         def newest(kind: str) -> list[Entry]:
             entries = [e for q in queues for e in getattr(q, kind).values()]
@@ -165,5 +181,6 @@ class RecentChanges:
             "tasks": newest("tasks"), "failures": newest("failures"),
             "throughput": [{"minute": timeutil.fmt(datetime.fromtimestamp(minute * 60, UTC)),
                             **{state: counts.get(state, 0) for state in RESOLVED_STATES}}
-                           for minute, counts in minutes.items() if minute > now - MINUTES]}
+                           for minute, counts in sorted(minutes.items())
+                           if minute > now - MINUTES]}
 
