@@ -17,6 +17,7 @@ import pytest
 
 from azure.storage.blob.aio import BlobServiceClient
 
+from azqueue import __version__, release
 from azqueue.config import Client
 from azqueue.devstorage import Azurite
 from azqueue.model.priority import ORDER
@@ -215,6 +216,9 @@ async def test_a_failed_task_is_found_from_the_front_page_without_its_id(
     link = await until(browser, lambda d: d.find_element(
         "css selector", f'table.failures a[href="#/task/{failed}"]'), "the failed task listed")
     assert "recent on this replica" in await asyncio.to_thread(text_of("main"), browser)
+    # The header names the release of the replica that answered.
+    assert await asyncio.to_thread(text_of("#releases"), browser) == (
+        f"azqueue {__version__} ({release.current().commit[:7]})")
     await asyncio.to_thread(link.click)
     await until(browser, lambda d: d.find_element("css selector", 'dd [data-state="failed"]'),
                 "the failed task's page")

@@ -7,6 +7,7 @@ import uuid
 
 import aiohttp
 
+from azqueue import __version__, release
 from azqueue.testing.tasks import create, definition
 from tests.servers import Server, ServerFactory
 
@@ -20,6 +21,7 @@ async def test_with_events_off_the_recent_lists_are_this_replicas_and_hold_unsch
                         params={"taskQueueId": queue}) as r:
         recent = await r.json()
     assert recent["note"] == "recent on this replica"
+    assert recent["release"] == {"version": __version__, "commit": release.current().commit}
     assert {t["taskId"]: (t["state"], t["name"]) for t in recent["tasks"]} == {
         blocker: ("pending", "test"), waiting: ("unscheduled", "test")}
 

@@ -1,7 +1,9 @@
 """The web dashboard: static files served at ``/`` that read the queue's own API in the
 browser, anonymously (the server's anonymous scopes) or, once the operator signs in, with
 Hawk-signed requests and the scopes of the client they signed in as; and
-``GET /dashboard/recent``, the changes heard of lately (``recent``: this process's, and
+``GET /dashboard/recent``, which also names the release of the replica that answers (the
+page lists those it met lately, so a rollout's two releases show), the changes heard of
+lately (``recent``: this process's, and
 with events on the last hour of every replica's, read from the broker's stream of task
 events once the dashboard is watched, ``Hearing``), which the API has no listing of.
 
@@ -25,7 +27,7 @@ from importlib import resources
 
 from aiohttp import web
 
-from azqueue import errors
+from azqueue import errors, release
 from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.api.routing import AUTH_KEY
@@ -89,7 +91,9 @@ async def recent(request: web.Request) -> web.Response:
     view = changes.view(task_queue_id, visible)
     view["tasks"], view["failures"] = (
         [_named(caller.scopes, e) for e in view[kind]] for kind in ("tasks", "failures"))
-    return web.json_response({"note": changes.note, **view},
+    running = release.current()
+    return web.json_response({"note": changes.note, **view, "release": {
+        "version": running.version, "commit": running.commit}},
                              headers={"Cache-Control": "no-store"})
 
 

@@ -5,7 +5,7 @@
 // client. Every value shown is set as text, never as markup, and every link is built
 // from URI-encoded identifiers.
 //
-// One file of some 750 lines on purpose: the page has no build step and no module loader,
+// One file of some 800 lines on purpose: the page has no build step and no module loader,
 // and its parts (Hawk, elements, charts, actions, views) share one refresh loop and its
 // state; the `-- part --` lines below divide it instead.
 "use strict";
@@ -35,6 +35,10 @@ const STATES = MODEL.states;
 const RESOLVED = MODEL.resolved;
 const PRIORITIES = MODEL.priorities;
 const CLIENT_ID = /^[A-Za-z0-9!@/:.+|_-]+$/;
+// The releases of the replicas whose recent lists answered (label -> when), shown while
+// met in the last five minutes: behind a load balancer, a rollout shows two.
+const releases = new Map();
+const RELEASES_KEEP_MS = 5 * 60 * 1000;
 
 class ApiError extends Error {
   constructor(status, message) {
@@ -378,6 +382,27 @@ async function withNames(recent) {
   return { value: { ...recent.value, tasks: tasks.map(named), failures: failures.map(named) } };
 }
 
+// The recent lists of `url`, their release noted and their names filled in.
+async function recentFrom(url) {
+  const recent = await attempt(url);
+  if (recent.value) {
+    const r = recent.value.release;
+    // A replica of a release before 1.0.0 names none.
+    const label = r ? `${r.version}${r.commit ? ` (${r.commit.slice(0, 7)})` : ""}` : "before 1.0.0";
+    releases.set(label, Date.now());
+  }
+  return withNames(recent);
+}
+
+function showReleases() {
+  for (const [label, seen] of releases) {
+    if (Date.now() - seen > RELEASES_KEEP_MS) releases.delete(label);
+  }
+  const labels = [...releases.keys()].sort();
+  document.getElementById("releases").textContent = !labels.length ? "" :
+    `azqueue ${labels.join(", ")}${labels.length > 1 ? ` (${labels.length} releases serving)` : ""}`;
+}
+
 function recentLists(recent) {
   const out = [];
   if (recent.error) return [failure(`Cannot read recent changes (${recent.error}).`)];
@@ -396,7 +421,7 @@ function recentLists(recent) {
 async function overview() {
   const out = [el("h1", {}, "Task queues")];
   const [listed, recent] = await Promise.all([optional("/task-queues?limit=100"),
-    attempt(RECENT).then(withNames)]);
+    recentFrom(RECENT)]);
   let history = {};
   if (listed.error) {
     out.push(failure(`Cannot list task queues (${listed.error}).`));
@@ -430,7 +455,7 @@ async function queuePage(taskQueueId) {
   const [counts, pending, claimed, workers, recent] = await Promise.all([
     optional(`${path}/counts`), optional(`${path}/pending?limit=50`),
     optional(`${path}/claimed?limit=50`), optional(`${workersPath}?limit=50`),
-    attempt(`${RECENT}?taskQueueId=${enc(taskQueueId)}`).then(withNames),
+    recentFrom(`${RECENT}?taskQueueId=${enc(taskQueueId)}`),
   ]);
   const out = [el("h1", {}, `Task queue ${taskQueueId}`)];
   const pendingTasks = pending.value ? (pending.value.tasks || []) : [];
@@ -734,6 +759,7 @@ async function render() {
   window.scrollTo(0, scrolled);
   if (follower) follower.scroll();
   document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+  showReleases();
   timer = setTimeout(render, hash.startsWith("#/group/") ? GROUP_REFRESH_MS : REFRESH_MS);
 }
 
