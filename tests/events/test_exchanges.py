@@ -10,6 +10,7 @@ import uuid
 import aio_pika
 import aiohttp
 
+from azqueue.events.history import stream_name
 from azqueue.model.events import EXCHANGES
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
@@ -63,6 +64,9 @@ async def test_a_consumer_binding_right_after_start_up_receives_the_first_tasks_
                 and m.exchange != "task-group-resolved"] == [
             "task-defined", "task-pending", "task-running", "task-completed"]
     finally:
+        # The stream the server declared for its prefix's task events (events.history).
+        cleanup = await connection.channel()
+        await cleanup.queue_delete(stream_name(prefix))
         await connection.close()
 
 
