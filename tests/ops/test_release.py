@@ -13,8 +13,10 @@ from pathlib import Path
 import aiohttp
 
 from azqueue import __version__
+from azqueue.config import StorageSettings
+from azqueue.testing.faultproxy import FaultProxy, Faults
 from tests.ops.test_metrics import scrape
-from tests.servers import Server
+from tests.servers import Server, ServerFactory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -65,3 +67,23 @@ def test_the_release_notes_start_with_this_release_and_the_upgrades_name_theirs(
     named = set(re.findall(r"^## From (\d+\.\d+\.\d+)\b", upgrades, re.M))
     assert named and named <= set(released), named - set(released)
     assert not re.search(r"^## .*\b[0-9a-f]{7}\b", upgrades, re.M)
+
+
+async def test_the_heartbeat_fails_naming_storage_while_storage_fails(
+        make_server: ServerFactory, proxy: FaultProxy, storage_prefix: str,
+        anonymous: aiohttp.ClientSession) -> None:
+    """Dockerflow's 500 with what failed, within the heartbeat's own time bound; the load
+    balancer's heartbeat answers at once all the same (events are off here)."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix))
+    proxy.faults = Faults(busy=1.0)
+    try:
+        async with anonymous.get(f"{server.api}/__heartbeat__") as r:
+            assert r.status == 500, await r.text()
+            checks = (await r.json())["checks"]
+        assert checks["storage"].startswith("storage does not answer") and checks[
+            "broker"] == "off"
+        async with anonymous.get(f"{server.api}/__lbheartbeat__") as r:
+            assert r.status == 200
+    finally:
+        proxy.faults = Faults()
