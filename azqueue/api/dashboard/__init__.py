@@ -157,6 +157,8 @@ class Hearing:
                         "its lists fill on as it is", CATCH_UP)
 
     async def _close_when_unwatched(self, listener: Listener) -> None:
+        await listener.caught_up(CATCH_UP)  # idle counts from the first answer on
+        self._last = max(self._last, time.monotonic())
         while (left := self._last + self._idle - time.monotonic()) > 0:
             await asyncio.sleep(left)
         if self._listener is listener:
