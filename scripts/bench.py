@@ -19,6 +19,14 @@ hands out point at the proxy too). Then, in phases (all by default):
             drain) in alternating rounds (--rounds, 4): medians of each and of the
             rounds' ratios, so that neither meets a warmer Azurite and machine more often
   latency   claimWork wake-up: createTask answered -> claimWork answered, 1 and 8 waiting
+  rtt       at Azure's latency: for each round trip of --rtt (0 and 10 ms; 30 on request)
+            added to every storage request by the proxy (half each way, the Celery
+            peer's too), each call one at a time (createTask, with a dependency resolved,
+            into a group with tasks; created -> a waiting claimWork caller has it;
+            claimTask, reclaimTask, reportCompleted, pollTaskUrls) beside the Celery
+            peer's enqueue: p50, p99 and the storage round trips it waited for one after
+            another; then createTask from 16 clients and a claimWork drain beside the
+            peer's, on a server of its own with quiet resolvers
   replicas  claimWork drain with two `azqueue serve` on the same storage, half the workers each
   idle      16 idle workers per mode, 10 s, no tasks: storage requests/s per idle worker
   events    the claimwork lifecycle with events off and on in alternating rounds (--rounds,
@@ -74,15 +82,16 @@ from benchlib import (FAILURES, QUIET_RESOLVERS, ROOT_ID, ROOT_TOKEN, BenchError
 from azure.core.exceptions import ResourceNotFoundError
 
 from azqueue.devstorage import KEY, Azurite
-from azqueue.testing.faultproxy import FaultProxy
+from azqueue.testing import sas, tasks
+from azqueue.testing.faultproxy import FaultProxy, Trip, round_trips
 from azqueue.testing.processes import ServeProcess, stop_process
 from azqueue.testing.requestkinds import Hit
 from azqueue.testing.sas import get_messages
 from azqueue.testing.tasks import call
 
 SCRIPTS = Path(__file__).resolve().parent
-PHASES = ("steps", "celery", "create", "sas", "claimwork", "versus", "latency", "replicas",
-          "idle", "events", "rest")
+PHASES = ("steps", "celery", "create", "sas", "claimwork", "versus", "latency", "rtt",
+          "replicas", "idle", "events", "rest")
 DEFAULT_AMQP = "amqp://guest:guest@127.0.0.1:5672/"
 PYTHON = sys.executable
 
@@ -326,10 +335,9 @@ async def phase_celery(b: Bench) -> None:
         b.summary["celery enqueue"], b.summary["celery drain"] = rates
 
 
-async def celery_round(b: Bench, name: str) -> tuple[float, float] | None:
-    """The Celery peer enqueues N no-op tasks and its worker drains them: (enqueue, drain)
-    in tasks/s; None, saying how to install it, without the ``bench`` extra."""
-    n, w = b.args.tasks, b.args.workers
+def celery_peer(b: Bench) -> Any:
+    """The Celery peer's no-op task, its broker the proxy's ``celery`` ports; None,
+    saying how to install it, without the ``bench`` extra."""
     try:
         sys.path.insert(0, str(SCRIPTS))
         os.environ["BENCH_CELERY_BROKER"] = (f"azurestoragequeues://{KEY}@"
@@ -338,7 +346,16 @@ async def celery_round(b: Bench, name: str) -> tuple[float, float] | None:
     except ImportError as e:
         print(f"  skipped: {e}. Install the peer with: .venv/bin/pip install -e \".[bench]\"")
         return None
-    noop = bench_celery.noop
+    return bench_celery.noop
+
+
+async def celery_round(b: Bench, name: str) -> tuple[float, float] | None:
+    """The Celery peer enqueues N no-op tasks and its worker drains them: (enqueue, drain)
+    in tasks/s; None, saying how to install it, without the ``bench`` extra."""
+    n, w = b.args.tasks, b.args.workers
+    noop = celery_peer(b)
+    if noop is None:
+        return None
 
     def send(count: int) -> None:
         for _ in range(count):
@@ -832,6 +849,189 @@ async def phase_latency(b: Bench) -> None:
             b.summary[f"latency{workers} p99"] = p99
 
 
+# -- phase: at Azure's latency ------------------------------------------------------------
+
+# The calls of the per-call table, in its order.
+CALLS = ("createTask", "createTask, dependencies resolved", "createTask, existing group",
+         "created -> waiting claimWork has it", "claimTask", "reclaimTask", "reportCompleted",
+         "pollTaskUrls")
+
+
+@dataclass
+class Timings:
+    """Each call's durations (ms) and storage round trips one after another."""
+
+    ms: dict[str, list[float]] = field(default_factory=dict)
+    trips: dict[str, list[int]] = field(default_factory=dict)
+    chain: dict[str, str] = field(default_factory=dict)  # the longest chain of each
+
+    def note(self, what: str, seconds: float, chain: list[Trip]) -> None:
+        self.ms.setdefault(what, []).append(seconds * 1000)
+        self.trips.setdefault(what, []).append(len(chain))
+        if len(chain) >= max(self.trips[what]):
+            self.chain[what] = " -> ".join(f"{t.hit.service} {t.hit.kind}" for t in chain)
+
+
+class Timed:
+    """Times one call and counts the storage round trips it waited for, one after
+    another (``faultproxy.round_trips``), of ``clients`` (the server and SAS workers by
+    default)."""
+
+    def __init__(self, b: Bench, timings: Timings, what: str,
+                 clients: tuple[str, ...] = ("server", "workers")) -> None:
+        self.b, self.timings, self.what, self.clients = b, timings, what, clients
+        self.since = 0.0
+
+    def __enter__(self) -> Timed:
+        self.since = time.monotonic()
+        return self
+
+    def __exit__(self, kind: object, *_: object) -> None:
+        until = time.monotonic()
+        if kind is None:
+            assert self.b.proxy.trips is not None
+            self.timings.note(self.what, until - self.since, round_trips(
+                self.b.proxy.trips, self.since, until, self.clients))
+
+
+async def rtt_lifecycles(b: Bench, http: aiohttp.ClientSession, api: str, t: Timings) -> None:
+    """One task at a time: createTask, a SAS worker's claimTask (its poll not timed),
+    reclaimTask, reportCompleted, pollTaskUrls."""
+    queue = f"bench/rtt{b.proxy.delay * 2000:g}-sas"
+    urls = await call(http, "GET", f"{api}/poll-task-url/{queue}")
+    for i in range(b.args.rtt_calls + 1):
+        record = Timings() if i == 0 else t  # the first warms connections up
+        with Timed(b, record, "createTask"):
+            task_id = await create_task(http, api, queue)
+        messages = await sas.poll_once(http, urls)
+        assert messages and messages[0].tip["taskId"] == task_id, "the tip was not polled"
+        with Timed(b, record, "claimTask"):
+            claim = await claim_message(http, api, messages[0])
+        run = f"{api}/task/{task_id}/runs/{claim['runId']}"
+        with Timed(b, record, "reclaimTask"):
+            await call(http, "POST", f"{run}/reclaim")
+        with Timed(b, record, "reportCompleted"):
+            await call(http, "POST", f"{run}/completed")
+        with Timed(b, record, "pollTaskUrls"):
+            urls = await call(http, "GET", f"{api}/poll-task-url/{queue}")
+
+
+async def rtt_variants(b: Bench, http: aiohttp.ClientSession, api: str, t: Timings) -> None:
+    """createTask with a dependency already resolved, and into a group that has tasks."""
+    queue = f"bench/rtt{b.proxy.delay * 2000:g}-variants"
+    resolved = await create_task(http, api, queue)
+    claimed = await call(http, "POST", f"{api}/claim-work/{queue.replace('/', '%2F')}",
+                         {"workerGroup": "bench", "workerId": "rtt", "tasks": 1})
+    [claim] = claimed["tasks"]
+    assert claim["status"]["taskId"] == resolved
+    await call(http, "POST", f"{api}/task/{resolved}/runs/{claim['runId']}/completed")
+    group = await create_task(http, api, queue)
+    for i in range(b.args.rtt_calls + 1):
+        record = Timings() if i == 0 else t
+        with Timed(b, record, "createTask, dependencies resolved"):
+            await tasks.create(http, api, {**benchlib.definition(queue),
+                                           "dependencies": [resolved]})
+        with Timed(b, record, "createTask, existing group"):
+            await tasks.create(http, api, {**benchlib.definition(queue), "taskGroupId": group})
+
+
+async def rtt_hand_over(b: Bench, http: aiohttp.ClientSession, api: str, t: Timings) -> None:
+    """A claimWork caller waits; createTask sent -> the caller answered with the task."""
+    queue = f"bench/rtt{b.proxy.delay * 2000:g}-claimwork"
+    settle = max(0.3, b.proxy.delay * 2 * 20)  # past its first look at the queues
+    for i in range(b.args.rtt_calls + 1):
+        record = Timings() if i == 0 else t
+        waiting = asyncio.create_task(call(
+            http, "POST", f"{api}/claim-work/{queue.replace('/', '%2F')}",
+            {"workerGroup": "bench", "workerId": "rtt", "tasks": 1}))
+        await asyncio.sleep(settle)
+        with Timed(b, record, "created -> waiting claimWork has it"):
+            task_id = await create_task(http, api, queue)
+            [claim] = (await waiting)["tasks"]
+        assert claim["status"]["taskId"] == task_id
+        await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
+
+
+async def rtt_celery(b: Bench, t: Timings) -> bool:
+    """The Celery peer's enqueue, one task at a time; False without the peer."""
+    noop = None if b.args.skip_celery else celery_peer(b)
+    if noop is None:
+        return False
+    await asyncio.to_thread(noop.delay)  # its connection and queue
+    for _ in range(b.args.rtt_calls):
+        with Timed(b, t, "Celery enqueue", ("celery",)):
+            await asyncio.to_thread(noop.delay)
+    return True
+
+
+async def phase_rtt(b: Bench) -> None:
+    """Each call one at a time, then the 16-client figures, at each round trip of
+    ``--rtt`` added to every storage request (the proxy holds every chunk back half of it
+    each way: azqueue's and the Celery peer's alike)."""
+    for rtt in b.args.rtt:
+        print(f"\n== rtt: {rtt:g} ms added to every storage request ({rtt / 2:g} ms each way), "
+              f"{b.args.rtt_calls} calls each one at a time, then {b.args.workers} clients ==")
+        b.proxy.delay, b.proxy.trips = rtt / 2000, []
+        try:
+            await rtt_round(b, rtt)
+        finally:
+            b.proxy.delay, b.proxy.trips = 0.0, None
+
+
+async def rtt_round(b: Bench, rtt: float) -> None:
+    t, peer = Timings(), Timings()
+    server = await b.start_server("server-rtt", **QUIET_RESOLVERS)
+    try:
+        async with signed_session() as http:
+            await rtt_lifecycles(b, http, server.api, t)
+            await rtt_variants(b, http, server.api, t)
+            await rtt_hand_over(b, http, server.api, t)
+        celery = await rtt_celery(b, peer)
+        await forget_resolved(b)
+        created = await create_backlog(b, f"bench/rtt{rtt:g}", "createTask", server=server)
+        drained = (await drain(b, "claim-work", f"bench/rtt{rtt:g}", [server.root_url])).rate
+    finally:
+        await b.stop_server("server-rtt", server)
+    rates = await celery_round(b, f"celery-rtt{rtt:g}") if celery else None
+    print_rtt(b, rtt, t, peer, created, drained, rates)
+
+
+def print_rtt(b: Bench, rtt: float, t: Timings, peer: Timings, created: float, drained: float,
+              rates: tuple[float, float] | None) -> None:
+    s, key = b.summary, f"rtt{rtt:g}"
+    enqueue = peer.ms.get("Celery enqueue")
+    print(f"\n| call ({rtt:g} ms a round trip) | p50 ms | p99 ms | storage round trips one "
+          "after another (median, max) | p50 / Celery enqueue p50 |\n"
+          "| --- | ---: | ---: | ---: | ---: |")
+    for what in (*CALLS, "Celery enqueue"):
+        ms, trips = (peer if what == "Celery enqueue" else t).ms.get(what), \
+            (peer if what == "Celery enqueue" else t).trips.get(what, [])
+        if not ms:
+            continue
+        p50, p99 = percentile(ms, 50), percentile(ms, 99)
+        s[f"{key} {what} p50"], s[f"{key} {what} p99"] = p50, p99
+        s[f"{key} {what} trips"] = statistics.median(trips)
+        ratio = f"{p50 / percentile(enqueue, 50):.2f}x" if enqueue else ""
+        # Without a delay, requests sent together may be answered one after another.
+        chained = f"{statistics.median(trips):g}, {max(trips)}" if rtt else "-"
+        print(f"| {what} | {p50:.1f} | {p99:.1f} | {chained} | {ratio} |")
+    print(f"\n| {b.args.workers} clients / workers ({rtt:g} ms) | azqueue | Celery | azqueue / "
+          f"Celery |\n| --- | ---: | ---: | ---: |")
+    for what, mine, theirs in (("createTask / enqueue, tasks/s", created, rates and rates[0]),
+                               ("drain (claimWork), tasks/s", drained, rates and rates[1])):
+        ratio = f"{mine / theirs:.2f}x" if theirs else ""
+        print(f"| {what} | {mine:.1f} | {f'{theirs:.1f}' if theirs else '-'} | {ratio} |")
+    s[f"{key} create rate"], s[f"{key} drain rate"] = created, drained
+    if rates is not None:
+        s[f"{key} create ratio"], s[f"{key} drain ratio"] = created / rates[0], drained / rates[1]
+    if rtt:
+        print("\nthe longest chain of each call (the storage requests it waited for one after "
+              "another, the longest seen):")
+        for chains in (t.chain, peer.chain):
+            for what, chain in chains.items():
+                print(f"  {what}: {chain or '(none)'}")
+
+
 # -- phase: two replicas -------------------------------------------------------------------
 
 async def phase_replicas(b: Bench) -> None:
@@ -1088,6 +1288,19 @@ GOALS = (
          lambda v: v >= 0.8, "x"),
     Goal("events on / off: server CPU / lifecycle", "<= 1.5x", _get("events/off lifecycle cpu"),
          lambda v: v <= 1.5, "x"),
+    Goal("10 ms a round trip (rtt): createTask p50 / Celery enqueue p50", "<= 1.2x",
+         _get("rtt10 createTask p50", "rtt10 Celery enqueue p50", combine=lambda a, c: a / c),
+         lambda v: v <= 1.2, "x"),
+    *(Goal(f"10 ms a round trip (rtt): {what} p99", "<= 30 ms", _get(f"rtt10 {what} p99"),
+           lambda v: v <= 30, " ms") for what in CALLS[:3]),
+    Goal("10 ms a round trip (rtt): created -> waiting claimWork has it, p50", "<= 40 ms",
+         _get(f"rtt10 {CALLS[3]} p50"), lambda v: v <= 40, " ms"),
+    *(Goal(f"10 ms a round trip (rtt): {what} p50", "<= 15 ms", _get(f"rtt10 {what} p50"),
+           lambda v: v <= 15, " ms") for what in CALLS[4:7]),
+    Goal("10 ms a round trip (rtt): createTask / Celery enqueue, 16 clients", ">= 1.2x",
+         _get("rtt10 create ratio"), lambda v: v >= 1.2, "x"),
+    Goal("10 ms a round trip (rtt): claimWork drain / Celery drain", ">= 3x",
+         _get("rtt10 drain ratio"), lambda v: v >= 3, "x"),
     *(goal for mode, cross in (("off", 2.0), ("on", 0.5)) for goal in (
         Goal(f"at rest, events {mode}: storage requests/s per replica, nobody waiting", "<= 2",
              _get(f"rest {mode} idle per replica"), lambda v: v <= 2),
@@ -1152,7 +1365,8 @@ def print_summary(b: Bench) -> None:
 DEADLINE_QUEUES = ("azq-deadline-batches", "azq-deadline")
 # The phases that start with no task of theirs yet (``sas`` drains the backlog ``create``
 # made, whose deadline triggers it needs).
-OWN_TASKS = ("steps", "celery", "create", "claimwork", "latency", "replicas", "idle", "rest")
+OWN_TASKS = ("steps", "celery", "create", "claimwork", "latency", "rtt", "replicas", "idle",
+             "rest")
 
 
 async def forget_resolved(b: Bench) -> None:
@@ -1179,7 +1393,7 @@ async def forget_resolved(b: Bench) -> None:
 RUNNERS: dict[str, Callable[[Bench], Awaitable[None]]] = {
     "steps": phase_steps, "celery": phase_celery, "create": phase_create, "sas": phase_sas,
     "claimwork": phase_claimwork, "versus": phase_versus, "latency": phase_latency,
-    "replicas": phase_replicas,
+    "rtt": phase_rtt, "replicas": phase_replicas,
     "idle": phase_idle, "events": phase_events, "rest": phase_rest}
 
 
@@ -1235,6 +1449,11 @@ def parse_args() -> argparse.Namespace:
                         help="lifecycles of the per-step table (30)")
     parser.add_argument("--latency-tasks", type=int, default=50,
                         help="tasks per claimWork latency scenario (50)")
+    parser.add_argument("--rtt", default="0,10", metavar="MS,...",
+                        help="round trips added to every storage request in the rtt phase, "
+                             "in ms, comma-separated (0,10; 30 as Azure at its slower)")
+    parser.add_argument("--rtt-calls", type=int, default=40,
+                        help="calls of each kind timed one at a time per round trip (rtt, 40)")
     parser.add_argument("--idle-seconds", type=float, default=10.0)
     parser.add_argument("--rest-queues", type=int, default=20,
                         help="task queues with a caller waiting on each replica (rest, 20)")
@@ -1262,6 +1481,11 @@ def parse_args() -> argparse.Namespace:
                      f"{', '.join(PHASES)}")
     args.phases = [p for p in PHASES if p in phases
                    and not (p in ("celery", "versus") and args.skip_celery)]
+    try:
+        args.rtt = [float(x) for x in args.rtt.split(",") if x.strip()]
+    except ValueError:
+        parser.error(f"--rtt wants milliseconds separated by commas, such as 0,10,30, "
+                     f"not {args.rtt!r}")
     if args.tasks < 2 or args.workers < 2:
         parser.error("--tasks and --workers must be at least 2")
     return args

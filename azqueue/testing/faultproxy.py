@@ -29,6 +29,12 @@ Requests are forwarded as they came, so Shared Key and SAS signatures hold. Use:
     ...
     await proxy.stop()
 
+To measure at a real account's latency, ``delay`` (seconds, 0 by default) holds every
+chunk back that long on its way to Azurite and again on its way back, so each request
+takes twice that more; ``trips``, when a list, gets a ``Trip`` for every request
+answered (who sent it, when it came and when its answer went back), from which
+``round_trips`` tells which requests of a call ran one after another.
+
 ``faults`` may be replaced while it runs (``proxy.faults = Faults()``); ``once`` injects
 one fault into the next request that matches, whatever the rates; ``hold`` keeps the
 next request that matches until the caller lets it through; ``counts`` says what was
@@ -44,7 +50,7 @@ import json
 import random
 import time
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from email.utils import formatdate
@@ -90,6 +96,73 @@ class Held:
     async def until_released(self) -> None:
         self.reached.set()
         await self._released.wait()
+
+
+@dataclass(frozen=True, slots=True)
+class Trip:
+    """One request forwarded and answered: ``sent`` when its head came, ``answered`` when
+    its answer's first bytes went back to the client (``time.monotonic()``)."""
+
+    hit: Hit
+    sent: float
+    answered: float
+
+
+def round_trips(trips: list[Trip], since: float, until: float,
+                clients: tuple[str, ...] = ("server", "workers")) -> list[Trip]:
+    """The longest chain of ``clients``' requests sent at or after ``since`` and answered
+    by ``until`` in which each was sent only once the one before was answered: the
+    storage round trips a call between those moments waited for, one after another."""
+    chosen = sorted((t for t in trips if t.hit.client in clients and since <= t.sent
+                     and t.answered <= until), key=lambda t: t.sent)
+    chains: list[list[Trip]] = []
+    for i, trip in enumerate(chosen):
+        before = max((chains[j] for j in range(i) if chosen[j].answered <= trip.sent),
+                     key=len, default=[])
+        chains.append([*before, trip])
+    return max(chains, key=len, default=[])
+
+
+class _Delayed:
+    """Bytes written ``delay`` seconds after they were given, in the order given."""
+
+    def __init__(self, write: Callable[[bytes], None]) -> None:
+        self.write = write
+        self.items: deque[tuple[float, bytes]] = deque()
+        self.timer: asyncio.TimerHandle | None = None
+        self.then: Callable[[], None] | None = None  # once all is written
+
+    def push(self, data: bytes, delay: float) -> None:
+        if delay <= 0 and not self.items:
+            self.write(data)
+            return
+        loop = asyncio.get_running_loop()
+        self.items.append((loop.time() + delay, data))
+        if self.timer is None:
+            self.timer = loop.call_at(self.items[0][0], self._due)
+
+    def _due(self) -> None:
+        self.timer = None
+        loop = asyncio.get_running_loop()
+        while self.items and self.items[0][0] <= loop.time():
+            self.write(self.items.popleft()[1])
+        if self.items:
+            self.timer = loop.call_at(self.items[0][0], self._due)
+        elif self.then is not None:
+            then, self.then = self.then, None
+            then()
+
+    def after(self, then: Callable[[], None]) -> None:
+        """Call ``then`` once everything given is written (now, if it is)."""
+        if self.items:
+            self.then = then
+        else:
+            then()
+
+    def cancel(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+        self.items.clear()
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,8 +248,11 @@ class _Downstream(asyncio.Protocol):
         self.paused: bytes | None = None  # the head of a request held back
         self.lost = ""
         self.waiting: tuple[float, str] | None = None  # since when, and what
+        self.hit: Hit | None = None
         self.last = self.sent = self.replied = time.monotonic()
         self.timer: asyncio.TimerHandle | None = None
+        self.outward = _Delayed(self._send_now)  # towards Azurite
+        self.back = _Delayed(self._reply_now)  # towards the client
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
@@ -188,10 +264,16 @@ class _Downstream(asyncio.Protocol):
         self.proxy.open.discard(self)
         if self.timer is not None:
             self.timer.cancel()
+        self.outward.cancel()
+        self.back.cancel()
         if self.upstream is not None:
             self.upstream.close()
 
     def close(self) -> None:
+        """Close both sides, once what is on its way back to the client is written."""
+        self.back.after(self._close_now)
+
+    def _close_now(self) -> None:
         if self.transport is not None:
             self.transport.close()
         if self.upstream is not None:
@@ -201,6 +283,9 @@ class _Downstream(asyncio.Protocol):
 
     def send(self, data: bytes) -> None:
         self.last = self.sent = time.monotonic()
+        self.outward.push(data, self.proxy.delay)
+
+    def _send_now(self, data: bytes) -> None:
         if self.upstream is not None:
             self.upstream.write(data)
             return
@@ -246,6 +331,9 @@ class _Downstream(asyncio.Protocol):
         self.last = self.replied = time.monotonic()
         if self.waiting is not None:  # the first bytes of the answer to the request
             self.proxy.took(self.service, *self.waiting, data)
+            if self.proxy.trips is not None and self.hit is not None and not self.lost:
+                self.proxy.trips.append(Trip(self.hit, self.waiting[0],
+                                             self.replied + self.proxy.delay))
             self.waiting = None
             if self.lost:
                 lost, self.lost = self.lost, ""
@@ -255,10 +343,12 @@ class _Downstream(asyncio.Protocol):
                 self._retire()
                 self.reply(azure_error(self.service, 500, "OperationTimedOut"))
                 return
-        if self.transport is not None:
-            self.transport.write(data)
+        self.reply(data)
 
     def reply(self, data: bytes) -> None:
+        self.back.push(data, self.proxy.delay)
+
+    def _reply_now(self, data: bytes) -> None:
         if self.transport is not None:
             self.transport.write(data)
 
@@ -317,8 +407,8 @@ class _Downstream(asyncio.Protocol):
         client, method, target = classify(self.label, head)
         path, _, query = target.partition("?")
         inner = path[len(ACCOUNT) + 1:] if path.startswith(f"/{ACCOUNT}") else path
-        self.proxy.requests[Hit(client, self.service,
-                                request_kind(self.service, method, inner, query))] += 1
+        self.hit = Hit(client, self.service, request_kind(self.service, method, inner, query))
+        self.proxy.requests[self.hit] += 1
         fate = self.proxy.fate(self.service, method, unquote(path), query)
         self.forwarding = not fate.answer
         self.answer = fate.answer
@@ -366,6 +456,8 @@ class FaultProxy:
                  seed: int | None = None) -> None:
         self.upstream = dict(upstream)
         self.faults = faults
+        self.delay = 0.0
+        self.trips: list[Trip] | None = None
         self.counts: Counter[str] = Counter()
         self.requests: Counter[Hit] = Counter()
         self.ports: dict[tuple[str, str], int] = {}
