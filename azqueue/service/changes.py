@@ -17,7 +17,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from azqueue import errors, metrics
@@ -59,6 +59,7 @@ class Changes:
     index: ClaimIndex
     crash_after_commit: bool = False
     observers: tuple[ChangeObserver, ...] = ()
+    _settling: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def change(self, task_id: str, fn: Callable[[Task], Task],
                      loaded: Stored | None = None, hold: HeldMessage | None | Keep = KEEP,
@@ -140,6 +141,30 @@ class Changes:
         if run_id < len(change.before.runs) and \
                 change.before.runs[run_id].state is RunState.RUNNING:
             await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
+
+    def settle_soon(self, change: Change, run_id: int) -> None:
+        """``settle``, after the caller has answered: the change is stored, and what
+        settling does is only the run's message kept in line with it, which holds without
+        it (a message left behind reappears at ``takenUntil`` and its claim is refused, a
+        retry's tip is repaired; see ``tips``). ``close`` waits for it."""
+        job = asyncio.ensure_future(self._settle_logged(change, run_id))
+        self._settling.add(job)
+        job.add_done_callback(self._settling.discard)
+
+    async def _settle_logged(self, change: Change, run_id: int) -> None:
+        try:
+            await self.settle(change, run_id)
+        except (errors.StorageError, errors.QueueError) as e:
+            log.warning("task %s run %d: its message was not settled after its resolution, "
+                        "and reappears when its claim ends: %s", change.after.task_id, run_id, e)
+        except Exception:
+            log.exception("task %s run %d: settling its message failed", change.after.task_id,
+                          run_id)
+
+    async def close(self) -> None:
+        """Wait (briefly) for the messages still being settled."""
+        if self._settling:
+            await asyncio.wait(set(self._settling), timeout=10)
 
     async def _claimed_soon(self, task_id: str, run_id: int) -> bool:
         """Whether pending run ``run_id`` is claimed within ``RETRY_TIP_WAIT``. Asked when

@@ -4,7 +4,7 @@ Every path resolves a run through a transition of ``model.task`` written by
 ``Changes.change`` (conditional on the ETag), then ``Changes.settle`` deletes or releases
 the message the run held. A report from the worker that this process saw claim the run
 starts from this process's copy of the task, so it costs two storage requests: the
-write and the message's delete.
+write and the message's delete, which goes out once the report is answered.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ class Resolution:
         change = await self.changes.change(
             task_id, lambda t: model.resolve(t, run_id, state, reason, now), cached,
             speculative=cached is not None)
-        await self.changes.settle(change, run_id)
+        # The report is stored: its answer waits for nothing more.
+        self.changes.settle_soon(change, run_id)
         return change.after.status()
 
     async def cancel_task(self, task_id: str,

@@ -219,6 +219,7 @@ async def _setup(services: Services) -> None:
 
 async def _close(services: Services) -> None:
     """Index the claims still running, let in-flight bookkeeping finish (briefly)."""
+    await services.changes.close()  # before what settling uses (the index, the doorbell)
     await services.doorbell.close()
     await services.index.close()
     await services.workers.close()

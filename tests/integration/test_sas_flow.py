@@ -44,10 +44,12 @@ async def test_worker_does_the_seed_000_dance_with_plain_http(
     assert code == 200, done
     assert done["status"]["state"] == "completed"
     assert (await status(http, server.api, task_id))["runs"][0]["reasonResolved"] == "completed"
-    # The tip is gone: not visible now, and not hidden either (the queue is empty).
+    # The tip goes (once the report is answered): not visible, and not hidden either (the
+    # queue is empty).
+    await eventually(lambda: storage.message_count(storage.pending_queue("prov/seed000")),
+                     lambda n: n == 0, what="the run's message deleted after its report")
     for q in urls["queues"]:
         assert await sas.get_messages(http, q["signedPollUrl"], 32) == []
-    assert await storage.message_count(storage.pending_queue("prov/seed000")) == 0
 
 
 async def test_poll_urls_are_ordered_highest_priority_first(
