@@ -7,13 +7,19 @@ safe because every write is conditional on the ETag the copy was written at
 loses its write (412), and only then is the task read. A copy is never used to answer
 without writing: a refusal or a "nothing to do" found on it is decided again on a fresh
 read. Bounded in entries and age; reads for clients (status, definition) never use it.
+
+It also knows the new tasks this process is inserting (``inserting``), so that a claim of
+a tip handed over the moment its put was answered can rewrite the tip while the insert
+is under way, and write the claim once the insert says what it stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict
 
+from azqueue.model.task import Task
 from azqueue.storage.taskrows import Stored
 
 MAX_ENTRIES = 10_000
@@ -27,6 +33,7 @@ class TaskCache:
         self._entries: OrderedDict[str, tuple[float, Stored]] = OrderedDict()
         self._max_entries = max_entries
         self._max_age = max_age
+        self._inserting: dict[str, tuple[Task, asyncio.Future[Stored | None]]] = {}
 
     def get(self, task_id: str) -> Stored | None:
         entry = self._entries.get(task_id)
@@ -46,3 +53,24 @@ class TaskCache:
 
     def drop(self, task_id: str) -> None:
         self._entries.pop(task_id, None)
+
+    def insert_begins(self, task: Task) -> asyncio.Future[Stored | None]:
+        """``task`` is about to be inserted by this process: what ``inserting`` gives until
+        ``insert_ends`` is called with the future returned."""
+        inserted: asyncio.Future[Stored | None] = asyncio.get_running_loop().create_future()
+        self._inserting[task.task_id] = (task, inserted)
+        return inserted
+
+    def insert_ends(self, task_id: str, inserted: asyncio.Future[Stored | None],
+                    stored: Stored | None) -> None:
+        """The insert of ``insert_begins`` is over: ``stored`` is the task it stored, None
+        if it stored none (a task of that id existed, or it failed)."""
+        if not inserted.done():
+            inserted.set_result(stored)
+        if self._inserting.get(task_id, (None, None))[1] is inserted:
+            del self._inserting[task_id]
+
+    def inserting(self, task_id: str) -> tuple[Task, asyncio.Future[Stored | None]] | None:
+        """The task this process is inserting with that id, and what will say what the
+        insert stored; None if it is inserting none."""
+        return self._inserting.get(task_id)

@@ -127,12 +127,45 @@ class Claims:
         if tip and polled_from is not None and \
                 not self.signer.verify(polled_from, task_id, run_id, tip.signature):
             raise self._bad_signature(task_id, run_id)
+        inserting = self.cache.inserting(task_id) if tip and polled_from is not None else None
+        if inserting is not None:
+            return await self._claim_while_inserted(request, *inserting)
         decided = await self._decide_first(request)
         if isinstance(decided, dict):
             return decided  # the caller holds the run already
         stored, guess = decided
         hold = await self._rewrite_tip(request, stored.task) if tip else None
         change = await self._write_claim(request, stored, hold, guess)
+        return await self._answer_written(request, change, hold)
+
+    async def _claim_while_inserted(self, request: _Request, task: Task,
+                                    inserted: asyncio.Future[Stored | None]) -> dict[str, Any]:
+        """A tip handed to claimWork as soon as its put was answered, its task still being
+        inserted by this process: the tip is rewritten while the insert is under way, and
+        the claim written once the insert has stored the task (decided on the task it
+        stored, or, if it stored none, on a fresh read: a task of that id was there
+        before). Until the claim is written the task is pending with its only tip
+        rewritten: what a replica that dies then leaves is what a claim that dies
+        between its rewrite and its write leaves (the tip repair gives the run another)."""
+        self._admit(request, task)
+        self._decide(request, task)  # a new task's run 0: refused here only if it is not
+        rewriting = asyncio.ensure_future(self._rewrite_tip(request, task))
+        try:
+            stored = await asyncio.shield(inserted)
+        finally:
+            hold = await rewriting
+        movable = hold if hold.pop_receipt else None
+        try:
+            if stored is None:  # the task was there before: decided on what is stored
+                stored = await self.tasks.load(request.task_id)
+                self._admit(request, stored.task)
+                self._decide(request, stored.task)
+        except (errors.QueueError, errors.StorageError) as e:
+            if movable and isinstance(e, errors.QueueError):
+                await self.queues.drop(movable.queue_name, movable.message_id,
+                                       movable.pop_receipt)
+            raise
+        change = await self._write_claim(request, stored, hold, True)
         return await self._answer_written(request, change, hold)
 
     def _decide(self, request: _Request, task: Task) -> Task:

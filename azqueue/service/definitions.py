@@ -7,7 +7,9 @@ whose schedulerId is not its group's, or new to a sealed group, is refused with 
 before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the
 Azure queue invariants are written), so that the tip's record is written in the same
 transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
-first and no tip (``dependencies``). A repeated createTask with the same definition
+first and no tip (``dependencies``). A claimWork caller waiting in this process is handed
+the tip as soon as its put is answered, and rewrites it while the task is inserted
+(``Claims.claim``). A repeated createTask with the same definition
 finishes what a first attempt that failed may have left undone and answers the same; a
 different definition is 409, and leaves nothing that works later (its deadline trigger
 is withdrawn, its group row and tip deleted). scheduleTask, and a dependency resolved, give an unscheduled
@@ -105,8 +107,18 @@ class Definitions:
             if waiting:
                 defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
-        tip, tip_visible, deadline = await self._put_before_insert(task, now, waiting)
-        stored = await self._insert(task, definition, tip, tip_visible, deadline)
+        # A claimWork caller waiting here is handed the tip as soon as its put is
+        # answered, and claims it while the task is inserted (``Claims.claim``).
+        inserting = None if waiting else self.changes.cache.insert_begins(task)
+        stored = None
+        try:
+            tip, tip_visible, deadline, handed = await self._put_before_insert(
+                task, now, waiting, inserting is not None)
+            stored = await self._insert(task, definition, tip, None if handed else tip_visible,
+                                        deadline)
+        finally:
+            if inserting is not None:
+                self.changes.cache.insert_ends(task_id, inserting, stored)
         if stored is None:
             existing = await self.tasks.load(task_id)
             if dict(existing.task.definition) != definition:
@@ -122,37 +134,44 @@ class Definitions:
             await self.dependencies.recheck(task)
             await self.dependencies.drop(defining)
             return (await self.tasks.get(task_id)).status()
-        if tip is not None:
+        if tip is not None and not handed:
             self.tips.hand_over(task, tip)
         return task.status()
 
-    async def _put_before_insert(self, task: Task, now: datetime,
-                                 waiting: bool) -> tuple[Message | None, float, Trigger]:
+    async def _put_before_insert(self, task: Task, now: datetime, waiting: bool,
+                                 hand_early: bool
+                                 ) -> tuple[Message | None, float, Trigger, bool]:
         """Before the task, all at once: the deadline trigger (if we died after the insert
         without it, nothing would ever resolve the task; without the task, the resolver
         drops it), the group member, and the tip (unless the task waits for its
         dependencies), so that its record is written with the task. What a createTask
-        that dies before the insert leaves is harmless. Returns the tip, when it became
-        visible (on the event loop's clock) and the deadline trigger."""
+        that dies before the insert leaves is harmless. With ``hand_early``, the tip is
+        offered to a claimWork caller waiting here as soon as its put is answered.
+        Returns the tip, when it became visible (on the event loop's clock), the
+        deadline trigger, and whether a caller took the tip."""
         loop = asyncio.get_running_loop()
         tip_visible = loop.time()
+        handed = False
 
         async def put_tip() -> Message:
-            nonlocal tip_visible
+            nonlocal tip_visible, handed
             message = await self.tips.put(task, 0)
             tip_visible = loop.time()  # a worker may poll it from now on
+            handed = hand_early and self.tips.offer(task, message)
             return message
 
         deadline, _, tip = await asyncio.gather(
             self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
             self._add_to_group(task),
             self._no_tip() if waiting else put_tip())
-        return tip, tip_visible, deadline
+        return tip, tip_visible, deadline, handed
 
     async def _insert(self, task: Task, definition: dict[str, Any], tip: Message | None,
-                      tip_visible: float, deadline: Trigger) -> Stored | None:
+                      tip_visible: float | None, deadline: Trigger) -> Stored | None:
         """Insert the task with its events (published from here) and the record of its
-        tip; None if a task of that id is stored already."""
+        tip; None if a task of that id is stored already. ``tip_visible``: when the tip
+        became visible to workers' polls (None: a caller here took it at once, and its
+        claim waits for this insert however long it takes)."""
         token = self.outbox.begin() if self.outbox is not None else None
         # The events of the new task: written with it, published from here.
         written = events.for_change(None, task) if token is not None else []
@@ -163,7 +182,8 @@ class Definitions:
                 await self.outbox.abandon(token, task.task_id, written=isinstance(
                     e, errors.StorageError) or not isinstance(e, errors.QueueError))
             raise
-        since_tip = asyncio.get_running_loop().time() - tip_visible
+        since_tip = 0.0 if tip_visible is None else \
+            asyncio.get_running_loop().time() - tip_visible
         if stored is not None and tip is not None and since_tip > TIP_WAIT.total_seconds() / 2:
             # A claim of the tip waits only so long for the task: one that gave up had its
             # worker delete the tip, so the run gets another.

@@ -16,6 +16,12 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   (a claim answers 404 and the worker deletes it), never a task without a tip. A claim
   waits up to ``claims.TIP_WAIT`` for the task; a task stored later than half that after
   its tip gets another tip. A repeated createTask of a pending run 0 adds a tip again.
+  A claimWork caller waiting in the creating process is handed run 0's tip as soon as
+  its put is answered and rewrites it (below) while the task is inserted, writing its
+  claim only once the insert stored the task: a process that dies in between leaves a
+  pending run whose only tip says ``r + 1``, invisible until ``takenUntil``, as a claim
+  that dies between its rewrite and its write does, and the tip repair gives the run a
+  fresh tip (its live tip's receipt no longer holds).
   What a request that dies part-way leaves without a tip, the task's deadline trigger
   (``triggers``, first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
@@ -26,7 +32,8 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   claim-expired. The claim resolver expires the claims nobody polls for, from the claim
   index (``claimindex``).
 * When run ``r`` is resolved, the write that resolves it clears ``held`` and
-  ``changes.settle`` fixes its message: made visible at once when the retry ``r + 1`` is
+  ``changes.settle`` fixes its message (for a worker's report, after the report is
+  answered): made visible at once when the retry ``r + 1`` is
   pending (its text already says ``r + 1``), deleted otherwise; a fresh tip is queued
   when the old one cannot be used, unless the retry is claimed meanwhile (a worker's
   poll took the message, which says ``r + 1``: ``changes.RETRY_TIP_WAIT``). If the
@@ -128,6 +135,12 @@ class Tips:
             return False
         await self.tasks.renew_live_tip(task.task_id, replace(tip, pop_receipt=receipt))
         return True
+
+    def offer(self, task: Task, message: Message) -> bool:
+        """Offer a tip of ``task`` just put, the task still being inserted by this process
+        (``TaskCache.inserting``), to a claimWork caller waiting here; whether one took it.
+        Nothing is rung if none did: ``hand_over`` does, once the task is stored."""
+        return self.waiting.offer(task, message)
 
     def hand_over(self, task: Task, message: Message) -> None:
         """Offer a tip of ``task`` just put (and recorded) to a claimWork caller waiting

@@ -25,6 +25,7 @@ from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import definition, slugid, status
+from tests.integration.test_claim_work import callers_waiting
 from tests.servers import ROOT, Server, ServerFactory
 from tests.waiting import eventually
 
@@ -311,6 +312,12 @@ async def test_a_reclaim_whose_message_update_was_applied_but_not_answered_is_a_
     assert code == 200 and done["status"]["state"] == "completed", done
 
 
+async def _put_task(http: aiohttp.ClientSession, server: Server, task_id: str,
+                    body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+        return r.status, await r.json()
+
+
 async def _create(http: aiohttp.ClientSession, server: Server, task_queue_id: str) -> str:
     task_id = slugid()
     async with http.put(f"{server.api}/task/{task_id}", json=definition(task_queue_id)) as r:
@@ -341,6 +348,60 @@ async def test_a_report_is_answered_once_stored_while_its_message_is_deleted_aft
         delete.release()
     await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
                      what="the run's message deleted after the report's answer")
+
+
+@pytest.mark.parametrize("taken", ["free", "by another definition"])
+async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stored(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector, taken: str) -> None:
+    """On the replica that creates a task, a claimWork caller waiting for its task queue
+    is handed the tip as soon as its put is answered and rewrites it before the task is
+    stored (here the deadline trigger's put, which the insert waits for, is held back by
+    storage); the claim is written once the insert is. Meanwhile the task is not there
+    for readers (404: createTask has not answered). If the insert stores nothing because
+    the taskId belongs to another task (createTask answers 409), the rewritten tip is
+    deleted, the caller gets no task, and the other task is untouched."""
+    server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=3.0)
+    task_queue_id, task_id = "prov/handearly", slugid()
+    if taken != "free":
+        code, body = await _put_task(http, server, task_id, definition("prov/handother"))
+        assert code == 200, body
+    waiting = asyncio.create_task(sas.post(
+        http, f"{server.api}/claim-work/prov%2Fhandearly",
+        {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
+    await callers_waiting(server, task_queue_id)
+    entry = server.services.work.waiting.entry(task_queue_id)
+    await eventually(lambda: not entry.dirty, interval=0.05,
+                     what="the caller's poller done with its first look at the queues")
+    pending = storage.pending_queue(task_queue_id)
+    trigger = proxy.hold("POST", "-deadline-batches/messages")
+    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
+    creating = asyncio.create_task(_put_task(http, server, task_id,
+                                             definition(task_queue_id)))
+    try:
+        await asyncio.wait_for(rewrite.reached.wait(), 30)
+        assert trigger.reached.is_set() and not creating.done()
+        if taken == "free":
+            async with http.get(f"{server.api}/task/{task_id}/status") as r:
+                assert r.status == 404, await r.text()
+    finally:
+        trigger.release()
+        rewrite.release()
+    code, created = await creating
+    assert code == (200 if taken == "free" else 409), created
+    code, answer = await waiting
+    assert code == 200, answer
+    if taken == "free":
+        assert [c["status"]["taskId"] for c in answer["tasks"]] == [task_id], answer
+        assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
+        code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+        assert code == 200, done
+    else:
+        assert answer["tasks"] == [], answer
+        [run] = (await status(http, server.api, task_id))["runs"]
+        assert run["state"] == "pending", run
+    await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
+                     what="no message left in the caller's queue")
 
 
 async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its_tip(
