@@ -2,25 +2,26 @@
 (task, status, listTaskGroup's page of tasks, listDependentTasks).
 
 createTask writes, before the task itself and all at once, the task's deadline trigger
-(``triggers``, which also triggers the tip repair, ``repair``), its task group's member row (a task
-whose schedulerId is not its group's, or new to a sealed group, is refused with 409
-before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the
-Azure queue invariants are written), so that the tip's record is written in the same
-transaction as the task; a task that waits for dependencies gets its wait rows and dependents rows
-first and no tip (``dependencies``). A claimWork caller waiting in this process is handed
+(``triggers``, which also triggers the tip repair, ``repair``), its task group's member
+row (a task whose schedulerId is not its group's, or new to a sealed group, is refused
+with 409 before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the Azure
+queue invariants are written), so that the tip's record is written in the same
+transaction as the task; a task that waits for dependencies gets its wait rows and
+dependents rows first and no tip (``dependencies``), one whose dependencies are resolved
+its dependents rows with the tip. A claimWork caller waiting in this process is handed
 the tip as soon as its put is answered, and rewrites it while the task is inserted
-(``Claims.claim``). A repeated createTask with the same definition
-finishes what a first attempt that failed may have left undone and answers the same; a
-different definition is 409, and leaves nothing that works later (its deadline trigger
-is withdrawn, its group row and tip deleted). scheduleTask, and a dependency resolved, give an unscheduled
-task its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
+(``Claims.claim``). A repeated createTask with the same definition finishes what a first
+attempt that failed may have left undone and answers the same; a different definition is
+409, and leaves nothing that works later (its deadline trigger is withdrawn, its group
+row and tip deleted). scheduleTask, and a dependency resolved, give an unscheduled task
+its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -35,7 +36,7 @@ from azqueue.model.task import RunState, Task
 from azqueue.service import paging
 from azqueue.service.changes import Changes
 from azqueue.service.claims import TIP_WAIT
-from azqueue.service.dependencies import Dependencies, gather_limited
+from azqueue.service.dependencies import Dependencies, NewTask, gather_limited
 from azqueue.service.groupowner import GroupOwners
 from azqueue.service.tips import Tips, live
 from azqueue.service.triggers import DeadlineTriggers, Trigger
@@ -89,31 +90,29 @@ class Definitions:
         joined = await self._check_group_open(task_id, definition)
         new = None
         if definition["dependencies"]:
-            try:
-                existing = await self.tasks.load(task_id)
-            except errors.NotFound:
-                pass
-            else:  # nothing of a repeated or refused definition is written
-                return await self._defined_before(existing, definition, None)
-            new = await self.dependencies.check_new(task_id, definition)
+            found = await self._stored_or_new(task_id, definition)
+            if isinstance(found, Stored):  # nothing of a repeated or refused definition
+                return await self._defined_before(found, definition, None)  # is written
+            new = found
         waiting = new is not None and bool(new.waiting)
         task = model.new_task(task_id, definition, now, scheduled=not waiting)
         if joined is not None:
             # Its resolution will know from the task alone whether it resolves its group,
             # and its insert whether a task joined the group first (``_store``).
             task = replace(task, group_members=joined)
-        defining = None
-        if new is not None:
-            if waiting:
-                defining = await self.dependencies.begin_definition(task_id)
+        defining = tracking = None
+        if new is not None and waiting:
+            defining = await self.dependencies.begin_definition(task_id)
             await self.dependencies.track(task_id, definition, new)
+        elif new is not None:  # only the dependents rows, for listDependentTasks
+            tracking = self.dependencies.track(task_id, definition, new)
         # A claimWork caller waiting here is handed the tip as soon as its put is
         # answered, and claims it while the task is inserted (``Claims.claim``).
         inserting = None if waiting else self.changes.cache.insert_begins(task)
         stored = None
         try:
             tip, tip_visible, deadline, handed = await self._put_before_insert(
-                task, now, waiting, inserting is not None)
+                task, now, waiting, inserting is not None, tracking)
             stored = await self._insert(task, definition, tip, None if handed else tip_visible,
                                         deadline)
         finally:
@@ -139,11 +138,12 @@ class Definitions:
         return task.status()
 
     async def _put_before_insert(self, task: Task, now: datetime, waiting: bool,
-                                 hand_early: bool
+                                 hand_early: bool, tracking: Awaitable[None] | None
                                  ) -> tuple[Message | None, float, Trigger, bool]:
         """Before the task, all at once: the deadline trigger (if we died after the insert
         without it, nothing would ever resolve the task; without the task, the resolver
-        drops it), the group member, and the tip (unless the task waits for its
+        drops it), the group member, ``tracking`` (the dependents rows of a task whose
+        dependencies are resolved) and the tip (unless the task waits for its
         dependencies), so that its record is written with the task. What a createTask
         that dies before the insert leaves is harmless. With ``hand_early``, the tip is
         offered to a claimWork caller waiting here as soon as its put is answered.
@@ -160,11 +160,30 @@ class Definitions:
             handed = hand_early and self.tips.offer(task, message)
             return message
 
-        deadline, _, tip = await asyncio.gather(
+        deadline, _, _, tip = await asyncio.gather(
             self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
-            self._add_to_group(task),
+            self._add_to_group(task), tracking or self._no_tip(),
             self._no_tip() if waiting else put_tip())
         return tip, tip_visible, deadline, handed
+
+    async def _stored_or_new(self, task_id: str, definition: dict[str, Any]
+                             ) -> Stored | NewTask:
+        """The task, if a createTask stored it before (its definition then decides the
+        answer, whatever its dependencies say now), else what it must wait for
+        (``Dependencies.check_new``, which refuses a dependency that does not exist):
+        both read at once."""
+        checking = asyncio.ensure_future(self.dependencies.check_new(task_id, definition))
+        try:
+            existing = await self.tasks.load(task_id)
+        except errors.NotFound:
+            return await checking
+        except BaseException:
+            checking.cancel()
+            await asyncio.gather(checking, return_exceptions=True)
+            raise
+        checking.cancel()
+        await asyncio.gather(checking, return_exceptions=True)
+        return existing
 
     async def _insert(self, task: Task, definition: dict[str, Any], tip: Message | None,
                       tip_visible: float | None, deadline: Trigger) -> Stored | None:

@@ -13,10 +13,12 @@ import pytest
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
-from azqueue.config import Client
+from azqueue.config import Client, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.model import timeutil
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
+from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
 from tests.serving import serve
@@ -280,3 +282,29 @@ async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_f
     assert await _state(queue, waiting) == "unscheduled"
     await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
                      what="the waiting task scheduled")
+
+
+async def test_a_task_whose_dependency_is_resolved_gets_its_tip_with_its_dependents_row(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        storage: StorageInspector) -> None:
+    """A task whose dependencies are all resolved waits for nothing: the row that lists it
+    among its dependency's dependents (listDependentTasks) is written together with its
+    tip, both before the task is stored, rather than one after the other."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix))
+    queue = _queue(server)
+    dependency = await _task(queue, "prov/dependedon")
+    await _run(queue, dependency)
+    row = proxy.hold("*", "dependents(")
+    creating = asyncio.create_task(_task(queue, "prov/resolveddep", dependencies=[dependency]))
+    try:
+        await asyncio.wait_for(row.reached.wait(), 30)
+        await eventually(lambda: storage.message_count(storage.pending_queue("prov/resolveddep")),
+                         lambda n: n == 1, what="the task's tip put while its row is held")
+        assert not creating.done()
+    finally:
+        row.release()
+    task_id = await creating
+    assert await _state(queue, task_id) == "pending"
+    listed = await queue.listDependentTasks(dependency)
+    assert [t["status"]["taskId"] for t in listed["tasks"]] == [task_id]
