@@ -250,6 +250,7 @@ async def measure_steps(b: Bench, n: int, settings: dict[str, str]) -> dict[str,
                 marks.append(b.proxy.snapshot())
                 await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
                 await listener.resolved(task_id)
+                await settled(b, marks[-1])
                 marks.append(b.proxy.snapshot())
                 if record:
                     for step, (x, y) in zip(STEP_ORDER[:4], zip(marks, marks[1:])):
@@ -268,6 +269,7 @@ async def measure_steps(b: Bench, n: int, settings: dict[str, str]) -> dict[str,
                 marks.append(b.proxy.snapshot())
                 await call(http, "POST", f"{api}/task/{task_id}/runs/{claim['runId']}/completed")
                 await listener.resolved(task_id)
+                await settled(b, marks[-1])
                 marks.append(b.proxy.snapshot())
                 if record:
                     for step, (x, y) in zip(STEP_ORDER[4:], zip(marks, marks[1:])):
@@ -283,6 +285,16 @@ async def measure_steps(b: Bench, n: int, settings: dict[str, str]) -> dict[str,
         await listener.close()
         await b.stop_server("server-quiet", server)
     return steps
+
+
+async def settled(b: Bench, since: Counter[Hit]) -> None:
+    """Back once the server deleted the message of the run reported since ``since`` (it
+    does so after the report's answer), or after a second: counted with the report."""
+    deleted = Hit("server", "queue", "DELETE message")
+    for _ in range(100):
+        if b.proxy.snapshot()[deleted] > since[deleted]:
+            return
+        await asyncio.sleep(0.01)
 
 
 class GroupListener:
