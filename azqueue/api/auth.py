@@ -1,7 +1,8 @@
 """Who is calling, and may they: Hawk, temporary credentials, authorizedScopes, scopes.
 
 Requests without an Authorization header are anonymous and hold the configured
-anonymous scopes. Everything that fails authentication is a 401 that says what was
+anonymous scopes; as in Taskcluster, every signed-in caller holds them too, whatever its
+credentials or ``authorizedScopes`` narrow it to. Everything that fails authentication is a 401 that says what was
 wrong; no secret ever goes into a message or a log line. An unknown clientId (or
 certificate issuer) is answered as a wrong signature is, so a caller cannot learn which
 clients exist; the log says which it was.
@@ -132,7 +133,9 @@ class Authenticator:
             if header.hash and not hawk.equal(hawk.payload_hash(content_type, body), header.hash):
                 raise AuthenticationFailed("the Hawk payload hash does not match the request body")
             self.replays.check_and_add(header, now.timestamp())
-        held = principal.scopes
+        # The anonymous scopes count among what authorizedScopes may ask for, and are
+        # held again after it narrowed the rest.
+        held = (*principal.scopes, *self._anonymous.scopes)
         if "authorizedScopes" in ext:
             authorized = ext["authorizedScopes"]
             if not isinstance(authorized, list) or not all(isinstance(s, str) for s in authorized):
@@ -142,7 +145,7 @@ class Authenticator:
                 raise AuthenticationFailed(
                     f"`authorizedScopes` asks for scopes clientId {header.id!r} lacks: "
                     + ", ".join(excess))
-            held = tuple(authorized)
+            held = (*authorized, *self._anonymous.scopes)
         return Caller(principal.client_id, held)
 
 

@@ -178,9 +178,10 @@ SETTINGS: tuple[Setting, ...] = (
                     "`scopes`)"),
     Setting("AZQUEUE_ANONYMOUS_SCOPES", "clients", field="anonymous_scopes", parse=_scopes,
             empty_is_a_value=True, note="read-only by default; empty: none",
-            meaning="comma-separated scopes of requests without credentials (empty: none): by "
-                    "default every read of tasks, task groups, public artifacts, task queues "
-                    "and workers (what the dashboard shows), nothing that changes anything"),
+            meaning="comma-separated scopes of requests without credentials (empty: none), "
+                    "which signed-in callers hold too, as in Taskcluster: by default every read "
+                    "of tasks, task groups, public artifacts, task queues and workers (what the "
+                    "dashboard shows), nothing that changes anything"),
     Setting("AZQUEUE_HOST", "listening", field="host", parse=_text,
             meaning="the address to listen on"),
     Setting("AZQUEUE_PORT", "listening", field="port", parse=_port,

@@ -254,3 +254,26 @@ async def test_sas_worker_needs_its_scopes(auth_server: Server,
     # The worker's identity is checked first, before the task is read for its task queue
     # (tests/security/test_tenant_isolation.py checks the task queue's scope).
     assert code == 403 and "queue:worker-id:g/w" in err["message"]
+
+
+async def test_signed_in_callers_hold_the_anonymous_scopes_too(make_server: ServerFactory,
+                                                               flavour: str) -> None:
+    """As in Taskcluster, credentials (permanent, temporary, a claim's, or narrowed by
+    authorizedScopes, even to none) never hold less than an anonymous request."""
+    server = await make_server(clients=(LIMITED, ISSUER), anonymous_scopes=("queue:get-task:*",))
+    task_id = slugid()
+    await call(flavour, server, creds(ROOT), "createTask", task_id, definition())
+    assert (await call(flavour, server, None, "task", task_id))["provisionerId"] == "prov"
+    assert (await call(flavour, server, creds(ROOT), "task", task_id, authorizedScopes=[])
+            )["provisionerId"] == "prov"
+    # authorizedScopes may name an anonymous scope the client lacks.
+    assert (await call(flavour, server, creds(LIMITED), "task", task_id,
+                       authorizedScopes=["queue:get-task:*"]))["provisionerId"] == "prov"
+    now = datetime.now(UTC)
+    temp = taskcluster.createTemporaryCredentials(
+        ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1), [])
+    assert (await call(flavour, server, temp, "task", task_id))["provisionerId"] == "prov"
+    # What the anonymous scopes do not cover stays refused.
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await call(flavour, server, creds(ROOT), "status", task_id, authorizedScopes=[])
+    assert info.value.status_code == 403

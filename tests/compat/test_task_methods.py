@@ -16,7 +16,7 @@ from taskcluster.exceptions import TaskclusterRestFailure
 
 from azqueue.testing.tasks import definition, slugid
 from tests.compat.reference import assert_matches
-from tests.servers import ROOT, Server
+from tests.servers import ROOT, Server, ServerFactory
 
 CREDENTIALS = {"clientId": ROOT.client_id, "accessToken": ROOT.access_token}
 
@@ -162,9 +162,10 @@ def _batch_reads(root_url: str) -> None:
 
 
 async def test_tasks_and_statuses_read_many_tasks_and_leave_out_missing_ones(
-        server: Server) -> None:
+        make_server: ServerFactory) -> None:
     """'If a given taskId does not match a task, it will be ignored, and callers will
-    need to handle the difference.'"""
+    need to handle the difference.' (No anonymous scopes, which every caller holds.)"""
+    server = await make_server(anonymous_scopes=())
     await asyncio.to_thread(_batch_reads, server.root_url)
 
 

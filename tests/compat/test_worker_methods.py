@@ -228,7 +228,7 @@ async def test_worker_methods_need_the_reference_scopes(make_server: ServerFacto
     for each property set."""
     limited = Client("limited", "limited-access-token-0123456789",
                      ("queue:declare-worker:prov-s/wt/wg/w1#expires", "queue:get-worker:*"))
-    server = await make_server(clients=(limited,))
+    server = await make_server(clients=(limited,), anonymous_scopes=())
     q = queue(server, {"clientId": limited.client_id, "accessToken": limited.access_token})
     expires = iso(datetime.now(UTC) + timedelta(days=1))
     await asyncio.to_thread(q.declareWorker, "prov-s", "wt", "wg", "w1", {"expires": expires})
