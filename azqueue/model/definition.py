@@ -15,6 +15,7 @@ from typing import Any
 
 from azqueue.errors import InputError
 from azqueue.model import timeutil
+from azqueue.model.priority import Priority
 
 CREATED_SKEW = timedelta(minutes=15)
 MAX_DEADLINE = timedelta(days=5)
@@ -87,7 +88,9 @@ def normalize(task_id: str, body: Mapping[str, Any], now: datetime) -> dict[str,
         "dependencies": list(body.get("dependencies", [])),
         "requires": body.get("requires", "all-completed"),
         "routes": list(body.get("routes", [])),
-        "priority": body.get("priority", "lowest"),
+        # `normal` is stored as what it means, `lowest`, as Taskcluster stored it until it
+        # refused the word (release 102).
+        "priority": str(Priority.from_definition(body.get("priority", "lowest"))),
         "retries": body.get("retries", DEFAULT_RETRIES),
         "created": timeutil.fmt(created),
         "deadline": timeutil.fmt(deadline),

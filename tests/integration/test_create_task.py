@@ -64,10 +64,17 @@ async def test_definition_answers_with_both_task_queue_forms_and_defaults(
 
 
 async def test_normal_priority_is_lowest(server: Server, http: aiohttp.ClientSession) -> None:
-    code, _ = await _put(http, server, slugid(), definition("prov/normal", priority="normal"))
+    task_id = slugid()
+    body = definition("prov/normal", priority="normal")
+    code, status = await _put(http, server, task_id, body)
     assert code == 200
     urls = await sas.poll_task_urls(http, server.api, "prov", "normal")
     assert len(await sas.get_messages(http, urls["queues"][6]["signedPollUrl"], 32)) == 1
+    # It is stored as what it means, as Taskcluster stored it (before release 102, which
+    # refuses the word), and the same definition sent again is the same task.
+    code, task = await _get(http, f"{server.api}/task/{task_id}")
+    assert task["priority"] == "lowest"
+    assert await _put(http, server, task_id, body) == (200, status)
 
 
 # A timedelta stands for that long from the moment the test runs.
