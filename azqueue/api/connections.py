@@ -37,6 +37,7 @@ import asyncio
 import json
 import logging
 import time
+import zlib
 from typing import Any
 
 from aiohttp import web
@@ -62,9 +63,11 @@ LOW_WATER = 16 * 1024
 
 
 def _options(settings: Settings) -> dict[str, Any]:
-    """How each connection's requests are read (aiohttp's RequestHandler's options)."""
+    """How each connection's requests are read (aiohttp's RequestHandler's options).
+    Bodies are read as sent: an upload's ``Content-Encoding`` is the artifact's, kept
+    (``service/uploads.py``), and ``read_body`` decodes an API body's."""
     return {"access_log": None, "keepalive_timeout": settings.idle_timeout,
-            "lingering_time": LINGER}
+            "lingering_time": LINGER, "auto_decompress": False}
 
 
 def make_runner(app: web.Application, settings: Settings, **kwargs: Any) -> web.AppRunner:
@@ -78,12 +81,37 @@ async def read_body(request: web.Request) -> bytes:
     timeout = request.app[BODY_TIMEOUT_KEY]
     try:
         async with asyncio.timeout(timeout):
-            return await request.read()
+            raw = await request.read()
     except TimeoutError:
         raise errors.SlowRequest(
             f"the request body did not arrive within {timeout:g} s of its headers "
             f"({request.content_length or 'no'} bytes declared); send it whole at once"
         ) from None
+    return _decoded(request.headers.get("Content-Encoding", "identity"), raw,
+                    request.client_max_size)
+
+
+def _decoded(encoding: str, raw: bytes, limit: int) -> bytes:
+    """An API body as it was before its ``Content-Encoding`` (gzip or deflate), at most
+    ``limit`` bytes."""
+    encoding = encoding.strip().lower()
+    if encoding == "identity":
+        return raw
+    if encoding not in ("gzip", "deflate", "x-gzip"):
+        raise errors.InputError(
+            f"Content-Encoding {encoding!r} is not one an API request may use: send the body "
+            "as it is, or gzip- or deflate-encoded")
+    inflate = zlib.decompressobj(zlib.MAX_WBITS | 32)  # gzip's header or zlib's (deflate)
+    try:
+        body = inflate.decompress(raw, limit)
+    except zlib.error as e:
+        raise errors.InputError(f"the body is not {encoding}-encoded as its Content-Encoding "
+                                f"says ({e})") from None
+    if inflate.unconsumed_tail:
+        raise errors.TooLarge(f"the body decoded is larger than {limit} bytes")
+    if not inflate.eof:
+        raise errors.InputError(f"the {encoding}-encoded body ends before its encoding does")
+    return body
 
 
 def _refusal() -> bytes:

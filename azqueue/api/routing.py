@@ -285,7 +285,7 @@ async def _check_size(request: web.Request, r: Route) -> None:
 
 
 async def _read_body(request: web.Request, schema: str, what: str) -> dict[str, Any]:
-    raw = await request.read()
+    raw = await read_body(request)
     if not raw.strip():
         body: Any = {}
     else:

@@ -31,6 +31,9 @@ Promises:
   body is read, the buffers it may need (``footprint``) out of ``memory`` bytes, and gives
   them back when it ends; a PUT that finds too few left is refused (503 ``Busy``, with
   ``Retry-After``) before anything is read.
+* The bytes stored are the bytes sent: a body with a ``Content-Encoding`` (scriptworker
+  gzips its logs) is stored as it came, counted against the ``Content-Length`` it was
+  sent with, and served back with that ``Content-Encoding``, as S3 does.
 """
 
 from __future__ import annotations
@@ -148,15 +151,18 @@ class UploadReceiver:
             raise errors.TooLarge(f"Content-Length is {content_length}; an artifact holds at "
                                   f"most {MAX_LENGTH} bytes")
 
-    async def receive(self, grant: UploadGrant, content_length: int, read: Read) -> Artifact:
+    async def receive(self, grant: UploadGrant, content_length: int, read: Read,
+                      content_encoding: str = "") -> Artifact:
         """Store the body (``read(n)`` gives up to n more bytes, b"" at its end;
-        ``content_length`` in all) as the artifact's content and mark it present.
-        InputError if the body is shorter or longer than that; Conflict or Busy
-        (``_admitted``) before anything is read."""
+        ``content_length`` in all) as the artifact's content, served with
+        ``content_encoding`` (empty: none), and mark it present. InputError if the body is
+        shorter or longer than that; Conflict or Busy (``_admitted``) before anything is
+        read."""
         with self._admitted(grant, content_length):
-            return await self._receive(grant, content_length, read)
+            return await self._receive(grant, content_length, read, content_encoding)
 
-    async def _receive(self, grant: UploadGrant, content_length: int, read: Read) -> Artifact:
+    async def _receive(self, grant: UploadGrant, content_length: int, read: Read,
+                       content_encoding: str) -> Artifact:
         """The upload, once the artifact's row says no other is under way (on any
         replica) and marks this one, until it ends."""
         upload_id = secrets.token_hex(8)
@@ -182,7 +188,8 @@ class UploadReceiver:
         try:
             if isinstance(task, BaseException):
                 raise task
-            return await self._store(grant, content_length, read, task, found)
+            return await self._store(grant, content_length, read, task, found,
+                                     content_encoding)
         finally:
             renewing.cancel()
             await asyncio.gather(renewing, return_exceptions=True)
@@ -204,7 +211,7 @@ class UploadReceiver:
                 await self._begin(grant, upload_id)
 
     async def _store(self, grant: UploadGrant, content_length: int, read: Read, task: Task,
-                     found: Artifact) -> Artifact:
+                     found: Artifact, content_encoding: str) -> Artifact:
         rules.check_can_create(task, grant.run_id, timeutil.utcnow(), "uploaded")
         if found.storage_type != "s3":
             raise errors.Conflict(f"artifact {grant.name!r} is a {found.storage_type!r} "
@@ -213,14 +220,15 @@ class UploadReceiver:
         if content_length <= BLOCK_SIZE:
             data = await body.take(content_length)
             await body.end()
-            await self.blobs.put(found.blob_name, data, grant.content_type)
+            await self.blobs.put(found.blob_name, data, grant.content_type, content_encoding)
         else:
-            await self._blocks(found, grant.content_type, body)
+            await self._blocks(found, grant.content_type, content_encoding, body)
         if not found.present:
             await self.records.mark_present(found, grant.content_type)
         return found
 
-    async def _blocks(self, artifact: Artifact, content_type: str, body: _Body) -> None:
+    async def _blocks(self, artifact: Artifact, content_type: str, content_encoding: str,
+                      body: _Body) -> None:
         nonce = secrets.token_hex(8)
         ids: list[str] = []
         staging: set[asyncio.Task[None]] = set()
@@ -241,7 +249,7 @@ class UploadReceiver:
             for task in staging:
                 task.cancel()
             await asyncio.gather(*staging, return_exceptions=True)
-        if not await self.blobs.commit(artifact.blob_name, ids, content_type):
+        if not await self.blobs.commit(artifact.blob_name, ids, content_type, content_encoding):
             raise errors.Conflict(
                 f"another upload of artifact {artifact.name!r} finished while this one was "
                 "under way; the content is that upload's, whole, and nothing of this one was "

@@ -59,6 +59,11 @@ class Snapshot(NamedTuple):
     copied: bool
 
 
+def _settings(content_type: str, content_encoding: str) -> ContentSettings:
+    return ContentSettings(content_type=content_type,
+                           content_encoding=content_encoding or None)
+
+
 def _copied(props: Any) -> bool:
     copy = props.copy
     return bool(copy.id or copy.status or copy.source)
@@ -139,12 +144,14 @@ class BlobStore:
     # Bodies are passed as streams: aiohttp (under the SDK) warns that a large body given
     # as bytes may block the event loop.
 
-    async def put(self, blob: str, data: bytes, content_type: str) -> None:
-        """Store ``data`` as the whole blob in one request (Put Blob), replacing any."""
+    async def put(self, blob: str, data: bytes, content_type: str,
+                  content_encoding: str = "") -> None:
+        """Store ``data`` as the whole blob in one request (Put Blob), replacing any; it is
+        read back with ``content_encoding`` (empty: none) as its Content-Encoding."""
         with translate(f"uploading blob {blob}"):
             await self._client.get_blob_client(blob).upload_blob(
                 BytesIO(data), length=len(data), overwrite=True,
-                content_settings=ContentSettings(content_type=content_type))
+                content_settings=_settings(content_type, content_encoding))
 
     async def stage(self, blob: str, block_id: str, data: bytes) -> None:
         """Stage one block of a blob (Put Block); it is not part of the blob until
@@ -153,7 +160,8 @@ class BlobStore:
             await self._client.get_blob_client(blob).stage_block(block_id, BytesIO(data),
                                                                  length=len(data))
 
-    async def commit(self, blob: str, block_ids: list[str], content_type: str) -> bool:
+    async def commit(self, blob: str, block_ids: list[str], content_type: str,
+                     content_encoding: str = "") -> bool:
         """Make the blob exactly the staged blocks ``block_ids``, in order (Put Block
         List): the one moment the new content appears, whole. False if some of them are
         gone: writing a blob discards every uncommitted block, so when two uploads of one
@@ -162,7 +170,7 @@ class BlobStore:
             try:
                 await self._client.get_blob_client(blob).commit_block_list(
                     [BlobBlock(block_id=b) for b in block_ids],
-                    content_settings=ContentSettings(content_type=content_type))
+                    content_settings=_settings(content_type, content_encoding))
             except HttpResponseError as e:
                 if getattr(e, "error_code", None) == "InvalidBlockList":
                     return False

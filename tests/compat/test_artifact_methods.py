@@ -9,9 +9,13 @@ properties, the answer has exactly those keys.
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import io
+import json
+import os
 import socket
+import zlib
 from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
@@ -427,6 +431,72 @@ async def test_a_large_upload_is_staged_in_blocks_and_reads_back_whole(
         blob = service.get_blob_client(container, f"{task_id}/0/public/big.bin")
         committed, _ = await blob.get_block_list("all")
         assert len(committed) == 5 and max(b.size for b in committed) <= 4 * 1024 * 1024
+
+
+async def _raw(url: str) -> tuple[bytes, str | None]:
+    """What a GET of ``url`` answers, as sent (not decoded), and its Content-Encoding."""
+    async with aiohttp.ClientSession(auto_decompress=False) as plain:
+        async with plain.get(url) as r:
+            assert r.status == 200, await r.text()
+            return await r.read(), r.headers.get("Content-Encoding")
+
+
+@pytest.mark.parametrize("size", [1000, 6 * 1024 * 1024], ids=["one-request", "in-blocks"])
+async def test_an_upload_with_a_content_encoding_is_stored_as_sent_and_served_with_it(
+        server: Server, size: int) -> None:
+    """As S3 does for scriptworker's gzipped logs: Content-Length counts the bytes on the
+    wire, the stored bytes are those, and a read answers them with the same encoding, so
+    an HTTP client that decodes gets the original back."""
+    task_id, queue = await _running(server)
+    original = b"a line of a log\n" * 64 + os.urandom(size)  # beyond a block, once gzipped
+    sent = gzip.compress(original)
+    made = await queue.createArtifact(task_id, 0, "public/logs/live_backing.log", {
+        "storageType": "s3", "expires": _expires(), "contentType": "text/plain"})
+    async with aiohttp.ClientSession() as plain:
+        async with plain.put(made["putUrl"], data=io.BytesIO(sent), headers={
+                "Content-Type": "text/plain", "Content-Encoding": "gzip"}) as r:
+            assert r.status == 200, await r.text()
+    url = (await queue.artifact(task_id, 0, "public/logs/live_backing.log"))["url"]
+    assert await _raw(url) == (sent, "gzip")
+    data, _ = await taskcluster.aio.download.downloadArtifactToBuf(
+        taskId=task_id, runId=0, name="public/logs/live_backing.log", queueService=queue)
+    assert hashlib.sha256(data).digest() == hashlib.sha256(original).digest()
+
+
+async def test_a_blob_artifact_put_with_a_content_encoding_is_served_with_it(
+        server: Server) -> None:
+    """Blob storage keeps the encoding a Put Blob declares in `x-ms-blob-content-encoding`
+    (Azure also takes `Content-Encoding`, Azurite only the former) and the read URL
+    answers it, from the snapshot taken at finishArtifact."""
+    task_id, queue = await _running(server)
+    sent = gzip.compress(b"a line of a log\n" * 1000)
+    made = await queue.createArtifact(task_id, 0, "public/chain-of-trust.json", {
+        "storageType": "blob", "expires": _expires(), "contentType": "application/json"})
+    async with aiohttp.ClientSession() as plain:
+        async with plain.put(made["putUrl"], data=sent, headers={
+                **made["headers"], "x-ms-blob-content-encoding": "gzip"}) as r:
+            assert r.status == 201, await r.text()
+    await queue.finishArtifact(task_id, 0, "public/chain-of-trust.json", {})
+    url = (await queue.artifact(task_id, 0, "public/chain-of-trust.json"))["url"]
+    assert await _raw(url) == (sent, "gzip")
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_an_api_body_with_a_content_encoding_is_decoded(server: Server,
+                                                              encoding: str) -> None:
+    """Bodies are read as sent (for uploads); an API body's encoding is undone before it
+    is read as JSON, and one that is not what its Content-Encoding says is a 400."""
+    task_id, _ = await _running(server)
+    raw = json.dumps({"taskIds": [task_id]}).encode()
+    body = gzip.compress(raw) if encoding == "gzip" else zlib.compress(raw)
+    async with aiohttp.ClientSession() as plain:
+        async with plain.post(f"{server.api}/tasks", data=body, headers={
+                "Content-Type": "application/json", "Content-Encoding": encoding}) as r:
+            assert r.status == 200, await r.text()
+            assert [t["taskId"] for t in (await r.json())["tasks"]] == [task_id]
+        async with plain.post(f"{server.api}/tasks", data=raw, headers={
+                "Content-Type": "application/json", "Content-Encoding": encoding}) as r:
+            assert r.status == 400 and encoding in (await r.json())["message"]
 
 
 async def test_no_upload_after_the_run_is_reported_completed(server: Server) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gzip
 import io
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +143,24 @@ async def test_artifacts_arrive_whole_through_server_busy_and_a_lost_answer(
             big.read_bytes()[10:]
     assert blob_proxy.counts["blob busy"] > 0
     assert blob_proxy.counts["blob timed out"] == 1
+
+
+async def test_an_artifact_uploaded_with_a_content_encoding_is_served_with_it(
+        server: Server, http: aiohttp.ClientSession) -> None:
+    original = b"a line of a log\n" * 1000
+    task_id = await create(http, server.api, definition("prov/gzip-artifacts"))
+
+    async def handler(run: TaskRun) -> None:
+        await run.upload_artifact("public/log.txt", gzip.compress(original), "text/plain",
+                                  content_encoding="gzip")
+
+    async with running(Worker(config(server, "prov/gzip-artifacts", "gz"), handler)):
+        await wait_status(http, server, task_id, _ended("completed"))
+    async with aiohttp.ClientSession(auto_decompress=False) as raw:
+        async with raw.get(f"{server.api}/task/{task_id}/runs/0/artifacts/public/log.txt") as r:
+            assert r.headers.get("Content-Encoding") == "gzip"
+            assert gzip.decompress(await r.read()) == original
+    assert await _artifact(http, server, task_id, "public/log.txt") == original
 
 
 async def test_an_upload_that_keeps_failing_ends_the_run_intermittent_saying_what_it_tried(

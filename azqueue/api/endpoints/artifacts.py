@@ -198,5 +198,6 @@ async def receive_upload(request: web.Request) -> web.StreamResponse:
             raise errors.InputError(f"the upload was cut off: {e}; nothing was stored"
                                     ) from None
 
-    stored = await uploads.receive(grant, length, read)
+    stored = await uploads.receive(grant, length, read,
+                                   request.headers.get("Content-Encoding", ""))
     return web.json_response(stored.info())
