@@ -277,3 +277,63 @@ async def test_signed_in_callers_hold_the_anonymous_scopes_too(make_server: Serv
     with pytest.raises(TaskclusterRestFailure) as info:
         await call(flavour, server, creds(ROOT), "status", task_id, authorizedScopes=[])
     assert info.value.status_code == 403
+
+
+@pytest.mark.parametrize("verb,method", [("schedule-task", "scheduleTask"),
+                                          ("cancel-task", "cancelTask"),
+                                          ("rerun-task", "rerunTask")])
+async def test_every_scope_alternative_taskcluster_declares_is_accepted(
+        auth_server: Server, verb: str, method: str) -> None:
+    """By the task's scheduler, group and id; by its project (a `*` pattern too); or the
+    bare verb with the scheduler's role for the group: each alone is enough."""
+    group = slugid()
+    alternatives = [[f"queue:{verb}:sched/{group}/<taskId>"],
+                    [f"queue:{verb}-in-project:proj-a"],
+                    [f"queue:{verb}-in-project:proj-*"],
+                    [f"queue:{verb}", f"assume:scheduler-id:sched/{group}"]]
+    refused = [[f"queue:{verb}-in-project:proj-b"], [f"queue:{verb}"],
+               [f"assume:scheduler-id:sched/{group}"]]
+    for scopes, allowed in [*((s, True) for s in alternatives), *((s, False) for s in refused)]:
+        task_id = slugid()
+        await call("sync", auth_server, creds(ROOT), "createTask", task_id, definition(
+            schedulerId="sched", taskGroupId=group, projectId="proj-a"))
+        narrowed = [s.replace("<taskId>", task_id) for s in scopes]
+        if allowed:
+            await call("sync", auth_server, creds(ROOT), method, task_id,
+                       authorizedScopes=narrowed)
+        else:
+            with pytest.raises(TaskclusterRestFailure) as info:
+                await call("sync", auth_server, creds(ROOT), method, task_id,
+                           authorizedScopes=narrowed)
+            assert info.value.status_code == 403, narrowed
+
+
+async def test_artifact_reads_need_the_scopes_taskcluster_declares(auth_server: Server) -> None:
+    """listLatestArtifacts and latestArtifactInfo: `queue:list-artifacts:<taskId>`;
+    artifactInfo: `queue:list-artifacts:<taskId>:<runId>`; an artifact's content:
+    `queue:get-artifact:<name>`, under public/ too (here no anonymous scopes grant it)."""
+    task_id = slugid()
+    root = taskcluster.aio.Queue({"rootUrl": auth_server.root_url, "maxRetries": 0,
+                                  "credentials": creds(ROOT)})
+    await root.createTask(task_id, definition())
+    await root.claimTask(task_id, 0, {"workerGroup": "wg", "workerId": "w"})
+    await root.createArtifact(task_id, 0, "public/ref", {
+        "storageType": "reference", "url": "https://example.com/",
+        "expires": (await root.task(task_id))["expires"]})
+
+    async def code(method: str, *args: Any, scopes: list[str]) -> int:
+        try:
+            await call("aio", auth_server, creds(ROOT), method, *args, authorizedScopes=scopes)
+        except TaskclusterRestFailure as e:
+            return int(e.status_code)
+        return 200
+
+    listing = [f"queue:list-artifacts:{task_id}"]
+    assert await code("listLatestArtifacts", task_id, scopes=listing) == 200
+    assert await code("latestArtifactInfo", task_id, "public/ref", scopes=listing) == 200
+    assert await code("artifactInfo", task_id, 0, "public/ref", scopes=listing) == 403
+    assert await code("artifactInfo", task_id, 0, "public/ref",
+                      scopes=[f"queue:list-artifacts:{task_id}:0"]) == 200
+    assert await code("latestArtifact", task_id, "public/ref", scopes=listing) == 403
+    assert await code("latestArtifact", task_id, "public/ref",
+                      scopes=["queue:get-artifact:public/*"]) == 200

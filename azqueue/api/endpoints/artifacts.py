@@ -21,14 +21,15 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from azqueue import errors
-from azqueue.api.auth import require
 from azqueue.api.middleware import PARAMS_KEY, error_response
 from azqueue.api.routing import PAGED, PARAMETERS, SERVICES_KEY, Call, Route, Routes
 from azqueue.model import upload
 
 _CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
-# Names under public/ are readable by anyone; others need queue:get-artifact:<name>.
-_READ_ARTIFACT = {"if": "private", "then": "queue:get-artifact:<name>"}
+# An artifact is read with queue:get-artifact:<name> for the name asked for and for every
+# name a link leads through, as in Taskcluster (public/ names: the anonymous scopes
+# grant queue:get-artifact:public/* by default, and every caller holds those).
+_READ_ARTIFACT = {"AllOf": [{"for": "name", "in": "names", "each": "queue:get-artifact:<name>"}]}
 STORAGE_TYPE_HEADER = "x-taskcluster-artifact-storage-type"
 
 routes = Routes("Artifacts")
@@ -61,18 +62,17 @@ async def finish_artifact(call: Call, task_id: str, run_id: int, name: str) -> A
 
 
 async def _readable(call: Call, task_id: str, run_id: int | None, name: str) -> int:
-    """Check that the caller may read artifact ``name``; the run to read it from (the
-    latest if ``run_id`` is None)."""
-    call.authorize(private=not name.startswith("public/"))
+    """Check that the caller may read artifact ``name`` (before anything is read); the run
+    to read it from (the latest if ``run_id`` is None). The names a link leads through are
+    checked once they are known (``_may_follow``)."""
+    call.authorize(names=[name])
     return await call.services.artifacts.latest_run(task_id) if run_id is None else run_id
 
 
 def _may_follow(call: Call, names: tuple[str, ...]) -> None:
     """A link is read with the scopes of every artifact it leads through, as in
     Taskcluster: a public link to a private artifact needs the private one's scope."""
-    for name in names[1:]:
-        if not name.startswith("public/"):
-            require(call.caller, f"queue:get-artifact:{name}")
+    call.authorize(names=list(names))
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts/<name>", "getArtifact",
@@ -104,13 +104,14 @@ async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None =
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
                 title="Get an artifact's information",
                 description="`{storageType, name, expires, contentType}`",
-                output="artifact-response.json", scopes=_READ_ARTIFACT)
+                output="artifact-response.json", scopes="queue:list-artifacts:<taskId>:<runId>")
 @routes.declare("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo",
                 title="Get the information of an artifact of the latest run",
                 description="as artifactInfo",
-                output="artifact-response.json", scopes=_READ_ARTIFACT)
+                output="artifact-response.json", scopes="queue:list-artifacts:<taskId>")
 async def artifact_info(call: Call, task_id: str, name: str, run_id: int | None = None) -> Any:
-    run_id = await _readable(call, task_id, run_id, name)
+    if run_id is None:
+        run_id = await call.services.artifacts.latest_run(task_id)
     return (await call.services.artifacts.find(task_id, run_id, name)).info()
 
 
@@ -137,22 +138,21 @@ async def artifact_content(call: Call, task_id: str, name: str, run_id: int | No
     return {"storageType": a.public_type, "url": target.url}
 
 
-_LIST_ARTIFACTS = "queue:list-artifacts:<taskId>:<runId>"
 
 
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifacts", "listArtifacts",
                 title="List a run's artifacts",
                 description="paginated with `limit` (≤ 1000) and `continuationToken`",
-                output="list-artifacts-response.json", query=PAGED, scopes=_LIST_ARTIFACTS)
+                output="list-artifacts-response.json", query=PAGED,
+                scopes="queue:list-artifacts:<taskId>:<runId>")
 @routes.declare("GET", "/task/<taskId>/artifacts", "listLatestArtifacts",
                 title="List the artifacts of the latest run",
                 description="as listArtifacts",
                 output="list-artifacts-response.json", query=PAGED,
-                scopes=_LIST_ARTIFACTS)
+                scopes="queue:list-artifacts:<taskId>")
 async def list_artifacts(call: Call, task_id: str, run_id: int | None = None) -> Any:
     if run_id is None:
         run_id = await call.services.artifacts.latest_run(task_id)
-        call.authorize(runId=run_id)
     return await call.services.artifacts.list(task_id, run_id, call.continuation, call.limit())
 
 

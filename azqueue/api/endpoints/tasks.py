@@ -59,12 +59,25 @@ async def status(call: Call, task_id: str) -> Any:
     return {"status": await call.services.definitions.status(task_id)}
 
 
-# The check of scheduleTask and cancelTask, whose scope names the task's scheduler and group.
+# The check of scheduleTask, cancelTask and rerunTask, whose scopes name the task's
+# scheduler, group and project.
 def _on_task(call: Call) -> Callable[[Task], None]:
     def authorize(task: Task) -> None:
-        call.authorize(schedulerId=task.definition["schedulerId"],
-                       taskGroupId=task.definition["taskGroupId"])
+        d = task.definition
+        call.authorize(schedulerId=d["schedulerId"], taskGroupId=d["taskGroupId"],
+                       projectId=d["projectId"])
     return authorize
+
+
+def _any_of(verb: str) -> dict[str, list[Any]]:
+    """Taskcluster's three ways to be allowed ``verb`` (``schedule-task``, ...) on a task:
+    by its scheduler, group and id; by its project; or the bare verb with the scheduler's
+    role for the group."""
+    return {"AnyOf": [
+        f"queue:{verb}:<schedulerId>/<taskGroupId>/<taskId>",
+        f"queue:{verb}-in-project:<projectId>",
+        {"AllOf": [f"queue:{verb}", "assume:scheduler-id:<schedulerId>/<taskGroupId>"]},
+    ]}
 
 
 @routes.declare("POST", "/task/<taskId>/schedule", "scheduleTask",
@@ -72,7 +85,7 @@ def _on_task(call: Call) -> Callable[[Task], None]:
                 description=("an unscheduled task gets its pending run 0 whatever its "
                              "dependencies say"),
                 output="task-status-response.json", body="empty-request.json",
-                scopes="queue:schedule-task:<schedulerId>/<taskGroupId>/<taskId>")
+                scopes=_any_of("schedule-task"))
 async def schedule_task(call: Call, task_id: str) -> Any:
     return {"status": await call.services.definitions.schedule_task(task_id, _on_task(call))}
 
@@ -83,7 +96,7 @@ async def schedule_task(call: Call, task_id: str) -> Any:
                              " a running run's tip is deleted and its worker's next reclaim is"
                              " a 409; a resolved task answers its status unchanged"),
                 output="task-status-response.json", body="empty-request.json",
-                scopes="queue:cancel-task:<schedulerId>/<taskGroupId>/<taskId>")
+                scopes=_any_of("cancel-task"))
 async def cancel_task(call: Call, task_id: str) -> Any:
     return {"status": await call.services.resolution.cancel_task(task_id, _on_task(call))}
 
@@ -95,19 +108,10 @@ async def cancel_task(call: Call, task_id: str) -> Any:
                              "status unchanged; 409 past the deadline or once the task has 50 "
                              "runs (Taskcluster's limit; the retries a rerun grants stop there"
                              " too)"),
-                output="task-status-response.json", body="empty-request.json", scopes={
-    "AnyOf": [
-        "queue:rerun-task:<schedulerId>/<taskGroupId>/<taskId>",
-        "queue:rerun-task-in-project:<projectId>",
-        {"AllOf": ["queue:rerun-task", "assume:scheduler-id:<schedulerId>/<taskGroupId>"]},
-    ]})
+                output="task-status-response.json", body="empty-request.json",
+                scopes=_any_of("rerun-task"))
 async def rerun_task(call: Call, task_id: str) -> Any:
-    def authorize(task: Task) -> None:
-        d = task.definition
-        call.authorize(schedulerId=d["schedulerId"], taskGroupId=d["taskGroupId"],
-                       projectId=d["projectId"])
-
-    return {"status": await call.services.rerun.rerun_task(task_id, authorize)}
+    return {"status": await call.services.rerun.rerun_task(task_id, _on_task(call))}
 
 
 @routes.declare("POST", "/task/<taskId>/priority", "changeTaskPriority",
