@@ -138,8 +138,11 @@ class Authenticator:
         held = (*principal.scopes, *self._anonymous.scopes)
         if "authorizedScopes" in ext:
             authorized = ext["authorizedScopes"]
-            if not isinstance(authorized, list) or not all(isinstance(s, str) for s in authorized):
-                raise AuthenticationFailed("`authorizedScopes` must be a list of strings")
+            if not isinstance(authorized, list):
+                raise AuthenticationFailed("`authorizedScopes` must be a list of scopes")
+            for scope in authorized:
+                if (problem := scopes.invalid(scope)) is not None:
+                    raise AuthenticationFailed(f"`authorizedScopes`: {problem}")
             excess = scopes.missing_scopes(held, authorized)
             if excess:
                 raise AuthenticationFailed(

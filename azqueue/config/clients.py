@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass, field
 
 from azqueue.errors import ConfigError
+from azqueue.model import scopes
 
 MIN_ACCESS_TOKEN = 22
 
@@ -45,17 +46,40 @@ def example_value(variable: str) -> ConfigError:
                        "secrets; print(secrets.token_urlsafe(32))'`")
 
 
+def _client(entry: object, index: int) -> Client:
+    """The client of entry ``index`` of a clients file, or ConfigError naming what is
+    wrong with it."""
+    if not isinstance(entry, dict):
+        raise ConfigError(f"entry {index} is {json.dumps(entry)[:80]}, not an object")
+    client_id, token, held = (entry.get(k) for k in ("clientId", "accessToken", "scopes"))
+    if not isinstance(client_id, str):
+        raise ConfigError(f"entry {index}: `clientId` must be a string")
+    name = f"client {client_id!r} (entry {index})"
+    if not isinstance(token, str):
+        raise ConfigError(f"{name}: `accessToken` must be a string")
+    if not isinstance(held, list):
+        raise ConfigError(f"{name}: `scopes` must be a list of scopes, such as "
+                          f'["queue:status:*"], not {json.dumps(held)[:80]}')
+    for n, scope in enumerate(held):
+        if (problem := scopes.ungrantable(scope)) is not None:
+            raise ConfigError(f"{name}: scope {n} of `scopes`: {problem}")
+    return Client(client_id, token, tuple(held))
+
+
 def load_clients(path: str) -> tuple[Client, ...]:
     """The clients of an ``AZQUEUE_CLIENTS_FILE``: a JSON list of ``{clientId, accessToken,
-    scopes}``."""
+    scopes}``, each scope valid as Taskcluster's auth takes one."""
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
-        clients = tuple(Client(str(c["clientId"]), str(c["accessToken"]),
-                               tuple(str(s) for s in c.get("scopes", []))) for c in data)
-    except ConfigError as e:  # a client without an id or with a short token
-        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e.message}") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        if not isinstance(data, list):
+            raise ConfigError("it is not a JSON list")
+        clients = tuple(_client(entry, n) for n, entry in enumerate(data))
+    except ConfigError as e:  # a client without an id, with a short token, bad scopes
+        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e.message}; it must be a JSON "
+                          'list of {"clientId": ..., "accessToken": ..., "scopes": [...]}'
+                          ) from None
+    except (OSError, ValueError) as e:
         raise ConfigError(
             f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
             '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None

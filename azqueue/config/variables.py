@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from azqueue.config.clients import Client, load_clients
 from azqueue.errors import ConfigError
+from azqueue.model import scopes
 from azqueue.model.tip import TipForm
 
 _ORIGIN_RE = re.compile(r"^https?://[^/?#\s,]+$")
@@ -64,7 +65,11 @@ def _origins(name: str, raw: str) -> tuple[str, ...]:
 
 
 def _scopes(name: str, raw: str) -> tuple[str, ...]:
-    return tuple(s.strip() for s in raw.split(",") if s.strip())
+    given = tuple(s.strip() for s in raw.split(",") if s.strip())
+    for scope in given:
+        if (problem := scopes.ungrantable(scope)) is not None:
+            raise ConfigError(f"{name}: {problem}")
+    return given
 
 
 def _flag(name: str, raw: str) -> bool:

@@ -99,8 +99,11 @@ def verify(raw: Any, hawk_id: str, lookup: Callable[[str], Principal | None],
         raise _fail("the seed must be 44 characters")
     if not isinstance(start, int) or not isinstance(expiry, int):
         raise _fail("start and expiry must be integers (milliseconds since the epoch)")
-    if not isinstance(cert_scopes, list) or not all(isinstance(s, str) for s in cert_scopes):
-        raise _fail("scopes must be a list of strings")
+    if not isinstance(cert_scopes, list):
+        raise _fail("scopes must be a list of scopes")
+    for scope in cert_scopes:
+        if (problem := scopeset.invalid(scope)) is not None:
+            raise _fail(f"the certificate's scopes: {problem}")
     if not isinstance(cert.get("signature"), str):
         raise _fail("the certificate has no signature")
     try:

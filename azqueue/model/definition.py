@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue.errors import InputError
-from azqueue.model import timeutil
+from azqueue.model import scopes as scopeset, timeutil
 from azqueue.model.priority import Priority
 
 CREATED_SKEW = timedelta(minutes=15)
@@ -71,6 +71,9 @@ def normalize(task_id: str, body: Mapping[str, Any], now: datetime) -> dict[str,
     else:
         expires = deadline + DEFAULT_EXPIRES_AFTER_DEADLINE
     scopes = list(body.get("scopes", []))
+    for scope in scopes:  # printable ASCII: the schema's pattern
+        if scope.endswith("**"):
+            raise InputError(f"task definition: `scopes`: {scopeset.ungrantable(scope)}")
     if len(json.dumps(scopes)) > MAX_SCOPES_JSON:
         raise InputError(
             f"task definition: `scopes` take {len(json.dumps(scopes))} characters as JSON, more "

@@ -1,8 +1,9 @@
 """Scopes as Taskcluster defines them.
 
-A scope ``s`` is satisfied by a held scope equal to it, or by a held scope ending in
-``*`` whose prefix starts ``s``. An expression is a scope string, ``{"AllOf": [...]}``
-or ``{"AnyOf": [...]}`` of expressions.
+A scope is a string of printable ASCII (space to ``~``); one that a client or a task is
+given may not end in ``**``. A scope ``s`` is satisfied by a held scope equal to it, or
+by a held scope ending in ``*`` whose prefix starts ``s``. An expression is a scope
+string, ``{"AllOf": [...]}`` or ``{"AnyOf": [...]}`` of expressions.
 """
 
 from __future__ import annotations
@@ -12,6 +13,30 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Union
 
 Expression = Union[str, Mapping[str, Sequence["Expression"]]]
+
+
+def invalid(scope: object) -> str | None:
+    """What makes ``scope`` no scope (None: it is one): not a string, or a character
+    outside printable ASCII."""
+    if not isinstance(scope, str):
+        return f"{scope!r} is not a string"
+    bad = next((c for c in scope if not " " <= c <= "~"), None)
+    if bad is not None:
+        return (f"{scope!r} holds {bad!r}: a scope is printable ASCII (space to `~`) "
+                "alone")
+    return None
+
+
+def ungrantable(scope: object) -> str | None:
+    """What makes ``scope`` no scope to give a client or a task (None: it may be given):
+    ``invalid``, or it ends in ``**``."""
+    if (problem := invalid(scope)) is not None:
+        return problem
+    assert isinstance(scope, str)
+    if scope.endswith("**"):
+        return (f"{scope!r} ends in `**`, which Taskcluster forbids: a `*` at the end "
+                "matches every scope starting with what comes before it")
+    return None
 
 
 def satisfies_scope(held: Iterable[str], scope: str) -> bool:

@@ -308,6 +308,33 @@ async def test_every_scope_alternative_taskcluster_declares_is_accepted(
             assert info.value.status_code == 403, narrowed
 
 
+@pytest.mark.parametrize("scope", ["queue:é", "queue:a\nb", "queue:\t"])
+async def test_scopes_that_are_not_printable_ascii_are_refused_as_taskcluster_refuses_them(
+        auth_server: Server, scope: str) -> None:
+    """In authorizedScopes or a certificate: 401; in a task definition: 400, as is a task
+    scope ending in `**`."""
+    with pytest.raises(TaskclusterAuthFailure) as auth:
+        await call("sync", auth_server, creds(ROOT), "createTask", slugid(), definition(),
+                   authorizedScopes=["queue:*", scope])
+    assert auth.value.status_code == 401 and "printable ASCII" in auth.value.body["message"]
+    now = datetime.now(UTC)
+    temp = taskcluster.createTemporaryCredentials(
+        ISSUER.client_id, ISSUER.access_token, now, now + timedelta(hours=1),
+        ["queue:status:*", scope])
+    with pytest.raises(TaskclusterAuthFailure) as auth:
+        await call("sync", auth_server, temp, "status", slugid())
+    assert auth.value.status_code == 401 and "printable ASCII" in auth.value.body["message"]
+    for bad in (scope, "queue:create-task:**"):
+        task_id = slugid()
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await call("sync", auth_server, creds(ROOT), "createTask", task_id,
+                       definition(scopes=[bad]))
+        assert info.value.status_code == 400
+        with pytest.raises(TaskclusterRestFailure) as info:
+            await call("sync", auth_server, creds(ROOT), "status", task_id)
+        assert info.value.status_code == 404
+
+
 async def test_artifact_reads_need_the_scopes_taskcluster_declares(auth_server: Server) -> None:
     """listLatestArtifacts and latestArtifactInfo: `queue:list-artifacts:<taskId>`;
     artifactInfo: `queue:list-artifacts:<taskId>:<runId>`; an artifact's content:
