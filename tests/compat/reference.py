@@ -3,7 +3,10 @@ against them.
 
 ``schemas/`` holds them as Taskcluster renders them (``generated/references.json`` of
 the taskcluster/taskcluster repository), unedited: ``$ref`` between them resolves by
-their ``$id`` (``/schemas/queue/v1/<name>.json``).
+their ``$id`` (``/schemas/queue/v1/<name>.json``). They are those of ``RELEASE`` (at
+``COMMIT``), but for task-queue-counts-list-response, of the later release that added
+taskQueueCountsBatch; the official client the tests run is ``CLIENT`` (pinned by the
+``test`` extra), which names no other schema.
 """
 
 from __future__ import annotations
@@ -18,6 +21,9 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
 SCHEMAS = Path(__file__).parent / "schemas"
+RELEASE = "106.0.0"
+COMMIT = "9d59eb59f6fd0912075c194100d8910f2da40f52"
+CLIENT = "113.2.0"
 
 
 @cache
