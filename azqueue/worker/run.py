@@ -149,7 +149,7 @@ class TaskRun:
         made = await self.queue.createArtifact(self.task_id, self.run_id, name, {
             "storageType": "blob", "expires": self.task["expires"], "contentType": content_type})
         headers = {**made["headers"], "Content-Length": str(length)}
-        if content_encoding:  # Blob storage keeps it from this header (Azurite: only this)
+        if content_encoding:  # stored with the blob (Azurite ignores a plain Content-Encoding)
             headers["x-ms-blob-content-encoding"] = content_encoding
         answer = await retry.send(self.session, "PUT", made["putUrl"], f"uploading {name}",
                                   headers=headers, body=body)

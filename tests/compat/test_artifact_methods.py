@@ -466,7 +466,7 @@ async def test_an_upload_with_a_content_encoding_is_stored_as_sent_and_served_wi
 async def test_a_blob_artifact_put_with_a_content_encoding_is_served_with_it(
         server: Server) -> None:
     """Blob storage keeps the encoding a Put Blob declares in `x-ms-blob-content-encoding`
-    (Azure also takes `Content-Encoding`, Azurite only the former) and the read URL
+    (Azurite ignores a plain `Content-Encoding` there) and the read URL
     answers it, from the snapshot taken at finishArtifact."""
     task_id, queue = await _running(server)
     sent = gzip.compress(b"a line of a log\n" * 1000)
