@@ -2,10 +2,10 @@
 
 Requests without an Authorization header are anonymous and hold the configured
 anonymous scopes; as in Taskcluster, every signed-in caller holds them too, whatever its
-credentials or ``authorizedScopes`` narrow it to. Everything that fails authentication is a 401 that says what was
-wrong; no secret ever goes into a message or a log line. An unknown clientId (or
-certificate issuer) is answered as a wrong signature is, so a caller cannot learn which
-clients exist; the log says which it was.
+credentials or ``authorizedScopes`` narrow it to. Everything that fails authentication
+is a 401 that says what was wrong; no secret ever goes into a message or a log line. An
+unknown clientId (or certificate issuer) is answered as a wrong signature is, so a
+caller cannot learn which clients exist; the log says which it was.
 """
 
 from __future__ import annotations

@@ -46,11 +46,14 @@ def example_value(variable: str) -> ConfigError:
                        "secrets; print(secrets.token_urlsafe(32))'`")
 
 
+_FORM = 'it must be a JSON list of {"clientId": ..., "accessToken": ..., "scopes": [...]}'
+
+
 def _client(entry: object, index: int) -> Client:
     """The client of entry ``index`` of a clients file, or ConfigError naming what is
     wrong with it."""
     if not isinstance(entry, dict):
-        raise ConfigError(f"entry {index} is {json.dumps(entry)[:80]}, not an object")
+        raise ConfigError(f"entry {index} is {json.dumps(entry)[:80]}, not an object; {_FORM}")
     client_id, token, held = (entry.get(k) for k in ("clientId", "accessToken", "scopes"))
     if not isinstance(client_id, str):
         raise ConfigError(f"entry {index}: `clientId` must be a string")
@@ -73,16 +76,12 @@ def load_clients(path: str) -> tuple[Client, ...]:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
         if not isinstance(data, list):
-            raise ConfigError("it is not a JSON list")
+            raise ConfigError(f"it holds {json.dumps(data)[:80]}, not a list; {_FORM}")
         clients = tuple(_client(entry, n) for n, entry in enumerate(data))
-    except ConfigError as e:  # a client without an id, with a short token, bad scopes
-        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e.message}; it must be a JSON "
-                          'list of {"clientId": ..., "accessToken": ..., "scopes": [...]}'
-                          ) from None
+    except ConfigError as e:  # a malformed entry, a short token, scopes that are not scopes
+        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e.message}") from None
     except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; it must be a JSON list of "
-            '{"clientId": ..., "accessToken": ..., "scopes": [...]}') from None
+        raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: {e}; {_FORM}") from None
     for client in clients:
         if is_placeholder(client.access_token):
             raise ConfigError(f"AZQUEUE_CLIENTS_FILE={path!r}: the accessToken of client "

@@ -42,7 +42,7 @@ def test_a_client_whose_scopes_are_not_scopes_is_refused_naming_it(
 
 
 @pytest.mark.parametrize(("entries", "says"), [
-    ({"clientId": "ci"}, "it is not a JSON list"),
+    ({"clientId": "ci"}, 'it holds {"clientId": "ci"}, not a list; it must be a JSON list'),
     (["ci"], "entry 0 is \"ci\", not an object"),
     ([{"clientId": 7, "accessToken": TOKEN, "scopes": []}], "`clientId` must be a string"),
     ([{"clientId": "ci", "accessToken": None, "scopes": []}], "`accessToken` must be a string"),
