@@ -29,7 +29,8 @@ _CREATE_ARTIFACT = "queue:create-artifact:<taskId>/<runId>"
 # An artifact is read with queue:get-artifact:<name> for the name asked for and for every
 # name a link leads through, as in Taskcluster (public/ names: the anonymous scopes
 # grant queue:get-artifact:public/* by default, and every caller holds those).
-_READ_ARTIFACT = {"AllOf": [{"for": "name", "in": "names", "each": "queue:get-artifact:<name>"}]}
+_READ_ARTIFACT = {"AllOf": [{"for": "name", "in": "names",
+                             "each": "queue:get-artifact:<name>"}]}
 STORAGE_TYPE_HEADER = "x-taskcluster-artifact-storage-type"
 
 routes = Routes("Artifacts")
@@ -104,7 +105,8 @@ async def get_artifact(call: Call, task_id: str, name: str, run_id: int | None =
 @routes.declare("GET", "/task/<taskId>/runs/<runId>/artifact-info/<name>", "artifactInfo",
                 title="Get an artifact's information",
                 description="`{storageType, name, expires, contentType}`",
-                output="artifact-response.json", scopes="queue:list-artifacts:<taskId>:<runId>")
+                output="artifact-response.json",
+                scopes="queue:list-artifacts:<taskId>:<runId>")
 @routes.declare("GET", "/task/<taskId>/artifact-info/<name>", "latestArtifactInfo",
                 title="Get the information of an artifact of the latest run",
                 description="as artifactInfo",
