@@ -43,14 +43,16 @@ time.sleep(payload.get("sleep", 0))
 sys.exit(payload.get("exit", 0))
 """
 
+
 @pytest.fixture
-async def scriptworker(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+async def scriptworker(tmp_path: Path) -> AsyncIterator[Callable[..., Path]]:
     """Start a scriptworker process on a task queue of a server; stopped (SIGTERM, as
     its operators stop it) at the end of the test."""
     processes: list[subprocess.Popen[bytes]] = []
     logs: list[IO[bytes]] = []
 
     def start(server: Server, task_queue_id: str, reclaim_interval: int = 300) -> Path:
+        """Its log's path."""
         provisioner, worker_type = task_queue_id.split("/")
         home = tmp_path / f"scriptworker-{len(processes)}"
         dirs = {name: home / name for name in ("work", "log", "artifact")}
