@@ -48,8 +48,8 @@ class TaskUrls:
         now = timeutil.utcnow()
         expires = now + self.sas_lifetime
         task_queue_id = f"{provisioner_id}/{worker_type}"
-        urls = await self.pending.signed_urls(task_queue_id, start=now - SAS_SLACK,
-                                              expiry=expires + SAS_SLACK)
+        urls = self.pending.signed_urls(task_queue_id, start=now - SAS_SLACK,
+                                        expiry=expires + SAS_SLACK)
         answer: dict[str, Any] = {
             "expires": timeutil.fmt(expires),
             "queues": [{"signedPollUrl": u.signed_poll_url,

@@ -45,7 +45,7 @@ from azqueue.service.claims import Claims, TipClaim
 from azqueue.service.doorbell import Doorbell
 from azqueue.service.waiting import Waiter, Waiting, WaitingQueue
 from azqueue.service.workers import WorkerInfo
-from azqueue.storage.queues import Message, PendingQueues, Queues
+from azqueue.storage.queues import Message, PendingQueues, Queues, Received
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +91,6 @@ class WorkClaimer:
         # Known from its first call on, not once that call ends (up to ``wait`` later): the
         # first sight is written at once, a later one costs nothing (workers.py).
         info.worker_active(task_queue_id, worker_group, worker_id)
-        for priority in ORDER:
-            await self.pending.ensure(task_queue_id, priority)
         tq = self.waiting.entry(task_queue_id)
         waiter = Waiter(count, connected)
         tq.waiters.append(waiter)
@@ -222,7 +220,10 @@ class WorkClaimer:
                 rings = tq.rings
                 sent = asyncio.get_running_loop().time()
                 wanted = min(demand - len(found), 32)
-                got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD, limit=wanted)
+                try:
+                    got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD, limit=wanted)
+                except errors.EntityNotFound:  # no task was ever put there: empty
+                    got = Received([], False)
                 if got.others_hidden:
                     tq.hidden_until = max(tq.hidden_until, sent + HIDDEN_MARGIN +
                                           CLAIM_WORK_HOLD.total_seconds())

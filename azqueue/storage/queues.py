@@ -6,6 +6,14 @@ taskQueueId maps to a valid, practically collision-free name; the queue's metada
 records the real provisionerId, workerType and priority. Workers poll them directly
 through SAS URLs that carry only the ``process`` permission (get and delete).
 
+A task queue's seven queues are made when its first tip is put, all at once, and never
+before: pollTaskUrls and claimWork only name them. So a caller whose scopes cover many
+task queue names (``queue:poll-task-urls:wild/*``) makes no queue by asking, and a
+queue is never deleted, so that no tip can be lost to a deletion racing a put. Until
+then a worker's poll of a SAS URL is answered 404 ``QueueNotFound``, which means what an
+empty queue means (docs/workers/sas.md says so); claimWork's poller and the samples
+take it so too.
+
 Internal queues (e.g. ``<prefix>-deadline-batches``) hold messages invisible until the moment
 they stand for; a resolver acts when one becomes visible. They are durable triggers,
 never the truth: the Task entity decides.
@@ -17,6 +25,7 @@ import asyncio
 import base64
 import hashlib
 import json
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -32,6 +41,8 @@ from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone, t
                                     translate_message)
 
 MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
+# How many queues' SDK clients, and names known to exist, a process keeps.
+MAX_CACHED = 2000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -78,25 +89,39 @@ def _seconds(delta: timedelta) -> int:
 
 
 class Queues:
-    """Operations on any queue of the account, by name; clients are cached per name."""
+    """Operations on any queue of the account, by name. The SDK's clients, and the names
+    of the queues this process knows to exist, are kept for the ``MAX_CACHED`` names used
+    last."""
 
     def __init__(self, account: StorageAccount) -> None:
         self._account = account
         self._rest = account.rest
-        self._clients: dict[str, QueueClient] = {}
-        self._ensured: set[str] = set()
+        self._clients: OrderedDict[str, QueueClient] = OrderedDict()
+        self._ensured: OrderedDict[str, None] = OrderedDict()
         self._creating: dict[str, asyncio.Future[None]] = {}
 
     def client(self, name: str) -> QueueClient:
         client = self._clients.get(name)
         if client is None:
             client = self._clients[name] = self._account.queues.get_queue_client(name)
+        _keep(self._clients, name)
         return client
+
+    def url(self, name: str) -> str:
+        """The queue's URL (as this process reaches it), with no client made for it."""
+        return f"{self._account.queues.url.rstrip('/')}/{name}"
+
+    def known(self, name: str) -> bool:
+        """Whether this process knows that the queue exists."""
+        if name not in self._ensured:
+            return False
+        _keep(self._ensured, name)
+        return True
 
     async def ensure(self, name: str, metadata: Mapping[str, str] | None = None) -> None:
         """Create the queue unless this process already knows it exists (callers asking
         at the same time share one request)."""
-        if name in self._ensured:
+        if self.known(name):
             return
         creating = self._creating.get(name)
         if creating is None:
@@ -110,7 +135,8 @@ class Queues:
                 await self.client(name).create_queue(metadata=dict(metadata or {}))
         except EntityExists:
             pass  # exists already, with other metadata: fine
-        self._ensured.add(name)
+        self._ensured[name] = None
+        _keep(self._ensured, name)
 
     async def put(self, name: str, text: str, visible_in: timedelta = timedelta(0),
                   forever: bool = False) -> Message:
@@ -200,7 +226,7 @@ class Queues:
         sas = generate_queue_sas(self._account.account_name, name, key,
                                  permission=QueueSasPermissions(process=True),
                                  start=start, expiry=expiry)
-        base = self._account.public_url("queue", f"{self.client(name).url}/messages")
+        base = self._account.public_url("queue", f"{self.url(name)}/messages")
         return SignedQueueUrls(
             signed_poll_url=f"{base}?{sas}",
             signed_delete_url=f"{base}/{{{{messageId}}}}?popreceipt={{{{popReceipt}}}}&{sas}",
@@ -219,20 +245,32 @@ class PendingQueues:
         return self._account.queue_name(f"{digest}-{priority.rank}")
 
     async def ensure(self, task_queue_id: str, priority: Priority) -> str:
-        name = self.name(task_queue_id, priority)
-        provisioner_id, worker_type = task_queue_id.split("/", 1)
-        await self.queues.ensure(name, {"provisionerid": provisioner_id,
-                                        "workertype": worker_type, "priority": str(priority)})
-        return name
+        """The name of the task queue's queue at ``priority``, once the seven exist (made
+        at once if this process does not know them)."""
+        names = [self.name(task_queue_id, p) for p in ORDER]
+        missing = [p for p, name in zip(ORDER, names) if not self.queues.known(name)]
+        if missing:
+            provisioner_id, worker_type = task_queue_id.split("/", 1)
+            await asyncio.gather(*(self.queues.ensure(
+                names[p.rank],
+                {"provisionerid": provisioner_id, "workertype": worker_type, "priority": str(p)})
+                for p in missing))
+        return names[priority.rank]
 
-    async def signed_urls(self, task_queue_id: str, start: datetime,
-                          expiry: datetime) -> list[SignedQueueUrls]:
-        """SAS URLs of all seven queues, highest priority first (created if missing)."""
-        urls = []
-        for priority in ORDER:
-            name = await self.ensure(task_queue_id, priority)
-            urls.append(self.queues.signed_urls(name, start, expiry))
-        return urls
+    def signed_urls(self, task_queue_id: str, start: datetime,
+                    expiry: datetime) -> list[SignedQueueUrls]:
+        """SAS URLs of all seven queues, highest priority first, whether they exist yet
+        or not (see the module's docstring)."""
+        return [self.queues.signed_urls(self.name(task_queue_id, p), start, expiry)
+                for p in ORDER]
+
+
+def _keep(cache: OrderedDict[str, Any], name: str) -> None:
+    """``name`` was just used: keep it, and forget the names used longest ago beyond
+    ``MAX_CACHED``."""
+    cache.move_to_end(name)
+    while len(cache) > MAX_CACHED:
+        cache.popitem(last=False)
 
 
 def encode_json(data: Mapping[str, Any]) -> str:

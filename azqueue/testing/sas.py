@@ -11,7 +11,7 @@ from typing import Any
 import aiohttp
 
 from azqueue.testing.tasks import UnexpectedAnswer, call
-from azqueue.worker.sas import QueueMessage, delete_url, parse_messages
+from azqueue.worker.sas import QueueMessage, delete_url, parse_messages, queue_not_found
 
 __all__ = ["QueueMessage", "claim", "delete_message", "delete_url", "get_messages",
            "parse_messages", "poll_once", "poll_task_urls", "post"]
@@ -25,10 +25,13 @@ async def poll_task_urls(http: aiohttp.ClientSession, api: str, provisioner_id: 
 
 async def get_messages(http: aiohttp.ClientSession, signed_poll_url: str,
                        n: int = 1) -> list[QueueMessage]:
-    """GET the poll URL with &numofmessages=N and parse <QueueMessagesList>;
-    ``UnexpectedAnswer`` unless Azure answers 200."""
+    """GET the poll URL with &numofmessages=N and parse <QueueMessagesList> (none if the
+    queue does not exist yet); ``UnexpectedAnswer`` unless Azure answers 200 or 404
+    ``QueueNotFound``."""
     async with http.get(f"{signed_poll_url}&numofmessages={n}") as r:
         body = await r.text()
+        if queue_not_found(r.status, body):
+            return []
         if r.status != 200:
             raise UnexpectedAnswer(f"polling answered {r.status}: {body[:300]}")
     return parse_messages(body)

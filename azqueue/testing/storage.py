@@ -107,6 +107,11 @@ class StorageInspector:
         pollTaskUrls hands out a URL of)."""
         return self._pending.name(task_queue_id, priority)
 
+    async def queue_names(self) -> list[str]:
+        """The names of every queue of the prefix, internal and pending, sorted."""
+        return sorted([q.name async for q in self._account.queues.list_queues(
+            name_starts_with=self._account.queue_name(""))])
+
     def queue(self, name: str) -> QueueClient:
         """The SDK's client of queue ``name``."""
         return self._queues.client(name)

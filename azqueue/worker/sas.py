@@ -3,6 +3,7 @@
 * pollTaskUrls, refreshed before ``expires``;
 * the URLs polled in the order given, ``numofmessages`` = free capacity (at most 32);
 * ``<MessageText>`` base64-decoded and JSON-parsed into ``{taskId, runId, signature}``;
+  a queue answered 404 ``QueueNotFound`` is empty (no task was ever put in it);
 * claimTask with messageId, receipt and signature, for every message of a poll at once
   (``asyncio.gather``); after a successful claim the message is left alone (the queue
   rewrote it to enforce the claim);
@@ -114,6 +115,12 @@ def parse_messages(xml: str) -> list[QueueMessage]:
     return [QueueMessage(m.findtext("MessageId", ""), m.findtext("PopReceipt", ""),
                          int(m.findtext("DequeueCount", "0") or 0), m.findtext("MessageText", ""))
             for m in root.findall("QueueMessage")]
+
+
+def queue_not_found(status: int, body: str) -> bool:
+    """Whether a poll's answer says the queue does not exist yet (404 ``QueueNotFound``):
+    no task was ever put in it, which a worker takes as an empty queue."""
+    return status == 404 and "<Code>QueueNotFound</Code>" in body
 
 
 def delete_url(template: str, message: QueueMessage) -> str:
@@ -273,11 +280,11 @@ class SasSource:
         async with self.session.get(
                 f"{q['signedPollUrl']}&numofmessages={min(wanted, MAX_MESSAGES)}") as r:
             body = await r.text()
-        if r.status != 200:
+        if r.status != 200 and not queue_not_found(r.status, body):
             self.requests[EMPTY_POLL] += 1
             log.warning("polling an Azure queue answered %d: %s", r.status, body[:200])
             return []
-        messages = parse_messages(body)
+        messages = parse_messages(body) if r.status == 200 else []
         if not messages:
             self.requests[EMPTY_POLL] += 1
             self._emptied[index] = started
