@@ -59,6 +59,8 @@ class Settings:
     # `GET /metrics` on a listener of its own (0: on the API's, to anyone who asks).
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
+    # The bearer token `GET /metrics` requires (empty: none).
+    metrics_token: str = field(default="", repr=False)
     root_url: str = ""
     claim_timeout: float = 20 * 60
     sas_lifetime: float = 30 * 60
@@ -71,6 +73,9 @@ class Settings:
     claim_work_fallback_interval: float = 3600.0
     # Events off: how often a replica reads the doorbell table.
     doorbell_interval: float = 1.0
+    # What a replica keeps of a task queue nobody used for this long is dropped: doorbell
+    # ears and rows, metric series.
+    task_queue_idle_expiry: float = 3600.0
     # Events: off without an AMQP URL.
     amqp_url: str = field(default="", repr=False)  # may hold the broker's password
     exchange_prefix: str = "exchange/taskcluster-queue/v1/"

@@ -201,6 +201,12 @@ SETTINGS: tuple[Setting, ...] = (
             default="none", note="/metrics on a listener of its own, not the API's",
             meaning="with a port, `GET /metrics` is served on a listener of its own there, and "
                     "no longer on the API's port (where anyone who reaches the API may read it)"),
+    Setting("AZQUEUE_METRICS_TOKEN", "metrics", field="metrics_token", parse=_text,
+            default="none", note="a bearer token /metrics requires",
+            meaning="with a token, `GET /metrics` answers 401 unless the request sends it as "
+                    "`Authorization: Bearer <token>` (Prometheus: `authorization: "
+                    "{credentials_file: ...}` in the scrape config); without it, whoever "
+                    "reaches the listener may read the metrics"),
     Setting("AZQUEUE_CLAIM_TIMEOUT", "timing", field="claim_timeout", parse=_seconds,
             meaning="seconds a claim lasts (`takenUntil − now`)"),
     Setting("AZQUEUE_SAS_LIFETIME", "timing", field="sas_lifetime", parse=_seconds,
@@ -225,6 +231,13 @@ SETTINGS: tuple[Setting, ...] = (
             meaning="with events off, seconds between a replica's reads of the doorbell table "
                     "(one storage request each), how long a tip put on another replica may wait "
                     "to wake a caller here"),
+    Setting("AZQUEUE_TASK_QUEUE_IDLE_EXPIRY", "timing", field="task_queue_idle_expiry",
+            parse=_seconds,
+            meaning="seconds after which what a replica keeps of a task queue nobody used since "
+                    "is dropped: with events off, its ears in the doorbell table (rewritten "
+                    "while its callers wait) and the rows nobody wrote for that long; its "
+                    "series of `azqueue_task_pending_seconds` (see "
+                    "[Metrics and logs](monitoring.md))"),
     Setting("AZQUEUE_AMQP_URL", "events", field="amqp_url", parse=_text,
             default="none (events off)", note="events off without it",
             meaning="RabbitMQ URL, e.g. `amqp://guest:guest@127.0.0.1:5672/`"),

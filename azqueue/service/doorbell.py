@@ -19,6 +19,12 @@ Rings are batched: the first after a quiet moment goes out at once, the next one
 most every ``RING_PAUSE``, so a burst of createTasks costs a ring or two, not one each.
 A ring that cannot be sent is tried again with the next batch.
 
+What a replica keeps of a task queue is reclaimed once nobody uses it: an ear is
+rewritten only while its waiters keep asking, and forgotten (here, and by every reader)
+once it expires, ``ear_life`` after it was last written; the rows nobody wrote for
+``ear_life`` are deleted (``BellTable.sweep``, by every replica every half of it), and
+so is what readers remember of them.
+
 A ring is a hint, never a decision, and the doorbell is trusted only while it works:
 ``covers`` says whether a waiter may rely on it for a task queue. While it does not
 (broker away, doorbell table unreadable, an ear not yet known to every replica) the
@@ -34,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -44,14 +51,15 @@ from azqueue.model import timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.service.hints import PendingHints
 from azqueue.service.waiting import Waiting
-from azqueue.storage.bells import BellTable, Ear
+from azqueue.storage.bells import MARGIN, BellTable, Ear
 
 log = logging.getLogger(__name__)
 
 ALL = frozenset(p.rank for p in ORDER)
 # After a ring, the next batch waits this long, so bursts cost a ring per batch.
 RING_PAUSE = 0.2
-# How long an ear holds; it is rewritten when less than half of it is left.
+# How long an ear holds; it is rewritten when less than half of it is left, if its
+# waiters asked since it was last written.
 EAR_LIFE = timedelta(hours=1)
 # A ring that failed is tried again after this long (with the next batch).
 RETRY_PAUSE = 1.0
@@ -64,16 +72,19 @@ class Doorbell:
 
     ``broker``: the broker's doorbell (events on); ``table``: the doorbell table (events
     off); neither: no doorbell, the pollers poll. ``interval``: how often the doorbell
-    table is read."""
+    table is read. ``ear_life``: how long an ear holds once written, and how long the
+    table keeps a row nobody writes."""
 
     def __init__(self, waiting: Waiting, hints: PendingHints, replica: str,
-                 broker: BrokerBells | None, table: BellTable | None, interval: float) -> None:
+                 broker: BrokerBells | None, table: BellTable | None, interval: float,
+                 ear_life: timedelta = EAR_LIFE) -> None:
         self.waiting = waiting
         self.hints = hints
         self.replica = replica
         self.broker = broker
         self.table = table if broker is None else None
         self.interval = interval
+        self.ear_life = ear_life
         self._to_ring: dict[str, set[int]] = {}
         self._kick = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -84,6 +95,7 @@ class Doorbell:
         self._read_at = float("-inf")  # the event loop's clock at the last good read
         self._others: dict[str, dict[str, datetime]] = {}  # task queue -> replica -> until
         self._ears: dict[str, tuple[float, datetime]] = {}  # task queue -> known from, until
+        self._asked: set[str] = set()  # ears to write (again): their waiters asked
         self._ears_wanted = asyncio.Event()
 
     # -- what this process sees ----------------------------------------------------
@@ -129,10 +141,14 @@ class Doorbell:
             return self.broker.listening
         if self.table is None:
             return False
-        now = time.monotonic()
+        now, utcnow = time.monotonic(), timeutil.utcnow()
         ear = self._ears.get(task_queue_id)
-        if ear is None or ear[1] - timeutil.utcnow() < EAR_LIFE / 2:
-            self._ears.setdefault(task_queue_id, (float("inf"), timeutil.utcnow()))
+        if ear is not None and ear[1] <= utcnow:  # expired: the others forget it
+            ear = None
+        if ear is None or ear[1] - utcnow < self.ear_life / 2:
+            if ear is None:  # new, or as good as new: not known from a ring until written
+                self._ears[task_queue_id] = (float("inf"), utcnow)
+            self._asked.add(task_queue_id)
             self._ears_wanted.set()
         return (now - self._read_at < MISSED_READS * self.interval and ear is not None
                 and ear[0] <= now)
@@ -153,6 +169,7 @@ class Doorbell:
                 await self._read(hear=False)
             self._tasks.append(asyncio.create_task(self._reader(), name="doorbell reader"))
             self._tasks.append(asyncio.create_task(self._listener(), name="doorbell ears"))
+            self._tasks.append(asyncio.create_task(self._sweeper(), name="doorbell sweeper"))
         else:
             return
         self._tasks.append(asyncio.create_task(self._ringer(), name="doorbell ringer"))
@@ -222,6 +239,38 @@ class Doorbell:
             if ear.replica != self.replica:
                 self._others.setdefault(ear.task_queue_id, {})[ear.replica] = ear.until
 
+    def drop_expired(self) -> None:
+        """Forget the ears that expired, this process's and the others', and the rings
+        not rung for ``ear_life``."""
+        now = timeutil.utcnow()
+        for tq in [tq for tq, (_, until) in self._ears.items()
+                   if until <= now and tq not in self._asked]:
+            del self._ears[tq]
+        for tq in list(self._others):
+            alive = {r: until for r, until in self._others[tq].items() if until > now}
+            if alive:
+                self._others[tq] = alive
+            else:
+                del self._others[tq]
+        old = now.timestamp() - self.ear_life.total_seconds()
+        for tq in [tq for tq, (_, rung) in self._seen.items() if max(rung.values(), default=0) < old]:
+            del self._seen[tq]
+
+    async def _sweeper(self) -> None:
+        """Every half of ``ear_life`` (jittered): forget what expired, and delete the
+        rows nobody wrote for ``ear_life``."""
+        while not self._stopping:
+            await asyncio.sleep(self.ear_life.total_seconds() / 2 * random.uniform(0.8, 1.2))
+            self.drop_expired()
+            try:
+                assert self.table is not None
+                swept = await self.table.sweep(timeutil.utcnow() - self.ear_life - MARGIN)
+            except errors.StorageError as e:
+                log.warning("doorbell: could not delete the table's old rows: %s", e)
+                continue
+            if swept:
+                log.info("doorbell: deleted %d row(s) nobody wrote for %s", swept, self.ear_life)
+
     async def _listener(self) -> None:
         """Write the ears this process's waiters need, and wake them once every replica
         has read them (a tip put before that was not rung to them)."""
@@ -229,22 +278,26 @@ class Doorbell:
             await self._ears_wanted.wait()
             self._ears_wanted.clear()
             now = timeutil.utcnow()
-            due = [tq for tq, (_, until) in self._ears.items() if until - now < EAR_LIFE / 2]
+            due = [tq for tq in self._asked
+                   if tq in self._ears and self._ears[tq][1] - now < self.ear_life / 2]
+            self._asked.clear()
             if not due:
                 continue
-            until = now + EAR_LIFE
+            until = now + self.ear_life
             try:
                 assert self.table is not None
                 await self.table.listen(due, self.replica, until)
             except errors.StorageError as e:
                 log.warning("doorbell: could not note %d ear(s): %s", len(due), e)
+                self._asked.update(due)
                 await asyncio.sleep(RETRY_PAUSE)
                 self._ears_wanted.set()
                 continue
             known = time.monotonic() + 2 * self.interval + 1.0
             for tq in due:
-                first = self._ears[tq][0] == float("inf")
-                self._ears[tq] = (min(self._ears[tq][0], known), until)
+                known_from = self._ears.get(tq, (float("inf"), until))[0]
+                first = known_from == float("inf")
+                self._ears[tq] = (min(known_from, known), until)
                 if first:
                     asyncio.get_running_loop().call_at(
                         asyncio.get_running_loop().time() + 2 * self.interval + 1.0,

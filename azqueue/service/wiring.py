@@ -201,7 +201,8 @@ def _doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
         if settings.amqp_url else None
     return Doorbell(waiting=waiting, hints=hints, replica=replica, broker=broker,
                     table=None if settings.amqp_url else BellTable(account),
-                    interval=settings.doorbell_interval)
+                    interval=settings.doorbell_interval,
+                    ear_life=timedelta(seconds=settings.task_queue_idle_expiry))
 
 
 async def _setup(services: Services) -> None:

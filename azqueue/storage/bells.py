@@ -15,6 +15,10 @@ Table ``<prefix>doorbell``, one partition ``bell``:
 Every replica reads the rows changed since its last read (Azure's ``Timestamp``, with a
 margin for writes that commit out of order), one request per read whatever the number
 of task queues, and hears the rings whose ETag it has not seen.
+
+Rows nobody wrote for a while are deleted (``sweep``): an ear not rewritten since it
+expired (its replica stopped waiting, or stopped), a ring not rung since. Each delete is
+conditional on the ETag read, so a row written meanwhile stays.
 """
 
 from __future__ import annotations
@@ -24,11 +28,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from azure.core import MatchConditions
 from azure.data.tables import UpdateMode
 
 from azqueue.model import timeutil
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import translate
+from azqueue.storage.errors import EntityNotFound, ETagMismatch, translate
 from azqueue.storage.keys import decode, encode
 from azqueue.storage.tables import TableStore
 
@@ -121,6 +126,26 @@ class BellTable(TableStore):
                     if isinstance(until, datetime):
                         ears.append(Ear(decode(queue), replica, until))
         return Changes(rings, ears, newest)
+
+    async def sweep(self, before: datetime) -> int:
+        """Delete the rows last written before ``before``, unless they change meanwhile;
+        how many were deleted."""
+        query = "PartitionKey eq @pk and Timestamp lt @before"
+        parameters: dict[str, Any] = {"pk": _PARTITION, "before": before}
+        with translate("reading the doorbell's old rows"):
+            old = [(str(e["RowKey"]), str(e.metadata.get("etag", ""))) async for e in
+                   self._table.query_entities(query, parameters=parameters,
+                                              select=["RowKey"], results_per_page=1000)]
+        deleted = 0
+        for key, etag in old:
+            try:
+                with translate("deleting an old row of the doorbell"):
+                    await self._table.delete_entity(_PARTITION, key, etag=etag,
+                                                    match_condition=MatchConditions.IfNotModified)
+                deleted += 1
+            except (EntityNotFound, ETagMismatch):
+                pass  # another replica's sweep took it, or it was written again
+        return deleted
 
     async def forget(self, task_queue_ids: Iterable[str], replica: str) -> None:
         """Remove ``replica``'s ears (it stops); an ear left behind expires by itself."""
