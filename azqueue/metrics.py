@@ -7,12 +7,20 @@ did; the sampled gauges (pending tips and running runs per task queue, events wa
 the outbox) describe the storage account, so every replica reports the same figure and a
 dashboard should take ``max``. No ``*_created`` series are exported.
 
-Sampling costs storage requests, so it happens only when ``/metrics`` is scraped: every
-task queue at most once per ``SAMPLE_INTERVAL`` (a scrape in between samples only task
-queues not sampled yet), for at most ``MAX_SAMPLED_QUEUES`` task queues (those this
-process most recently created, claimed or resolved a task of): seven requests (one per
-priority) per task queue, one scan of the claim index for the running runs of all of
-them (shared with taskQueueCounts), and one for the outbox per sample.
+Sampling costs storage requests, so it happens in the background, and only while
+``/metrics`` is scraped (``api.observe``): every task queue at most once per
+``SAMPLE_INTERVAL`` (a sample in between looks only at task queues not sampled yet), for
+at most ``MAX_SAMPLED_QUEUES`` task queues (those this process most recently created,
+claimed or resolved a task of): seven requests (one per priority) per task queue, one
+scan of the claim index for the running runs of all of them (shared with
+taskQueueCounts), and one for the outbox per sample. A scrape itself makes no storage
+request.
+
+What the metrics hold per task queue is bounded: the series of
+``azqueue_task_pending_seconds`` are kept for the ``MAX_SAMPLED_QUEUES`` task queues
+claimed from most recently, and both they and the sampled task queues are dropped once
+the task queue was not seen for the idle expiry (``forget_idle``), so that a caller who
+names many task queues cannot grow what every scrape writes.
 """
 
 from __future__ import annotations
@@ -99,7 +107,7 @@ def count_change(before: Task | None, after: Task) -> None:
         elif state == "running":
             reason = ""
             if run.started is not None:
-                PENDING_SECONDS.labels(after.task_queue_id).observe(
+                _labelled(after.task_queue_id).observe(
                     max(0.0, (run.started - run.scheduled).total_seconds()))
         else:
             reason = run.reason_resolved.value if run.reason_resolved is not None else ""
@@ -108,6 +116,29 @@ def count_change(before: Task | None, after: Task) -> None:
                     max(0.0, (run.resolved - run.started).total_seconds()))
         RUNS.labels(state, reason).inc()
     PENDING.seen(after.task_queue_id)
+
+
+# task queue -> time.monotonic() of its last observation in PENDING_SECONDS, oldest first
+_pending_series: OrderedDict[str, float] = OrderedDict()
+
+
+def _labelled(task_queue_id: str) -> Histogram:
+    """``PENDING_SECONDS``' series of ``task_queue_id``, those of the task queue claimed
+    from longest ago dropped beyond ``MAX_SAMPLED_QUEUES``."""
+    _pending_series[task_queue_id] = time.monotonic()
+    _pending_series.move_to_end(task_queue_id)
+    while len(_pending_series) > MAX_SAMPLED_QUEUES:
+        PENDING_SECONDS.remove(_pending_series.popitem(last=False)[0])
+    return PENDING_SECONDS.labels(task_queue_id)
+
+
+def forget_idle(idle: float) -> None:
+    """Drop what the metrics keep of task queues not seen for ``idle`` seconds: their
+    series of ``azqueue_task_pending_seconds`` and their sampled gauges."""
+    old = time.monotonic() - idle
+    while _pending_series and next(iter(_pending_series.values())) < old:
+        PENDING_SECONDS.remove(_pending_series.popitem(last=False)[0])
+    PENDING.forget(old)
 
 
 def count_event(exchange: str) -> None:
@@ -208,7 +239,7 @@ class _Pending(Collector):
     """``azqueue_pending_tips``: Azure's approximate message count of each priority queue
     of recently active task queues; ``azqueue_runs_running``: their runs in the claim
     index; and ``azqueue_outbox_pending``: event triggers not yet published. All sampled
-    on scrape at most every ``SAMPLE_INTERVAL`` seconds.
+    in the background while scraped, at most every ``SAMPLE_INTERVAL`` seconds.
 
     A queue's approximate count includes tips that became stale (their run was claimed
     or resolved through another tip) and tips held invisible by a claim: it is an upper
@@ -217,7 +248,7 @@ class _Pending(Collector):
     its younger claims, ``service.claimindex``)."""
 
     def __init__(self) -> None:
-        self._queues: OrderedDict[str, None] = OrderedDict()
+        self._queues: OrderedDict[str, float] = OrderedDict()  # -> when last seen
         self._counts: dict[tuple[str, str], int] = {}
         self._running: dict[str, int] = {}
         self._outbox: int | None = None
@@ -225,10 +256,18 @@ class _Pending(Collector):
         self._lock = asyncio.Lock()
 
     def seen(self, task_queue_id: str) -> None:
-        self._queues[task_queue_id] = None
+        self._queues[task_queue_id] = time.monotonic()
         self._queues.move_to_end(task_queue_id)
         while len(self._queues) > MAX_SAMPLED_QUEUES:
             self._queues.popitem(last=False)
+
+    def forget(self, before: float) -> None:
+        """Stop sampling the task queues last seen before ``before`` (``time.monotonic()``)
+        and drop their figures."""
+        while self._queues and next(iter(self._queues.values())) < before:
+            self._queues.popitem(last=False)
+        self._counts = {k: n for k, n in self._counts.items() if k[0] in self._queues}
+        self._running = {k: n for k, n in self._running.items() if k in self._queues}
 
     async def sample(self, pending: Sampler, outbox: Callable[[], Awaitable[int]] | None,
                      running: Callable[[str], Awaitable[int]] | None = None) -> None:

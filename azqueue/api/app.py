@@ -5,13 +5,16 @@ observer of the changes they store (``service.wiring``), not reached through a g
 Cleanup contexts run in registration order and are torn down in reverse: the dashboard's
 recent changes first (listening to the task exchanges before any change is made), the
 storage account and the services on it (``service.wiring``, which also sets the Blob
-service's CORS rule for the dashboard's origins), then the background resolvers.
+service's CORS rule for the dashboard's origins), the metrics' background sampling, then
+the background resolvers.
 
 The API's route table is the endpoint modules' tables, put together here (``ROUTES``).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -25,7 +28,7 @@ from azqueue.api import dashboard
 from azqueue.api.dashboard.recent import RecentChanges
 from azqueue.api.auth import Authenticator
 from azqueue.api.connections import BODY_TIMEOUT_KEY
-from azqueue.api.observe import METRICS_PATH, observe_middleware, serve_metrics
+from azqueue.api.observe import METRICS_PATH, Scrapes, observe_middleware
 from azqueue.api.routing import API, AUTH_KEY, SERVICES_KEY, STARTED_KEY, Route, Router
 from azqueue.background import resolvers
 from azqueue.config import ConfigError, Settings
@@ -33,6 +36,7 @@ from azqueue.events.publisher import EventSink
 from azqueue.service.wiring import EVENTS_OFF, allow_browsers, open_services
 
 SETTINGS_KEY = web.AppKey("settings", Settings)
+SCRAPES_KEY = web.AppKey("scrapes", Scrapes)
 MAX_BODY = 2 * 1024 * 1024
 DOCKERFLOW_PATHS = ("/__version__", "/__heartbeat__", "/__lbheartbeat__")
 # Every endpoint of the API (a request goes to the first route that has its method and path).
@@ -67,13 +71,21 @@ def _service_ctx(events: EventSink | None, events_off: str | None
     return services_ctx
 
 
+async def _sampler_ctx(app: web.Application) -> AsyncIterator[None]:
+    """The metrics' background sampling (``observe.Scrapes.run``) runs with the services."""
+    sampler = asyncio.create_task(app[SCRAPES_KEY].run(), name="metrics sampler")
+    yield
+    sampler.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await sampler
+
+
 async def _metrics_listener_ctx(app: web.Application) -> AsyncIterator[None]:
     """``GET /metrics`` on ``metrics_host:metrics_port`` (AZQUEUE_METRICS_PORT), apart
     from the API, for a scraper the operator lets reach it."""
     settings = app[SETTINGS_KEY]
-    services = app[SERVICES_KEY]
     metrics_app = web.Application()
-    metrics_app.router.add_get(METRICS_PATH, serve_metrics(lambda: services))
+    metrics_app.router.add_get(METRICS_PATH, app[SCRAPES_KEY].handler)
     runner = web.AppRunner(metrics_app, access_log=None)
     await runner.setup()
     try:
@@ -133,10 +145,13 @@ def create_app(settings: Settings, *, events: EventSink | None = None,
                                                    settings.exchange_prefix)
     app.cleanup_ctx.append(_recent_ctx)
     app.cleanup_ctx.append(_service_ctx(events, events_off))
+    app[SCRAPES_KEY] = Scrapes(lambda: app.get(SERVICES_KEY), settings.metrics_token,
+                               settings.task_queue_idle_expiry)
+    app.cleanup_ctx.append(_sampler_ctx)
     if settings.metrics_port:
         app.cleanup_ctx.append(_metrics_listener_ctx)
     else:
-        app.router.add_get(METRICS_PATH, serve_metrics(lambda: app.get(SERVICES_KEY)))
+        app.router.add_get(METRICS_PATH, app[SCRAPES_KEY].handler)
     if settings.run_resolvers:
         app.cleanup_ctx.append(_resolvers_ctx)
     dashboard.add_routes(app.router)

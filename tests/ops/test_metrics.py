@@ -66,9 +66,11 @@ async def test_metrics_count_a_lifecycle_requests_storage_and_pending_tips(
     assert grew("azqueue_storage_requests_total", 2, service="table", operation="PUT") or \
         grew("azqueue_storage_requests_total", 2, service="table", operation="POST")
     assert grew("azqueue_storage_requests_total", 2, service="queue", operation="POST")
-    # The unclaimed task's tip, in the last of the seven queues (the default priority).
-    assert value(after, "azqueue_pending_tips", task_queue="prov/metrics-pending",
-                 priority="lowest") >= 1
+    # The unclaimed task's tip, in the last of the seven queues (the default priority),
+    # once the background sample that the scrapes started has seen it.
+    await eventually(lambda: scrape(anonymous, server), lambda samples: value(
+        samples, "azqueue_pending_tips", task_queue="prov/metrics-pending",
+        priority="lowest") >= 1, what="the pending tip sampled")
     assert ("azqueue_resolver_lag_seconds", frozenset({("resolver", "claims")})) in after
 
 
@@ -127,7 +129,9 @@ async def test_metrics_time_how_long_runs_wait_and_run_and_count_running_runs(
     assert grew("azqueue_run_seconds_count", resolution="completed")
     assert grew("azqueue_run_seconds_count", resolution="failed")
     assert value(after, "azqueue_run_seconds_bucket", resolution="failed", le="+Inf") >= 1
-    assert value(after, "azqueue_runs_running", task_queue="prov/metrics-runs") == 1
+    await eventually(lambda: scrape(anonymous, server), lambda samples: value(
+        samples, "azqueue_runs_running", task_queue="prov/metrics-runs") == 1,
+        what="the running run sampled")
 
 
 async def test_metrics_have_no_created_series_count_the_dashboard_and_name_resolvers_as_the_cli(
