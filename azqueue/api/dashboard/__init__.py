@@ -29,6 +29,7 @@ from aiohttp import web
 
 from azqueue import errors, release
 from azqueue.api.dashboard.recent import TASK_EXCHANGES, Entry, RecentChanges
+from azqueue.api.auth import require
 from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.api.routing import AUTH_KEY
 from azqueue.events import history
@@ -70,8 +71,10 @@ def _read(name: str) -> bytes:
 
 
 async def recent(request: web.Request) -> web.Response:
-    """What this process changed lately: each task only if the caller may read its status
-    (``queue:status:<taskId>``), its name only if it may read its definition."""
+    """What this process changed lately, to a caller that may list the task queues
+    (``queue:list-task-queues``; with ``?taskQueueId=``, read that one:
+    ``queue:get-task-queue:<taskQueueId>``): each task only if the caller may read its
+    status (``queue:status:<taskId>``), its name only if it may read its definition."""
     request[ENDPOINT_KEY] = "dashboardRecent"
     caller = request.app[AUTH_KEY].authenticate(
         method=request.method, target=request.raw_path, host=request.host,
@@ -82,6 +85,10 @@ async def recent(request: web.Request) -> web.Response:
     if task_queue_id is not None and not TASK_QUEUE_ID.match(task_queue_id):
         raise errors.InputError(f"query parameter `taskQueueId` is {task_queue_id!r}; it must "
                                 "be <provisionerId>/<workerType>")
+    # Which task queues had changes, and their resolutions per minute, are what
+    # listTaskQueues and getTaskQueue tell: the same scopes.
+    require(caller, "queue:list-task-queues" if task_queue_id is None
+            else f"queue:get-task-queue:{task_queue_id}")
 
     def visible(entry: Entry) -> bool:
         return scopes.satisfies(caller.scopes, f"queue:status:{entry['taskId']}")
