@@ -169,10 +169,9 @@ class Doorbell:
                 await self._read(hear=False)
             self._tasks.append(asyncio.create_task(self._reader(), name="doorbell reader"))
             self._tasks.append(asyncio.create_task(self._listener(), name="doorbell ears"))
-            self._tasks.append(asyncio.create_task(self._sweeper(), name="doorbell sweeper"))
-        else:
-            return
-        self._tasks.append(asyncio.create_task(self._ringer(), name="doorbell ringer"))
+        self._tasks.append(asyncio.create_task(self._sweeper(), name="doorbell sweeper"))
+        if self.broker is not None or self.table is not None:
+            self._tasks.append(asyncio.create_task(self._ringer(), name="doorbell ringer"))
 
     def _everything_may_have_changed(self) -> None:
         """Rings may have been lost while the broker was away: every waiter looks again,
@@ -257,13 +256,16 @@ class Doorbell:
             del self._seen[tq]
 
     async def _sweeper(self) -> None:
-        """Every half of ``ear_life`` (jittered): forget what expired, and delete the
-        rows nobody wrote for ``ear_life``."""
+        """Every half of ``ear_life`` (jittered): forget what expired, the samples of
+        task queues nobody asked about for ``ear_life`` included, and delete the rows
+        nobody wrote for ``ear_life``."""
         while not self._stopping:
             await asyncio.sleep(self.ear_life.total_seconds() / 2 * random.uniform(0.8, 1.2))
+            self.hints.drop_older(self.ear_life.total_seconds())
+            if self.table is None:
+                continue
             self.drop_expired()
             try:
-                assert self.table is not None
                 swept = await self.table.sweep(timeutil.utcnow() - self.ear_life - MARGIN)
             except errors.StorageError as e:
                 log.warning("doorbell: could not delete the table's old rows: %s", e)

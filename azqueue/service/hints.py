@@ -18,6 +18,10 @@ fallback interval and process, whatever the number of its workers. While it does
 every queue is peeked every ``SAMPLE_TTL`` seconds while workers ask, and nothing when
 nobody asks.
 
+A sample is dropped once it is older than the idle expiry (the doorbell's sweeper calls
+``drop_older``; the next asker samples again, as after a fallback interval), and at most
+``MAX_SAMPLES`` are kept: task queues named once cost no memory for long.
+
 A sample is a hint, never a decision: a claim is decided by the task, as always. It can
 be stale both ways: a queue emptied since (the worker's poll finds nothing: one empty
 poll), or a tip that became visible without a ring (a process that died between its
@@ -79,6 +83,7 @@ class PendingHints:
         self._refreshing: dict[str, asyncio.Future[Sample | None]] = {}
         self._marks: dict[str, set[int]] = {}  # tips made visible during a refresh
         self._visible: dict[str, asyncio.Event] = {}  # set when a tip is marked visible
+        self._waiters: dict[str, int] = {}  # how many wait on each of ``_visible``
         self._too_early: set[str] = set()  # refreshes under way when told to look again
 
     async def sample(self, task_queue_id: str, covered: bool = False) -> Sample | None:
@@ -111,11 +116,24 @@ class PendingHints:
         """Wait up to ``timeout`` seconds for a tip of the task queue to be marked visible
         here (put by this process or rung by another); whether one was."""
         event = self._visible.setdefault(task_queue_id, asyncio.Event())
+        self._waiters[task_queue_id] = self._waiters.get(task_queue_id, 0) + 1
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
             return False
+        finally:
+            left = self._waiters.pop(task_queue_id) - 1
+            if left:
+                self._waiters[task_queue_id] = left
+            elif self._visible.get(task_queue_id) is event:
+                del self._visible[task_queue_id]  # nobody waits: nothing kept
         return True
+
+    def drop_older(self, seconds: float) -> None:
+        """Forget the samples taken more than ``seconds`` ago (the next asker samples
+        again): task queues nobody asks about cost no memory."""
+        old = asyncio.get_running_loop().time() - seconds
+        self._samples = OrderedDict((tq, s) for tq, s in self._samples.items() if s.taken >= old)
 
     def sampled(self) -> list[str]:
         """The task queues this process keeps a sample of."""
