@@ -41,8 +41,10 @@ from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone, t
                                     translate_message)
 
 MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
-# How many queues' SDK clients, and names known to exist, a process keeps.
-MAX_CACHED = 2000
+# How many queues' SDK clients (about 4 kB each), and names of queues known to exist, a
+# process keeps (those used last).
+MAX_CLIENTS = 200
+MAX_KNOWN = 10_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -89,9 +91,9 @@ def _seconds(delta: timedelta) -> int:
 
 
 class Queues:
-    """Operations on any queue of the account, by name. The SDK's clients, and the names
-    of the queues this process knows to exist, are kept for the ``MAX_CACHED`` names used
-    last."""
+    """Operations on any queue of the account, by name. The SDK's clients are kept for
+    the ``MAX_CLIENTS`` queues used last, and the names of the queues this process knows
+    to exist for the ``MAX_KNOWN`` used last."""
 
     def __init__(self, account: StorageAccount) -> None:
         self._account = account
@@ -104,7 +106,7 @@ class Queues:
         client = self._clients.get(name)
         if client is None:
             client = self._clients[name] = self._account.queues.get_queue_client(name)
-        _keep(self._clients, name)
+        _keep(self._clients, name, MAX_CLIENTS)
         return client
 
     def url(self, name: str) -> str:
@@ -115,7 +117,7 @@ class Queues:
         """Whether this process knows that the queue exists."""
         if name not in self._ensured:
             return False
-        _keep(self._ensured, name)
+        _keep(self._ensured, name, MAX_KNOWN)
         return True
 
     async def ensure(self, name: str, metadata: Mapping[str, str] | None = None) -> None:
@@ -136,7 +138,7 @@ class Queues:
         except EntityExists:
             pass  # exists already, with other metadata: fine
         self._ensured[name] = None
-        _keep(self._ensured, name)
+        _keep(self._ensured, name, MAX_KNOWN)
 
     async def put(self, name: str, text: str, visible_in: timedelta = timedelta(0),
                   forever: bool = False) -> Message:
@@ -265,11 +267,11 @@ class PendingQueues:
                 for p in ORDER]
 
 
-def _keep(cache: OrderedDict[str, Any], name: str) -> None:
+def _keep(cache: OrderedDict[str, Any], name: str, bound: int) -> None:
     """``name`` was just used: keep it, and forget the names used longest ago beyond
-    ``MAX_CACHED``."""
+    ``bound``."""
     cache.move_to_end(name)
-    while len(cache) > MAX_CACHED:
+    while len(cache) > bound:
         cache.popitem(last=False)
 
 

@@ -109,8 +109,8 @@ class StorageInspector:
 
     async def queue_names(self) -> list[str]:
         """The names of every queue of the prefix, internal and pending, sorted."""
-        return sorted([q.name async for q in self._account.queues.list_queues(
-            name_starts_with=self._account.queue_name(""))])
+        return sorted({q.name async for q in self._account.queues.list_queues(
+            name_starts_with=self._account.queue_name(""))})
 
     def queue(self, name: str) -> QueueClient:
         """The SDK's client of queue ``name``."""
