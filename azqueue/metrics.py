@@ -107,8 +107,8 @@ def count_change(before: Task | None, after: Task) -> None:
         elif state == "running":
             reason = ""
             if run.started is not None:
-                _labelled(after.task_queue_id).observe(
-                    max(0.0, (run.started - run.scheduled).total_seconds()))
+                observe_pending(after.task_queue_id,
+                                max(0.0, (run.started - run.scheduled).total_seconds()))
         else:
             reason = run.reason_resolved.value if run.reason_resolved is not None else ""
             if run.started is not None and run.resolved is not None:
@@ -122,14 +122,15 @@ def count_change(before: Task | None, after: Task) -> None:
 _pending_series: OrderedDict[str, float] = OrderedDict()
 
 
-def _labelled(task_queue_id: str) -> Histogram:
-    """``PENDING_SECONDS``' series of ``task_queue_id``, those of the task queue claimed
-    from longest ago dropped beyond ``MAX_SAMPLED_QUEUES``."""
+def observe_pending(task_queue_id: str, seconds: float) -> None:
+    """A run of ``task_queue_id`` was claimed after ``seconds`` pending: observed in
+    ``PENDING_SECONDS``, whose series of the task queue claimed from longest ago are
+    dropped beyond ``MAX_SAMPLED_QUEUES`` task queues."""
     _pending_series[task_queue_id] = time.monotonic()
     _pending_series.move_to_end(task_queue_id)
     while len(_pending_series) > MAX_SAMPLED_QUEUES:
         PENDING_SECONDS.remove(_pending_series.popitem(last=False)[0])
-    return PENDING_SECONDS.labels(task_queue_id)
+    PENDING_SECONDS.labels(task_queue_id).observe(seconds)
 
 
 def forget_idle(idle: float) -> None:
