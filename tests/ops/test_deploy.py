@@ -91,8 +91,10 @@ async def test_grafana_and_alerts_use_only_metrics_a_live_server_exports(
             names |= {family.name + suffix for suffix in SUFFIXES.get(family.type, ("",))}
         return names
 
-    names = await eventually(exported, lambda n: "azqueue_events_published_total" in n,
-                             what="the events published counted")
+    # The sampled gauges come with the background sample the first scrape starts.
+    names = await eventually(exported, lambda n: "azqueue_events_published_total" in n
+                             and "azqueue_outbox_pending" in n,
+                             what="the events published counted and the outbox sampled")
     used: dict[str, set[str]] = {}
     for where, expressions in (("deploy/grafana/azqueue.json", grafana_expressions()),
                                ("deploy/prometheus/azqueue-rules.yml",
