@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import secrets
 import signal
 import socket
 import stat
@@ -226,7 +227,7 @@ async def test_dev_replicas_share_one_azurite(tmp_path: Path) -> None:
     second = f"http://127.0.0.1:{port + 1}"
     try:
         assert any(second in line for line in dev.banner), dev.banner
-        task_id, task_queue_id = slugid(), f"prov/replicas-{slugid()[:6].lower()}"
+        task_id, task_queue_id = slugid(), f"prov/replicas-{secrets.token_hex(3)}"
         async with aiohttp.ClientSession(middlewares=(hawk_signer("root", dev.token),)) as http:
             async with http.put(f"{dev.root_url}/api/queue/v1/task/{task_id}",
                                 json=definition(task_queue_id)) as r:
