@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from azqueue.model.task import Task
 from azqueue.storage.taskrows import Stored
@@ -33,7 +34,7 @@ class TaskCache:
         self._entries: OrderedDict[str, tuple[float, Stored]] = OrderedDict()
         self._max_entries = max_entries
         self._max_age = max_age
-        self._inserting: dict[str, tuple[Task, asyncio.Future[Stored | None]]] = {}
+        self._inserting: dict[str, _Inserting] = {}
 
     def get(self, task_id: str) -> Stored | None:
         entry = self._entries.get(task_id)
@@ -55,11 +56,19 @@ class TaskCache:
         self._entries.pop(task_id, None)
 
     def insert_begins(self, task: Task) -> asyncio.Future[Stored | None]:
-        """``task`` is about to be inserted by this process: what ``inserting`` gives until
-        ``insert_ends`` is called with the future returned."""
+        """``task`` is about to be inserted by this process: its tip, once ``tip_put`` names
+        it, is what ``inserting`` gives until ``insert_ends`` is called with the future
+        returned."""
         inserted: asyncio.Future[Stored | None] = asyncio.get_running_loop().create_future()
-        self._inserting[task.task_id] = (task, inserted)
+        self._inserting[task.task_id] = _Inserting(task, inserted)
         return inserted
+
+    def tip_put(self, task_id: str, inserted: asyncio.Future[Stored | None],
+                message_id: str) -> None:
+        """The tip of the insert that ``inserted`` stands for was put as ``message_id``."""
+        entry = self._inserting.get(task_id)
+        if entry is not None and entry.inserted is inserted:
+            entry.message_id = message_id
 
     def insert_ends(self, task_id: str, inserted: asyncio.Future[Stored | None],
                     stored: Stored | None) -> None:
@@ -67,10 +76,26 @@ class TaskCache:
         if it stored none (a task of that id existed, or it failed)."""
         if not inserted.done():
             inserted.set_result(stored)
-        if self._inserting.get(task_id, (None, None))[1] is inserted:
+        entry = self._inserting.get(task_id)
+        if entry is not None and entry.inserted is inserted:
             del self._inserting[task_id]
 
-    def inserting(self, task_id: str) -> tuple[Task, asyncio.Future[Stored | None]] | None:
-        """The task this process is inserting with that id, and what will say what the
-        insert stored; None if it is inserting none."""
-        return self._inserting.get(task_id)
+    def inserting(self, task_id: str, message_id: str
+                  ) -> tuple[Task, asyncio.Future[Stored | None]] | None:
+        """The task this process is inserting with that id whose tip is the message
+        ``message_id``, and what will say what the insert stored; None if it is inserting
+        none, or the message is another tip (an earlier task's of that id, whose claim is
+        decided on what is stored, not on a definition that may be refused)."""
+        entry = self._inserting.get(task_id)
+        if entry is None or entry.message_id != message_id:
+            return None
+        return entry.task, entry.inserted
+
+
+@dataclass(slots=True)
+class _Inserting:
+    """A task this process is inserting, and the message id of its tip once put."""
+
+    task: Task
+    inserted: asyncio.Future[Stored | None]
+    message_id: str | None = None

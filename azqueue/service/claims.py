@@ -127,7 +127,8 @@ class Claims:
         if tip and polled_from is not None and \
                 not self.signer.verify(polled_from, task_id, run_id, tip.signature):
             raise self._bad_signature(task_id, run_id)
-        inserting = self.cache.inserting(task_id) if tip and polled_from is not None else None
+        inserting = self.cache.inserting(task_id, tip.message_id) \
+            if tip and polled_from is not None else None
         if inserting is not None:
             return await self._claim_while_inserted(request, *inserting)
         decided = await self._decide_first(request)

@@ -112,7 +112,7 @@ class Definitions:
         stored = None
         try:
             tip, tip_visible, deadline, handed = await self._put_before_insert(
-                task, now, waiting, inserting is not None, tracking)
+                task, now, waiting, inserting, tracking)
             stored = await self._insert(task, definition, tip, None if handed else tip_visible,
                                         deadline)
         finally:
@@ -138,15 +138,17 @@ class Definitions:
         return task.status()
 
     async def _put_before_insert(self, task: Task, now: datetime, waiting: bool,
-                                 hand_early: bool, tracking: Awaitable[None] | None
+                                 inserting: asyncio.Future[Stored | None] | None,
+                                 tracking: Awaitable[None] | None
                                  ) -> tuple[Message | None, float, Trigger, bool]:
         """Before the task, all at once: the deadline trigger (if we died after the insert
         without it, nothing would ever resolve the task; without the task, the resolver
         drops it), the group member, ``tracking`` (the dependents rows of a task whose
         dependencies are resolved) and the tip (unless the task waits for its
         dependencies), so that its record is written with the task. What a createTask
-        that dies before the insert leaves is harmless. With ``hand_early``, the tip is
-        offered to a claimWork caller waiting here as soon as its put is answered.
+        that dies before the insert leaves is harmless. With ``inserting`` (the insert's
+        future from the cache), the tip is offered to a claimWork caller waiting here as
+        soon as its put is answered.
         Returns the tip, when it became visible (on the event loop's clock), the
         deadline trigger, and whether a caller took the tip."""
         loop = asyncio.get_running_loop()
@@ -157,7 +159,9 @@ class Definitions:
             nonlocal tip_visible, handed
             message = await self.tips.put(task, 0)
             tip_visible = loop.time()  # a worker may poll it from now on
-            handed = hand_early and self.tips.offer(task, message)
+            if inserting is not None:
+                self.changes.cache.tip_put(task.task_id, inserting, message.message_id)
+                handed = self.tips.offer(task, message)
             return message
 
         deadline, _, _, tip = await asyncio.gather(

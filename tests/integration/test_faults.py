@@ -404,6 +404,34 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
                      what="no message left in the caller's queue")
 
 
+async def test_a_create_task_refused_for_another_task_queue_leaves_that_tasks_tip_claimable(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """While a createTask naming an existing task's taskId in another task queue is being
+    inserted (to be refused: 409), a claimWork caller of the existing task's queue that
+    polls that task's own tip claims it as usual: the claim is decided on the stored
+    task, not on the definition being inserted, so a tenant cannot have another's tip
+    deleted by reusing its taskId."""
+    server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=3.0)
+    task_id = slugid()
+    code, body = await _put_task(http, server, task_id, definition("prov/handvictim"))
+    assert code == 200, body
+    trigger = proxy.hold("POST", "-deadline-batches/messages")
+    refused = asyncio.create_task(_put_task(http, server, task_id,
+                                            definition("prov/handhostile")))
+    try:
+        await asyncio.wait_for(trigger.reached.wait(), 30)
+        code, answer = await sas.post(http, f"{server.api}/claim-work/prov%2Fhandvictim",
+                                      {"workerGroup": "wg", "workerId": "cw", "tasks": 1})
+    finally:
+        trigger.release()
+    assert code == 200, answer
+    assert [c["status"]["taskId"] for c in answer["tasks"]] == [task_id], answer
+    code, body = await refused
+    assert code == 409, body
+    assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
+
+
 async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its_tip(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
         http: aiohttp.ClientSession) -> None:
