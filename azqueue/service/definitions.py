@@ -128,7 +128,7 @@ class Definitions:
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)
-            return await self._defined_before(existing, definition, tip)
+            return await self._defined_before(existing, definition, tip, handed)
         if defining is not None:
             await self.dependencies.recheck(task)
             await self.dependencies.drop(defining)
@@ -223,12 +223,18 @@ class Definitions:
         return stored
 
     async def _defined_before(self, stored: Stored, definition: dict[str, Any],
-                              tip: Message | None) -> dict[str, Any]:
+                              tip: Message | None, handed: bool = False) -> dict[str, Any]:
         """The answer to a createTask for a task that exists: its status if the definition
         is the same (finishing what a failed first attempt may have left undone), else 409.
-        ``tip`` is the run-0 tip this attempt put already."""
+        ``tip`` is the run-0 tip this attempt put already; ``handed``, whether a claimWork
+        caller here took it: that caller rewrote it and decides its claim on the stored
+        task, so the tip is the caller's to keep or drop, neither recorded nor handed to
+        another caller (who would claim the same run again), and a pending run 0 has the
+        tip its first attempt recorded."""
         existing = stored.task
         last = existing.last_run
+        if handed:
+            tip = None
         if dict(existing.definition) != definition:
             if tip is not None:
                 await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
@@ -236,6 +242,8 @@ class Definitions:
                 f"task {existing.task_id} already exists with a different definition; "
                 "createTask is idempotent only for an identical definition: use a new taskId")
         pending = last is not None and last.state is RunState.PENDING
+        if handed and pending and last is not None and last.run_id == 0:
+            return existing.status()
         if tip is not None and pending and last is not None and last.run_id == 0 and \
                 len(stored.tips) < MAX_TIPS:
             await self.tips.record(existing, tip, 0)
