@@ -474,7 +474,9 @@ async def test_the_official_client_rides_out_a_short_outage_by_retrying_the_503(
         # outage, they leave createTask its usual requests.
         await queue.createTask(slugid(), definition("prov/official"))
         with caplog.at_level(logging.WARNING, logger="azqueue.api.middleware"):
-            for _ in range(30):  # more than the 8 attempts of each of createTask's requests
+            # More than all the attempts (8 each) of createTask's requests, which go out at
+            # once and share the outage, so that each of them gives up.
+            for _ in range(64):
                 proxy.once("*", "", "busy")
             created = await queue.createTask(task_id, definition("prov/official"))
             assert created["status"]["state"] == "pending"

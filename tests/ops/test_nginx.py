@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import io
 import os
+import secrets
 import shutil
 import ssl
 from collections.abc import AsyncIterator
@@ -127,7 +128,7 @@ async def test_the_official_client_through_the_proxy(nginx: Proxy) -> None:
     """claimWork waits on the server for a task queue whose id the client writes with
     `%2F`, and gets the task a Hawk-signed createTask made meanwhile; its s3 artifact,
     over the API's body limit, is uploaded through the putUrl and downloaded whole."""
-    task_queue_id = f"prov/nginx-{slugid()[:8].lower()}"
+    task_queue_id = f"prov/nginx-{secrets.token_hex(4)}"
     queue, task_id = nginx.queue(), slugid()
     claiming = asyncio.create_task(asyncio.to_thread(
         queue.claimWork, task_queue_id, {"workerGroup": "wg", "workerId": "w1", "tasks": 1}))
@@ -159,7 +160,7 @@ async def test_an_upload_reaches_the_server_as_it_is_sent(nginx: Proxy) -> None:
     back through the proxy, which would still be waiting for the rest (60 s) had it
     buffered the body."""
     queue, task_id = nginx.queue(), slugid()
-    task_queue_id = f"prov/nginx-{slugid()[:8].lower()}"
+    task_queue_id = f"prov/nginx-{secrets.token_hex(4)}"
     await asyncio.to_thread(queue.createTask, task_id, definition(task_queue_id))
     claim = (await asyncio.to_thread(queue.claimWork, task_queue_id, {
         "workerGroup": "wg", "workerId": "w1", "tasks": 1}))["tasks"][0]
