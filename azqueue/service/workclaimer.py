@@ -115,7 +115,10 @@ class WorkClaimer:
                 waiter.busy = True
                 got = await asyncio.gather(*(self._claim(task_queue_id, worker_group,
                                                          worker_id, m) for m in handed))
-                claims += [c for c in got if c is not None]
+                for c in got:  # the same tip handed and polled is one claim, answered twice
+                    if c is not None and (c["status"]["taskId"], c["runId"]) not in {
+                            (k["status"]["taskId"], k["runId"]) for k in claims}:
+                        claims.append(c)
                 waiter.wanted = count - len(claims)
                 waiter.busy = False
                 if not claims:
