@@ -34,8 +34,11 @@ What a proxy in front should enforce as well is in docs/operating/running.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import socket
+import struct
 import time
 import zlib
 from typing import Any
@@ -193,14 +196,21 @@ class _Counted(RequestHandler):
         """Drop the connection unless its client took ``HIGH_WATER`` bytes since the
         timer was set (then it has the send timeout again). Abort, not close: a close
         would wait to send the unread rest first. The handler writing the answer gets a
-        ConnectionResetError and ends."""
+        ConnectionResetError and ends. The socket lingers for no time, so the kernel
+        resets the connection and frees what its send buffer holds: closed gracefully,
+        it would stay in FIN-WAIT-1 with that buffer for as long as the client keeps its
+        window shut, outside the connection cap."""
         self._unread_due = None
         if self.transport is None:
             return
         if self._unsent - self.transport.get_write_buffer_size() >= HIGH_WATER:
             self._set_send_timer()
-        else:
-            self.transport.abort()
+            return
+        sock = self.transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         parsed = self._request_count
