@@ -120,7 +120,10 @@ class PendingHints:
         try:
             await asyncio.wait_for(event.wait(), timeout)
         except TimeoutError:
-            return False
+            # Set on the tick the time ran out, before this waiter saw it (a ring heard on
+            # the same second's tick as the caller's check): ``tip_visible`` took the event
+            # away with it, so this is the one wake-up there is.
+            return event.is_set()
         finally:
             left = self._waiters.pop(task_queue_id) - 1
             if left:
