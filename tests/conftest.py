@@ -8,8 +8,9 @@ method (``tests/replies.py``): a test that got one that departs fails.
 
 from __future__ import annotations
 
+import socket
 import uuid
-from collections.abc import AsyncIterator, Generator
+from collections.abc import AsyncIterator, Generator, Iterator
 from typing import Any
 
 import aiohttp
@@ -63,6 +64,16 @@ async def azurite() -> AsyncIterator[Azurite]:
     instance = await Azurite.start()
     yield instance
     await instance.stop()
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port on 127.0.0.1 where connections are refused for the whole test: it is bound
+    and never listened on, so nothing else (another test process, a server starting in
+    the background) can take it, as it could a port that was merely free a moment ago."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        yield int(held.getsockname()[1])
 
 
 @pytest.fixture

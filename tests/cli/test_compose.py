@@ -18,7 +18,7 @@ import yaml
 
 from azqueue.config import Settings
 from azqueue.errors import ConfigError
-from azqueue.devstorage import Azurite, free_port
+from azqueue.devstorage import Azurite
 from tests.servers import IN_CI, Server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +88,7 @@ def _run(argv: list[str]) -> int:
 
 
 async def test_the_azurite_healthcheck_passes_on_azurite_and_fails_without(
-        compose: dict[str, Any], azurite: Azurite) -> None:
+        compose: dict[str, Any], azurite: Azurite, refused_port: int) -> None:
     """The check's own command, with the ports of the test's Azurite put in."""
     if shutil.which("node") is None:
         if IN_CI:
@@ -98,17 +98,17 @@ async def test_the_azurite_healthcheck_passes_on_azurite_and_fails_without(
     assert "[10000,10001,10002]" in script
     ours = script.replace("[10000,10001,10002]",
                           f"[{azurite.blob_port},{azurite.queue_port},{azurite.table_port}]")
-    closed = script.replace("[10000,10001,10002]", f"[{azurite.blob_port},{free_port()}]")
+    closed = script.replace("[10000,10001,10002]", f"[{azurite.blob_port},{refused_port}]")
     assert await asyncio.to_thread(_run, [program, flag, ours]) == 0
     assert await asyncio.to_thread(_run, [program, flag, closed]) == 1
 
 
-async def test_the_azqueue_healthcheck_passes_on_a_server(compose: dict[str, Any],
-                                                          server: Server) -> None:
+async def test_the_azqueue_healthcheck_passes_on_a_server(
+        compose: dict[str, Any], server: Server, refused_port: int) -> None:
     _, program, flag, script = compose["services"]["azqueue"]["healthcheck"]["test"]
     assert program == "python" and "http://127.0.0.1:8080/" in script
     ours = script.replace("http://127.0.0.1:8080", server.root_url)
-    nothing = script.replace("http://127.0.0.1:8080", f"http://127.0.0.1:{free_port()}")
+    nothing = script.replace("http://127.0.0.1:8080", f"http://127.0.0.1:{refused_port}")
     assert await asyncio.to_thread(_run, [sys.executable, flag, ours]) == 0
     assert await asyncio.to_thread(_run, [sys.executable, flag, nothing]) == 1
 

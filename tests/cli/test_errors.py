@@ -9,7 +9,7 @@ import socket
 import aiohttp
 import pytest
 
-from azqueue.devstorage import ACCOUNT, KEY, Azurite, free_port
+from azqueue.devstorage import ACCOUNT, KEY, Azurite
 from azqueue.testing.tasks import slugid
 from tests.cli.helpers import azqueue, one_line_error
 from tests.servers import ROOT, Server
@@ -66,10 +66,10 @@ async def test_a_port_in_use_is_named(azurite: Azurite, storage_prefix: str) -> 
         "listens there or choose another port (AZQUEUE_PORT, or `dev --port`)")
 
 
-async def test_storage_unreachable_at_start_up_is_retried_then_named() -> None:
+async def test_storage_unreachable_at_start_up_is_retried_then_named(refused_port: int) -> None:
     """`serve` waits for storage (compose starts it next to Azurite), logging each try,
     and gives up after AZQUEUE_STORAGE_WAIT seconds naming the endpoint."""
-    port = free_port()
+    port = refused_port
     endpoints = "".join(f"{service}Endpoint=http://127.0.0.1:{port}/{ACCOUNT};"
                         for service in ("Blob", "Queue", "Table"))
     conn = f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={KEY};{endpoints}"
@@ -94,7 +94,7 @@ async def test_a_data_dir_that_cannot_be_made_is_named(tmp_path) -> None:
 
 
 async def test_a_root_url_that_is_no_queue_or_nothing_at_all(
-        server: Server, azurite: Azurite) -> None:
+        server: Server, azurite: Azurite, refused_port: int) -> None:
     """`task status` at a rootUrl where something else answers (here Azurite's blob
     service), or where nothing listens: the URL is named either way."""
     not_a_queue = f"http://127.0.0.1:{azurite.blob_port}"
@@ -104,7 +104,7 @@ async def test_a_root_url_that_is_no_queue_or_nothing_at_all(
     error = one_line_error(done)
     assert error.startswith(f"azqueue: {not_a_queue} answered 4"), error
     assert "not as an azqueue (Taskcluster) queue does" in error
-    nothing = f"http://127.0.0.1:{free_port()}"
+    nothing = f"http://127.0.0.1:{refused_port}"
     for argv in (("task", "status", slugid()), ("task", "log", slugid()),
                  ("worker", "--task-queue", "prov/nothing")):
         done = await azqueue(*argv, env={**cli_env(server), "TASKCLUSTER_ROOT_URL": nothing})

@@ -15,7 +15,6 @@ import aiohttp
 import pytest
 import taskcluster
 
-from azqueue.devstorage import free_port
 from azqueue.testing.processes import alive
 from azqueue.testing.tasks import create, definition, status
 from azqueue.worker import Credentials, QueueRefused, Worker, WorkerConfig, WorkerState
@@ -125,11 +124,11 @@ def test_an_invalid_task_queue_is_refused_before_the_worker_starts() -> None:
 
 @pytest.mark.slow
 async def test_a_queue_that_is_away_is_a_warning_retried_with_backoff(
-        caplog: pytest.LogCaptureFixture) -> None:
+        caplog: pytest.LogCaptureFixture, refused_port: int) -> None:
     """Nothing listens at the rootUrl: each failure is one WARNING line, and the pauses
     between tries grow (1, 2, 4 … times idle_sleep, with jitter) instead of hammering."""
     caplog.set_level(logging.WARNING, logger="azqueue.worker")
-    worker = Worker(WorkerConfig(root_url=f"http://127.0.0.1:{free_port()}",
+    worker = Worker(WorkerConfig(root_url=f"http://127.0.0.1:{refused_port}",
                                  credentials=Credentials(ROOT.client_id, ROOT.access_token),
                                  task_queue_id="prov/away", worker_group="g", worker_id="w",
                                  idle_sleep=0.05), does_nothing)

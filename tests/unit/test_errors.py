@@ -16,7 +16,6 @@ from azqueue import errors
 from azqueue.api.middleware import error_middleware
 from azqueue.background import every
 from azqueue.config import ConfigError
-from azqueue.devstorage import free_port
 from azqueue.events.publisher import Publisher
 from azqueue.model import events
 from azqueue.service import wiring
@@ -80,8 +79,8 @@ def test_a_body_that_is_not_json_keeps_taskclusters_code() -> None:
     assert (errors.InvalidJson.code, errors.InvalidJson.status) == ("MalformedPayload", 400)
 
 
-async def test_an_unreachable_broker_is_a_broker_error() -> None:
-    publisher = Publisher(f"amqp://guest:guest@127.0.0.1:{free_port()}/", "test/")
+async def test_an_unreachable_broker_is_a_broker_error(refused_port: int) -> None:
+    publisher = Publisher(f"amqp://guest:guest@127.0.0.1:{refused_port}/", "test/")
     try:
         with pytest.raises(errors.BrokerError) as info:
             await publisher.publish(events.task_group_resolved("g", "s", "2030-01-01T00:00:00.000Z"))

@@ -5,7 +5,6 @@ from __future__ import annotations
 import aiohttp
 import pytest
 
-from azqueue.devstorage import free_port
 from azqueue.testing.processes import until_serving
 from tests.waiting import eventually, stays
 
@@ -28,8 +27,8 @@ async def test_eventually_fails_naming_what_never_happened_and_the_last_value() 
     assert str(info.value) == "a message arriving: not within 0.05s; last seen: []"
 
 
-async def test_until_serving_fails_when_nothing_answers() -> None:
-    api = f"http://127.0.0.1:{free_port()}/api/queue/v1"
+async def test_until_serving_fails_when_nothing_answers(refused_port: int) -> None:
+    api = f"http://127.0.0.1:{refused_port}/api/queue/v1"
     async with aiohttp.ClientSession() as http:
         with pytest.raises(AssertionError) as info:
             await until_serving(http, api, seconds=0.3)
