@@ -63,16 +63,18 @@ QUIET_RESOLVERS = {
 TIP_SECRET = secrets.token_hex(24)
 
 
-async def start_server(connection_string: str, log: Path, **settings: str) -> ServeProcess:
+async def start_server(connection_string: str, log: Path, source: Path | None = None,
+                       **settings: str) -> ServeProcess:
     """``azqueue serve`` on a free port, events off, root client ROOT_ID/ROOT_TOKEN, its
-    output appended to ``log``; extra AZQUEUE_* settings in ``settings``. Returns once it
+    output appended to ``log``; extra AZQUEUE_* settings in ``settings``; with ``source``,
+    the ``azqueue`` package of that source tree (another revision) serves. Returns once it
     answers ping."""
     return await ServeProcess.start({
         "AZQUEUE_STORAGE_CONNECTION_STRING": connection_string,
         "AZQUEUE_TIP_SECRETS": TIP_SECRET, "AZQUEUE_ROOT_CLIENT_ID": ROOT_ID,
         "AZQUEUE_ROOT_ACCESS_TOKEN": ROOT_TOKEN,
         "AZQUEUE_LOG_LEVEL": os.environ.get("BENCH_SERVER_LOG_LEVEL", "WARNING"), **settings},
-        log=log)
+        log=log, source=source)
 
 
 # -- the queue API over plain aiohttp --------------------------------------------------

@@ -10,9 +10,10 @@ write and the message's delete, which goes out once the report is answered.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -33,6 +34,17 @@ log = logging.getLogger(__name__)
 
 # A trigger due this soon is looked at with those due now (its message surfaced for them).
 DUE_SLACK = timedelta(seconds=1)
+
+
+@dataclass(slots=True)
+class _Surfaced:
+    """A deadline trigger message received: its triggers due now, and those to be looked at
+    later (the due ones that need another look are added)."""
+
+    message: Message
+    found: triggers.Triggers
+    due: list[triggers.Entry]
+    later: list[triggers.Entry] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,53 +132,80 @@ class Resolution:
 
     async def resolve_deadlines(self, invisible_for: timedelta, legacy: bool = False) -> int:
         """Handle the deadline triggers that are due (``triggers``; with ``legacy``, those
-        of earlier releases' queue); the number of tasks looked at. A task that fails is
-        looked at again after ``invisible_for``; the others are handled meanwhile. The
-        messages received are left for later once half of ``invisible_for`` has passed,
-        before they reappear to be handled twice."""
+        of earlier releases' queue); the number of tasks looked at. The due triggers of
+        all the messages one receive returned are looked at together, ``MAX_PARALLEL`` at a
+        time, taken in turn from each message, so that neither a message of many tasks
+        nor many messages of one tenant's burst hold up the rest one after another. A task
+        that fails is looked at again after ``invisible_for``; the others are handled
+        meanwhile. Once half of ``invisible_for`` has passed, the triggers not yet looked
+        at are left to their message, visible again at once (before it reappears by
+        itself to be handled twice)."""
         name = self.legacy_deadline_queue if legacy else self.deadline_queue
         loop = asyncio.get_running_loop()
         stop = loop.time() + invisible_for.total_seconds() / 2
-        looked = 0
-        for message in await self.queues.receive(name, invisible_for):
-            if loop.time() > stop:
-                log.info("deadline messages take long to handle: the rest of this receive "
-                         "comes back in %ds", invisible_for.total_seconds())
-                break
-            try:
-                looked += await self._deadline_message(message, invisible_for)
-            except errors.TRANSIENT as e:
-                log.warning("could not handle deadline message %s (%s); it comes back in %ds",
-                            message.message_id, e, invisible_for.total_seconds())
-            except Exception:
-                log.exception("handling deadline message %s failed; it comes back in %ds",
-                              message.message_id, invisible_for.total_seconds())
-        return looked
+        now = timeutil.utcnow()
+        surfaced = [s for m in await self.queues.receive(name, invisible_for)
+                    if (s := await self._surfaced(m, now)) is not None]
+        in_turn = [(s, e) for row in itertools.zip_longest(*(s.due for s in surfaced))
+                   for s, e in zip(surfaced, row) if e is not None]
+        late: list[triggers.Entry] = []
 
-    async def _deadline_message(self, message: Message, invisible_for: timedelta) -> int:
-        """A trigger message that surfaced: each of its tasks that is due is looked at
-        (``_look``); the message then holds the tasks still to be looked at, visible at
-        the first next look, or is deleted. How many tasks were looked at."""
+        async def look(trigger: _Surfaced, entry: triggers.Entry) -> datetime | None:
+            if loop.time() > stop:
+                late.append(entry)
+                return entry.due  # still due: its message is visible again at once
+            return await self._look(entry, trigger.found.put, now, invisible_for)
+
+        looks = await gather_limited(look(s, e) for s, e in in_turn)
+        for (trigger, entry), at in zip(in_turn, looks):
+            if at is not None:
+                trigger.later.append(replace(entry, due=at))
+        if late:
+            log.info("deadline triggers take long to handle: %d of this receive are left for "
+                     "the next", len(late))
+        await gather_limited(self._rewrite_or_drop(s) for s in surfaced)
+        return len(in_turn) - len(late)
+
+    async def _surfaced(self, message: Message, now: datetime) -> _Surfaced | None:
+        """A trigger message that surfaced, its due triggers apart; None (and the message
+        dropped) if it is not a trigger message."""
         try:
             found = triggers.parse(message.text)
         except ValueError:
             log.error("dropping malformed message %s from %s", message.message_id,
                       message.queue_name)
-            await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-            return 0
-        now = timeutil.utcnow()
-        due = [e for e in found.entries if e.due <= now + DUE_SLACK]
-        later = [e for e in found.entries if e.due > now + DUE_SLACK]
-        looks = await gather_limited(self._look(e, found.put, now, invisible_for) for e in due)
-        left = later + [replace(e, due=at) for e, at in zip(due, looks) if at is not None]
-        if not left:
-            await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
-            return len(due)
-        # An earlier release's message (of one task, put None) keeps its form.
-        text = None if found.put is None else triggers.encode(left, found.put)
-        await self.queues.postpone(message.queue_name, message.message_id, message.pop_receipt,
-                                   triggers.visible_in(left), text=text)
-        return len(due)
+            try:
+                await self.queues.drop(message.queue_name, message.message_id,
+                                       message.pop_receipt)
+            except errors.TRANSIENT as e:
+                log.warning("could not drop malformed message %s: %s", message.message_id, e)
+            return None
+        return _Surfaced(message, found,
+                         [e for e in found.entries if e.due <= now + DUE_SLACK],
+                         [e for e in found.entries if e.due > now + DUE_SLACK])
+
+    async def _rewrite_or_drop(self, surfaced: _Surfaced) -> None:
+        """The message, once its due triggers were looked at: it then holds the triggers
+        still to be looked at, visible at the first next look, or is deleted. If that
+        fails, it comes back as it was once its invisibility ends (looking twice is
+        harmless)."""
+        message, found, left = surfaced.message, surfaced.found, surfaced.later
+        try:
+            if not left:
+                await self.queues.drop(message.queue_name, message.message_id,
+                                       message.pop_receipt)
+                return
+            # An earlier release's message (of one task, put None) keeps its form.
+            text = None if found.put is None else triggers.encode(left, found.put)
+            await self.queues.postpone(message.queue_name, message.message_id,
+                                       message.pop_receipt, triggers.visible_in(left),
+                                       text=text)
+        except errors.TRANSIENT as e:
+            log.warning("could not handle deadline message %s (%s); it comes back when its "
+                        "invisibility ends", message.message_id, e)
+        except Exception:
+            log.exception("handling deadline message %s failed; it comes back when its "
+                          "invisibility ends", message.message_id)
 
     async def _look(self, entry: triggers.Entry, put: datetime | None, now: datetime,
                     invisible_for: timedelta) -> datetime | None:
