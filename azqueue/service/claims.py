@@ -147,7 +147,9 @@ class Claims:
         stored, or, if it stored none, on a fresh read: a task of that id was there
         before). Until the claim is written the task is pending with its only tip
         rewritten: what a replica that dies then leaves is what a claim that dies
-        between its rewrite and its write leaves (the tip repair gives the run another)."""
+        between its rewrite and its write leaves (the tip repair gives the run another).
+        A claim that fails there gives the tip back at once: before its write, as it was
+        put (nothing of the claim is stored); after, as ``_write_claim`` does."""
         self._admit(request, task)
         self._decide(request, task)  # a new task's run 0: refused here only if it is not
         rewriting = asyncio.ensure_future(self._rewrite_tip(request, task))
@@ -157,14 +159,23 @@ class Claims:
             hold = await rewriting
         movable = hold if hold.pop_receipt else None
         try:
-            if stored is None:  # the task was there before: decided on what is stored
+            if stored is None:  # the insert stored nothing: decided on what is stored
                 stored = await self.tasks.load(request.task_id)
                 self._admit(request, stored.task)
                 self._decide(request, stored.task)
-        except (errors.QueueError, errors.StorageError) as e:
-            if movable and isinstance(e, errors.QueueError):
+        except errors.QueueError:
+            if movable:  # no such task, or not this caller's to claim: the tip goes
                 await self.queues.drop(movable.queue_name, movable.message_id,
                                        movable.pop_receipt)
+            raise
+        except BaseException:
+            # The task could not be read (an insert that failed may have been applied):
+            # nothing of this claim is written, so the tip goes back as it was put, visible
+            # at once, rather than hidden as rewritten until takenUntil. Whatever is stored,
+            # that is safe: the run's tip if the task is there and pending, else a tip of
+            # no task or a stale one, which a claim refuses and its worker deletes.
+            if movable:
+                await self._restore_tip(movable, task)
             raise
         change = await self._write_claim(request, stored, hold, True)
         return await self._answer_written(request, change, hold)

@@ -21,7 +21,9 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   claim only once the insert stored the task: a process that dies in between leaves a
   pending run whose only tip says ``r + 1``, invisible until ``takenUntil``, as a claim
   that dies between its rewrite and its write does, and the tip repair gives the run a
-  fresh tip (its live tip's receipt no longer holds).
+  fresh tip (its live tip's receipt no longer holds). A claim there that storage fails
+  gives the tip back at once (before its write, as put; after, once a fresh read shows
+  the run unclaimed), as a claim whose write fails does.
   What a request that dies part-way leaves without a tip, the task's deadline trigger
   (``triggers``, first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to

@@ -432,6 +432,62 @@ async def test_a_create_task_refused_for_another_task_queue_leaves_that_tasks_ti
     assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
 
 
+@pytest.mark.parametrize("failing", ["the claim's write", "the read after a lost insert"])
+async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim_fails(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector, failing: str) -> None:
+    """A claimWork caller waiting on the replica that creates a task is handed its tip as
+    soon as it is put, and rewrites it while the task is inserted. If storage then fails
+    the claim (its write is refused; or the insert was applied, its answer lost, and the
+    reads that would tell are refused: createTask answers 500), the run is not left
+    pending with its only tip hidden until the claim would have ended: the tip is given
+    back at once, and the caller, still waiting, claims the task with it. (The tip
+    repair is minutes away, and polling effectively off: only the tip given back can
+    explain it.)"""
+    server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=20.0,
+                                  tip_repair_delay=600.0)
+    task_queue_id, task_id = "prov/handback", slugid()
+    waiting = asyncio.create_task(sas.post(
+        http, f"{server.api}/claim-work/prov%2Fhandback",
+        {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
+    await callers_waiting(server, task_queue_id)
+    entry = server.services.work.waiting.entry(task_queue_id)
+    await eventually(lambda: not entry.dirty, interval=0.05,
+                     what="the caller's poller done with its first look at the queues")
+    task_row = f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'"
+    if failing == "the claim's write":
+        proxy.once("PUT", task_row, "refused")
+    else:
+        proxy.once("POST", "$batch", "timed out")  # the insert, applied
+        proxy.once("GET", task_row, "refused")  # the insert's read after its retry's 409
+        proxy.once("GET", task_row, "refused")  # the claim's read
+    # The insert waits for the deadline trigger, held back until the caller rewrote the tip.
+    pending = storage.pending_queue(task_queue_id)
+    trigger = proxy.hold("POST", "-deadline-batches/messages")
+    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
+    creating = asyncio.create_task(_put_task(http, server, task_id,
+                                             definition(task_queue_id)))
+    try:
+        await asyncio.wait_for(rewrite.reached.wait(), 30)
+        assert trigger.reached.is_set() and not creating.done()
+    finally:
+        trigger.release()
+        rewrite.release()
+    code, created = await creating
+    assert code == (200 if failing == "the claim's write" else 500), created
+    code, answer = await waiting
+    assert code == 200, answer
+    assert [c["status"]["taskId"] for c in answer["tasks"]] == [task_id], answer
+    assert proxy.counts["table refused"] == (1 if failing == "the claim's write" else 2)
+    [run] = (await status(http, server.api, task_id))["runs"]
+    assert run["state"] == "running" and run["workerId"] == "cw", run
+    code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    assert code == 200, done
+    pending = storage.pending_queue(task_queue_id)
+    await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
+                     what="no message left in the caller's queue")
+
+
 async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its_tip(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
         http: aiohttp.ClientSession) -> None:
