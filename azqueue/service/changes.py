@@ -38,6 +38,19 @@ log = logging.getLogger(__name__)
 # claimed with it before queuing the retry another tip.
 RETRY_TIP_WAIT = timedelta(seconds=10)
 
+# At most this many resolutions' messages are settled after their answers at once
+# (``Changes.settle_soon``): a settle is one storage request in the main (the delete, or
+# the release for the retry), so this many at 10 ms a round trip settle thousands a
+# second, more than a replica's reports make, and they hold at most a third of the
+# storage connections (``storage.account.MAX_CONNECTIONS``) however many reports come
+# at once. A report that finds them all busy settles its own before it is answered.
+MAX_SETTLING = 64
+# How long shutdown waits for the messages still being settled once the calls under
+# way are answered: a settle's longest path (``RETRY_TIP_WAIT``, then a put and its
+# record) with room to spare, and within the deployment's 90 s grace after the 5 s
+# pause and claimWork's 20 s wait (docs/operating/deploying.md).
+SETTLE_GRACE = 20.0
+
 # Told ``(before, after)`` of every change this process stores (``before`` None: a new
 # task), on the request's path: quick, and never failing.
 ChangeObserver = Callable[[Task | None, Task], None]
@@ -142,14 +155,27 @@ class Changes:
                 change.before.runs[run_id].state is RunState.RUNNING:
             await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
 
-    def settle_soon(self, change: Change, run_id: int) -> None:
+    async def settle_soon(self, change: Change, run_id: int) -> None:
         """``settle``, after the caller has answered: the change is stored, and what
         settling does is only the run's message kept in line with it, which holds without
         it (a message left behind reappears at ``takenUntil`` and its claim is refused, a
-        retry's tip is repaired; see ``tips``). ``close`` waits for it."""
-        job = asyncio.ensure_future(self._settle_logged(change, run_id))
+        retry's tip is repaired; see ``tips``). At most ``MAX_SETTLING`` settle so at
+        once; beyond them the caller settles before it answers, so that a burst of
+        reports is slowed down to what storage takes instead of leaving an unbounded
+        number of requests behind it. ``close`` waits for them. Never raises: a failure
+        is logged."""
+        if len(self._settling) >= MAX_SETTLING:
+            await self._settle_logged(change, run_id)
+            return
+        job = asyncio.get_running_loop().create_task(
+            self._settle_logged(change, run_id), name=f"{change.after.task_id}/{run_id}")
         self._settling.add(job)
         job.add_done_callback(self._settling.discard)
+
+    @property
+    def settling(self) -> int:
+        """How many resolutions' messages are being settled after their answers."""
+        return len(self._settling)
 
     async def _settle_logged(self, change: Change, run_id: int) -> None:
         try:
@@ -162,9 +188,21 @@ class Changes:
                           run_id)
 
     async def close(self) -> None:
-        """Wait (briefly) for the messages still being settled."""
-        if self._settling:
-            await asyncio.wait(set(self._settling), timeout=10)
+        """Wait up to ``SETTLE_GRACE`` seconds for the messages still being
+        settled; those left are given up, and named in the log: their messages reappear
+        when their claims end (and a retry's tip is repaired)."""
+        if not self._settling:
+            return
+        _, left = await asyncio.wait(set(self._settling), timeout=SETTLE_GRACE)
+        if not left:
+            return
+        names = sorted(job.get_name() for job in left)
+        log.warning("shutting down with %d resolved run(s) whose message is not settled; "
+                    "each reappears when its claim ends: %s%s", len(names),
+                    ", ".join(names[:20]), " ..." if len(names) > 20 else "")
+        for job in left:
+            job.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
 
     async def _claimed_soon(self, task_id: str, run_id: int) -> bool:
         """Whether pending run ``run_id`` is claimed within ``RETRY_TIP_WAIT``. Asked when

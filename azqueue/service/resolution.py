@@ -73,8 +73,9 @@ class Resolution:
         change = await self.changes.change(
             task_id, lambda t: model.resolve(t, run_id, state, reason, now), cached,
             speculative=cached is not None)
-        # The report is stored: its answer waits for nothing more.
-        self.changes.settle_soon(change, run_id)
+        # The report is stored: its answer waits for nothing more (unless a burst of
+        # reports has as many messages being settled as may be).
+        await self.changes.settle_soon(change, run_id)
         return change.after.status()
 
     async def cancel_task(self, task_id: str,

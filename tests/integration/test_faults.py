@@ -20,7 +20,7 @@ import taskcluster.aio
 
 from azqueue.config import StorageSettings
 from azqueue.model import timeutil
-from azqueue.service import triggers, workclaimer
+from azqueue.service import changes, triggers, workclaimer
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.storage import StorageInspector
@@ -348,6 +348,76 @@ async def test_a_report_is_answered_once_stored_while_its_message_is_deleted_aft
         delete.release()
     await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
                      what="the run's message deleted after the report's answer")
+
+
+async def test_a_burst_of_reports_settles_every_message_with_a_bounded_number_after_answers(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Many reports at once: only ``MAX_SETTLING`` (2 here) of their messages are deleted
+    after the answer; the other reports delete theirs before they are answered, so a
+    burst leaves no more requests behind it than that. Every message goes. (Every delete
+    is held back by storage until all have been sent: the reports answered meanwhile are
+    those whose delete is left to after the answer.)"""
+    monkeypatch.setattr(changes, "MAX_SETTLING", 2)
+    server = await faulty_servers()
+    task_queue_id, count = "prov/burst", 8
+    task_ids = [await _create(http, server, task_queue_id) for _ in range(count)]
+    urls = await sas.poll_task_urls(http, server.api, "prov", "burst")
+    messages = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"], count)
+    assert sorted(m.tip["taskId"] for m in messages) == sorted(task_ids)
+    for message in messages:
+        code, claim = await sas.claim(http, server.api, message)
+        assert code == 200, claim
+    pending = storage.pending_queue(task_queue_id)
+    deletes = [proxy.hold("DELETE", f"/{pending}/messages/") for _ in range(count)]
+    reports = [asyncio.create_task(sas.post(http, f"{server.api}/task/{t}/runs/0/completed"))
+               for t in task_ids]
+    try:
+        await asyncio.wait_for(asyncio.gather(*(d.reached.wait() for d in deletes)), 30)
+        assert server.services.changes.settling == 2
+        answered = await eventually(lambda: _done(reports), lambda n: n == 2,
+                                    what="the reports whose delete is left to after them")
+        assert answered == 2
+    finally:
+        for held in deletes:
+            held.release()
+    for code, done in await asyncio.gather(*reports):
+        assert code == 200 and done["status"]["state"] == "completed", done
+    await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
+                     what="every run's message deleted")
+    assert server.services.changes.settling == 0
+
+
+async def _done(tasks: list[asyncio.Task[Any]]) -> int:
+    return sum(t.done() for t in tasks)
+
+
+async def test_shutdown_waits_for_messages_being_settled_and_names_those_left(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector,
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A replica stopping while the message of a run it resolved is still being settled
+    waits for it only so long (``SETTLE_GRACE``, a moment here), then says which runs'
+    messages it left: they reappear when their claims end."""
+    monkeypatch.setattr(changes, "SETTLE_GRACE", 0.2)
+    server = await faulty_servers()
+    task_id = await _create(http, server, "prov/leftover")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "leftover")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200, claim
+    delete = proxy.hold("DELETE", f"/{storage.pending_queue('prov/leftover')}/messages/")
+    try:
+        code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+        assert code == 200, done
+        await asyncio.wait_for(delete.reached.wait(), 30)
+        with caplog.at_level(logging.WARNING, logger="azqueue.service.changes"):
+            await server.stop()
+    finally:
+        delete.release()
+    left = [r.getMessage() for r in caplog.records if "not settled" in r.getMessage()]
+    assert len(left) == 1 and f"{task_id}/0" in left[0], left
 
 
 @pytest.mark.parametrize("taken", ["free", "by another definition"])
