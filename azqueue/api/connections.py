@@ -14,8 +14,8 @@ connections until the process runs out of file descriptors. So:
   ``body_timeout`` of its headers, or answers 408 and closes the connection (``LINGER``
   seconds later). The ``s3``
   upload receiver reads its bodies itself, cut off only when nothing arrives for
-  ``upload_read_timeout`` seconds (``service/uploads.py``): an upload of gigabytes that
-  keeps sending is never cut.
+  ``upload_read_timeout`` seconds or the body falls behind ``upload_min_rate_kib`` on
+  average (``service/uploads.py``): an upload of gigabytes that keeps up is never cut.
 * **Answers**: an answer is written while the client reads it. Once more than
   ``HIGH_WATER`` bytes of it wait unsent (the socket's buffers full), the client must
   take at least ``HIGH_WATER`` bytes more of it every ``send_timeout`` seconds until

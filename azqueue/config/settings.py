@@ -99,6 +99,12 @@ class Settings:
     # What the PUTs to putUrls under way in a process may hold in all (MiB); one more is
     # answered 503 (azqueue.service.uploads.MEMORY).
     upload_memory_mib: int = 256
+    # The average rate (KiB/s) a PUT to a putUrl must keep up, with upload_read_timeout
+    # seconds to spare, or be cut off (azqueue.service.uploads.MIN_RATE).
+    upload_min_rate_kib: int = 16
+    # What the PUTs to putUrls of one run may hold in a process (MiB); one more is answered
+    # 503 (azqueue.service.uploads.RUN_MEMORY).
+    upload_run_memory_mib: int = 64
     # Slow and half-open connections (azqueue.api.connections): a request's headers must
     # be complete within header_timeout of its first byte, an API request's body whole
     # within body_timeout of its headers; a connection that sends nothing of a request for

@@ -285,6 +285,20 @@ SETTINGS: tuple[Setting, ...] = (
                     "in all (each its length up to 4 MiB, 20 MiB for a body over 4 MiB); a PUT that "
                     "would take more is answered 503 `ServerBusy` with `Retry-After`, before "
                     "its body is read (see Uploading an `s3` artifact)"),
+    Setting("AZQUEUE_UPLOAD_RUN_MEMORY_MIB", "uploads", field="upload_run_memory_mib",
+            parse=_count,
+            meaning="MiB of `AZQUEUE_UPLOAD_MEMORY_MIB` the PUTs to `putUrl`s of one run may "
+                    "hold in a process, so that one worker cannot take it all; a PUT that "
+                    "would take more is answered 503 `ServerBusy` with `Retry-After`, before "
+                    "its body is read (a run's first upload is always let in) (see Uploading "
+                    "an `s3` artifact)"),
+    Setting("AZQUEUE_UPLOAD_MIN_RATE_KIB", "uploads", field="upload_min_rate_kib",
+            parse=_count, note="KiB/s a putUrl PUT must average",
+            meaning="KiB/s a PUT to an `s3` artifact's `putUrl` must average, with "
+                    "`AZQUEUE_UPLOAD_READ_TIMEOUT` seconds to spare, counted while the "
+                    "server waits for its body; one that falls further behind is answered "
+                    "400 with nothing stored and its buffers freed (see Uploading an `s3` "
+                    "artifact)"),
     Setting("AZQUEUE_HEADER_TIMEOUT", "connections", field="header_timeout", parse=_seconds,
             meaning="seconds within which a request's headers must be complete, counted from "
                     f"their first byte; then the connection is closed (see {_CONNECTIONS})"),

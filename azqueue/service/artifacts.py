@@ -15,7 +15,8 @@ from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
 from azqueue.model.upload import UploadGrant, UploadSigner
 from azqueue.service import paging
-from azqueue.service.uploads import MEMORY, READ_TIMEOUT, UploadReceiver
+from azqueue.service.uploads import (MEMORY, MIN_RATE, READ_TIMEOUT, RUN_MEMORY,
+                                     UploadReceiver)
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore
@@ -47,11 +48,13 @@ class ArtifactService:
     def __init__(self, account: StorageAccount, tasks: TaskStore, signer: UploadSigner,
                  root_url: str, outbox: Outbox | None = None,
                  upload_read_timeout: float = READ_TIMEOUT,
-                 upload_memory: int = MEMORY) -> None:
+                 upload_memory: int = MEMORY, upload_run_memory: int = RUN_MEMORY,
+                 upload_min_rate: int = MIN_RATE) -> None:
         """``signer`` signs the ``putUrl`` of s3 artifacts, which point at ``root_url``
         (the service's public root URL); a PUT to one that sends nothing for
-        ``upload_read_timeout`` seconds is cut off; the PUTs under way hold at most
-        ``upload_memory`` bytes in all."""
+        ``upload_read_timeout`` seconds, or falls behind ``upload_min_rate`` bytes a
+        second on average with that long to spare, is cut off; the PUTs under way hold at
+        most ``upload_memory`` bytes in all, those of one run ``upload_run_memory``."""
         self.tasks = tasks
         self.records = ArtifactStore(account, tasks.name)
         self.blobs = BlobStore(account)
@@ -59,7 +62,8 @@ class ArtifactService:
         self.signer = signer
         self.root_url = root_url
         self.uploads = UploadReceiver(tasks, self.records, self.blobs, signer,
-                                      upload_read_timeout, upload_memory)
+                                      upload_read_timeout, upload_memory,
+                                      upload_run_memory, upload_min_rate)
 
     async def setup(self) -> None:
         await self.blobs.ensure()

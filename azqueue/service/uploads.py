@@ -31,6 +31,20 @@ Promises:
   body is read, the buffers it may need (``footprint``) out of ``memory`` bytes, and gives
   them back when it ends; a PUT that finds too few left is refused (503 ``Busy``, with
   ``Retry-After``) before anything is read.
+* One run cannot hold the others' share: the uploads of one run (of one task) take at most
+  ``run_memory`` bytes of that in all, so a worker holding one claim cannot fill the
+  process's buffers, however it sends; a PUT beyond is refused (503 ``Busy``) before
+  anything is read. Its first upload is always let in (if the process has room), so a
+  ``run_memory`` smaller than one ``footprint`` still lets a run upload one at a time.
+* An upload keeps its buffers only while it keeps sending: besides being cut off after
+  ``read_timeout`` seconds without a byte, one is cut off once it falls behind an
+  average of ``min_rate`` bytes a second with ``read_timeout`` seconds to spare, that is
+  once the time spent waiting for its body exceeds ``read_timeout + received /
+  min_rate`` (Apache's ``mod_reqtimeout`` ``MinRate``). Only time spent waiting for the
+  body counts, not time spent waiting for Blob storage. A body trickling a byte at a
+  time is so cut off within about ``read_timeout`` seconds; it stores nothing, its client
+  is answered 400 if it still listens, and its buffers are given back before that answer
+  is written.
 * The bytes stored are the bytes sent: a body with a ``Content-Encoding`` (scriptworker
   gzips its logs) is stored as it came, counted against the ``Content-Length`` it was
   sent with, and served back with that ``Content-Encoding``, as S3 does.
@@ -67,6 +81,13 @@ READ_TIMEOUT = 60.0
 UPLOAD_MARK = timedelta(seconds=60)
 # The bytes a process's uploads may hold in all (the default of AZQUEUE_UPLOAD_MEMORY_MIB).
 MEMORY = 256 * 1024 * 1024
+# The bytes the uploads of one run may hold of that (the default of
+# AZQUEUE_UPLOAD_RUN_MEMORY_MIB): three bodies over 4 MiB, or many smaller ones.
+RUN_MEMORY = 64 * 1024 * 1024
+# The average bytes a second an upload must keep up, with READ_TIMEOUT seconds to spare
+# (the default of AZQUEUE_UPLOAD_MIN_RATE_KIB): about 128 kbit/s, which a worker on a slow
+# link, or sending a few uploads at once over one, keeps above.
+MIN_RATE = 16 * 1024
 
 
 def footprint(content_length: int) -> int:
@@ -88,20 +109,25 @@ class UploadReceiver:
 
     def __init__(self, tasks: TaskStore, records: ArtifactStore, blobs: BlobStore,
                  signer: UploadSigner, read_timeout: float = READ_TIMEOUT,
-                 memory: int = MEMORY) -> None:
+                 memory: int = MEMORY, run_memory: int = RUN_MEMORY,
+                 min_rate: int = MIN_RATE) -> None:
         self.tasks = tasks
         self.read_timeout = read_timeout
         self.memory = memory
+        self.run_memory = run_memory
+        self.min_rate = min_rate
         self.records = records
         self.blobs = blobs
         self.signer = signer
         self._under_way: set[tuple[str, int, str]] = set()
         self.held = 0  # bytes the uploads under way took
+        self.held_by_run: dict[tuple[str, int], int] = {}  # the same, run by run
 
     @contextmanager
     def _admitted(self, grant: UploadGrant, content_length: int) -> Iterator[None]:
         """The upload's turn: Conflict if another of the artifact is under way here, Busy
-        if the uploads under way hold too much to take its ``footprint`` too."""
+        if the uploads under way of its run, or of all runs, hold too much to take its
+        ``footprint`` too."""
         key = (grant.task_id, grant.run_id, grant.name)
         if key in self._under_way:
             raise errors.Conflict(
@@ -110,6 +136,15 @@ class UploadReceiver:
                 "for it to end (one that sends nothing is cut off after "
                 f"{self.read_timeout:g} s) and PUT again")
         need = footprint(content_length)
+        run = (grant.task_id, grant.run_id)
+        by_run = self.held_by_run.get(run, 0)
+        if by_run and by_run + need > self.run_memory:
+            raise errors.Busy(
+                f"the uploads of run {grant.run_id} of task {grant.task_id} under way on this "
+                f"server already hold the buffers one run may "
+                f"({self.run_memory // (1024 * 1024)} MiB, AZQUEUE_UPLOAD_RUN_MEMORY_MIB); "
+                f"nothing was stored: PUT again in {errors.Busy.RETRY_AFTER} s, or upload "
+                "fewer artifacts at once")
         if self.held + need > self.memory:
             raise errors.Busy(
                 f"this server is receiving as many uploads as it holds buffers for "
@@ -117,11 +152,15 @@ class UploadReceiver:
                 f"stored: PUT again in {errors.Busy.RETRY_AFTER} s")
         self._under_way.add(key)
         self.held += need
+        self.held_by_run[run] = by_run + need
         try:
             yield
         finally:
             self._under_way.discard(key)
             self.held -= need
+            left = self.held_by_run.pop(run) - need
+            if left:
+                self.held_by_run[run] = left
 
     def check(self, grant: UploadGrant, signature: str, content_type: str | None,
               content_length: int | None) -> None:
@@ -216,7 +255,7 @@ class UploadReceiver:
         if found.storage_type != "s3":
             raise errors.Conflict(f"artifact {grant.name!r} is a {found.storage_type!r} "
                                   "artifact, not s3: it has no content to upload")
-        body = _Body(read, content_length, self.read_timeout)
+        body = _Body(read, content_length, self.read_timeout, self.min_rate)
         if content_length <= BLOCK_SIZE:
             data = await body.take(content_length)
             await body.end()
@@ -258,24 +297,45 @@ class UploadReceiver:
 
 class _Body:
     """A request body of a known length, read in pieces of exactly the size asked for;
-    InputError once a read waits ``timeout`` seconds without a byte."""
+    InputError once a read waits ``timeout`` seconds without a byte, or once the time
+    spent waiting for it all exceeds ``timeout`` plus a second per ``min_rate`` bytes
+    received."""
 
-    def __init__(self, read: Read, length: int, timeout: float) -> None:
+    def __init__(self, read: Read, length: int, timeout: float, min_rate: int) -> None:
         self._given = read
         self.length = length
         self.remaining = length
         self.timeout = timeout
+        self.min_rate = min_rate
         self.received = 0
+        self.waited = 0.0  # seconds spent waiting for the body
+
+    def _too_slow(self) -> errors.InputError:
+        return errors.InputError(
+            f"the body arrived at less than {self.min_rate / 1024:g} KiB/s on average "
+            f"(AZQUEUE_UPLOAD_MIN_RATE_KIB, with {self.timeout:g} s to spare): "
+            f"{self.received} of the {self.length} bytes its Content-Length announced in "
+            f"{self.waited:.0f} s; nothing was stored: send the body faster, or fewer "
+            "uploads at once over a slow link")
 
     async def _read(self, size: int) -> bytes:
+        spare = self.timeout + self.received / self.min_rate - self.waited
+        if spare <= 0:
+            raise self._too_slow()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
         try:
-            async with asyncio.timeout(self.timeout):
+            async with asyncio.timeout(min(self.timeout, spare)):
                 chunk = await self._given(size)
         except TimeoutError:
+            self.waited += loop.time() - started
+            if spare < self.timeout:
+                raise self._too_slow() from None
             raise errors.InputError(
                 f"the body sent nothing for {self.timeout:g} s after {self.received} of the "
                 f"{self.length} bytes its Content-Length announced; nothing was stored: "
                 "send the whole body without pausing") from None
+        self.waited += loop.time() - started
         self.received += len(chunk)
         return chunk
 

@@ -135,7 +135,9 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
         account=account, tasks=tasks, signer=UploadSigner(settings.tip_secrets),
         root_url=settings.public_root_url, outbox=outbox,
         upload_read_timeout=settings.upload_read_timeout,
-        upload_memory=settings.upload_memory_mib * 1024 * 1024)
+        upload_memory=settings.upload_memory_mib * 1024 * 1024,
+        upload_run_memory=settings.upload_run_memory_mib * 1024 * 1024,
+        upload_min_rate=settings.upload_min_rate_kib * 1024)
     return Services(
         definitions=definitions,
         claims=claims,

@@ -101,3 +101,20 @@ def test_the_upload_read_timeout_is_read_from_its_variable_and_defaults_to_the_r
            "AZQUEUE_ROOT_ACCESS_TOKEN": "a-root-token-long-enough"}
     assert Settings.from_env(env).upload_read_timeout == READ_TIMEOUT
     assert Settings.from_env({**env, "AZQUEUE_UPLOAD_READ_TIMEOUT": "5"}).upload_read_timeout == 5
+
+
+def test_the_upload_rate_and_run_share_are_read_from_their_variables_and_default_to_the_receivers(
+        ) -> None:
+    from azqueue.service.uploads import MIN_RATE, RUN_MEMORY
+
+    env = {"AZQUEUE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
+           "AZQUEUE_TIP_SECRETS": "0123456789abcdef", "AZQUEUE_ROOT_CLIENT_ID": "root",
+           "AZQUEUE_ROOT_ACCESS_TOKEN": "a-root-token-long-enough"}
+    settings = Settings.from_env(env)
+    assert settings.upload_min_rate_kib * 1024 == MIN_RATE
+    assert settings.upload_run_memory_mib * 1024 * 1024 == RUN_MEMORY
+    changed = Settings.from_env({**env, "AZQUEUE_UPLOAD_MIN_RATE_KIB": "4",
+                                 "AZQUEUE_UPLOAD_RUN_MEMORY_MIB": "32"})
+    assert (changed.upload_min_rate_kib, changed.upload_run_memory_mib) == (4, 32)
+    with pytest.raises(ConfigError, match="AZQUEUE_UPLOAD_MIN_RATE_KIB"):
+        Settings.from_env({**env, "AZQUEUE_UPLOAD_MIN_RATE_KIB": "0"})
