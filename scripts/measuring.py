@@ -1,4 +1,4 @@
-"""What measure_cancel.py and measure_polls.py share: ``azqueue serve`` as a process on
+"""What measure_cancel.py, measure_polls.py and measure_trickle.py share: ``azqueue serve`` as a process on
 a private Azurite, and a session signed with its root client."""
 
 from __future__ import annotations
