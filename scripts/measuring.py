@@ -1,5 +1,5 @@
-"""What measure_cancel.py, measure_polls.py and measure_trickle.py share: ``azqueue serve`` as a process on
-a private Azurite, and a session signed with its root client."""
+"""What measure_cancel.py, measure_polls.py and measure_trickle.py share: ``azqueue
+serve`` as a process on a private Azurite, and a session signed with its root client."""
 
 from __future__ import annotations
 
