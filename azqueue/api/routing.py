@@ -302,10 +302,28 @@ async def _read_body(request: web.Request, schema: str, what: str) -> dict[str, 
 # -- dispatch -----------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class Match:
+    """What the route table makes of one request: the route it goes to (None if none),
+    that route's raw path parameters, and the methods of the routes that have the path
+    but not the method. ``target`` is the method and raw path it was matched for."""
+
+    target: tuple[str, str]
+    route: Route | None
+    params: dict[str, str]
+    allowed: list[str]
+
+
+MATCH_KEY = web.RequestKey("match", Match)
+
+
 class Router:
     """The API's aiohttp handler: each request goes to the route of ``table`` that matches
     its method and raw path (404 if none has the path, 405 if none has the method). The
-    table is read at each request; a route declared twice is refused when it is built."""
+    table is read at each request; a route declared twice is refused when it is built.
+
+    A request is matched once: the storage budget's middleware asks ``long_polls``
+    before the handler runs, and the handler serves the match it kept on the request."""
 
     def __init__(self, table: list[Route]) -> None:
         for kind, keys in (("name", [r.name for r in table]),
@@ -315,36 +333,43 @@ class Router:
                 raise ValueError(f"routes declared twice (same {kind}): {', '.join(twice)}")
         self.table = table
 
-    def _match(self, request: web.Request) -> tuple[Route | None, dict[str, str], list[str]]:
-        """The route, its raw path parameters; and the methods of the routes that have the
-        path but not the method."""
-        path = request.raw_path.split("?", 1)[0]
+    def match(self, request: web.Request) -> Match:
+        """The match of ``request``: the one kept on it if it was matched already (and is
+        still the request it was matched for: a clone with another path keeps its
+        original's state), else the table's, kept."""
+        target = (request.method, request.raw_path.split("?", 1)[0])
+        if MATCH_KEY in request and request[MATCH_KEY].target == target:
+            return request[MATCH_KEY]
+        request[MATCH_KEY] = found = self._match(*target)
+        return found
+
+    def _match(self, method: str, path: str) -> Match:
         allowed = []
         for r in self.table:
             m = r.pattern.match(path)
             if m is None:
                 continue
-            if r.method != request.method and not (r.method == "GET" and
-                                                   request.method == "HEAD"):
+            if r.method != method and not (r.method == "GET" and method == "HEAD"):
                 allowed.append(r.method)
                 continue
-            return r, {k: unquote(v) for k, v in m.groupdict().items()}, allowed
-        return None, {}, allowed
+            return Match((method, path), r, {k: unquote(v) for k, v in m.groupdict().items()},
+                         allowed)
+        return Match((method, path), None, {}, allowed)
 
     def long_polls(self, request: web.Request) -> bool:
         """Whether the route ``request`` goes to long-polls (False if none)."""
-        r = self._match(request)[0]
+        r = self.match(request).route
         return r is not None and r.long_poll
 
     async def __call__(self, request: web.Request) -> web.StreamResponse:
-        r, params, allowed = self._match(request)
-        if r is not None:
-            return await _call(request, r, params)
-        path = request.raw_path.split("?", 1)[0]
-        if allowed:
-            raise errors.MethodNotAllowed(f"{request.method} is not allowed on {path}; use "
-                                          f"{', '.join(allowed)}")
-        raise errors.NotFound(f"no such API endpoint: {request.method} {path}")
+        found = self.match(request)
+        if found.route is not None:
+            return await _call(request, found.route, found.params)
+        method, path = found.target
+        if found.allowed:
+            raise errors.MethodNotAllowed(f"{method} is not allowed on {path}; use "
+                                          f"{', '.join(found.allowed)}")
+        raise errors.NotFound(f"no such API endpoint: {method} {path}")
 
 
 async def _call(request: web.Request, r: Route, params: dict[str, str]) -> web.StreamResponse:
