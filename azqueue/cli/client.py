@@ -1,5 +1,7 @@
 """``azqueue worker``, ``task …`` and ``queue list``: the command line of workers and
-submitters (its arguments are parsed in ``azqueue.cli.parser``).
+submitters (its arguments are parsed in ``azqueue.cli.parser``, its listings printed by
+``azqueue.cli.listings``). Each command is run by the handler its table names
+(``COMMANDS``, ``TASK_COMMANDS``): the parser offers exactly those.
 
 All read the usual ``TASKCLUSTER_ROOT_URL``, ``TASKCLUSTER_CLIENT_ID``,
 ``TASKCLUSTER_ACCESS_TOKEN`` (or ``TASKCLUSTER_ACCESS_TOKEN_FILE``, a file holding it, so
@@ -23,17 +25,17 @@ import socket
 import sys
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
-import mohawk
 import slugid
 import taskcluster
 from taskcluster.exceptions import TaskclusterConnectionError, TaskclusterFailure
 
-from azqueue.cli import follow, terminal
-from azqueue.cli.exitcodes import ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES
+from azqueue.cli import follow, listings, terminal
+from azqueue.cli.exitcodes import (ERROR, INTERRUPTED, OK, WAIT_EXIT_CODES, CommandError,
+                                   unreachable)
 from azqueue.model.task import RESOLVED_STATES
 from azqueue.worker import client, shell
 from azqueue.worker.client import Credentials
@@ -46,8 +48,7 @@ WAIT_POLL = 1.0
 CLI_RETRIES = 2
 
 
-class CommandError(Exception):
-    """A failure the user can fix, in one line (exit status 1)."""
+Command = TypeVar("Command")
 
 
 def _root_url() -> str:
@@ -71,13 +72,7 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("taskcluster").setLevel(logging.ERROR)
     try:
         root_url = _root_url()
-        if args.command == "worker":
-            if args.action == "list":
-                return _print_listing(args, _queue(root_url))
-            return asyncio.run(_worker(args, root_url))
-        if args.command == "queue":
-            return _print_listing(args, _queue(root_url))
-        return _task(args, _queue(root_url))
+        return _command(COMMANDS, "", args.command)(args, root_url)
     except CommandError as e:
         print(f"azqueue: {terminal.text(str(e))}", file=sys.stderr)
         return ERROR
@@ -163,7 +158,7 @@ async def _check_queue(root_url: str) -> None:
                 url, timeout=aiohttp.ClientTimeout(total=30)) as r:
             body = await r.text()
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise _unreachable(root_url, e) from None
+        raise unreachable(root_url, e) from None
     try:
         alive = r.status == 200 and "alive" in json.loads(body)
     except (ValueError, TypeError):
@@ -174,49 +169,85 @@ async def _check_queue(root_url: str) -> None:
                            "`azqueue dev` prints, without /api/queue/v1")
 
 
-def _unreachable(root_url: str, error: Exception) -> CommandError:
-    return CommandError(f"cannot reach the queue at {root_url} ({error or type(error).__name__}); "
-                        "check TASKCLUSTER_ROOT_URL and that the server runs")
+def _worker_command(args: argparse.Namespace, root_url: str) -> int:
+    if args.action == "list":
+        return listings.print_listing(args, _queue(root_url))
+    return asyncio.run(_worker(args, root_url))
+
+
+def _queue_command(args: argparse.Namespace, root_url: str) -> int:
+    return listings.print_listing(args, _queue(root_url))
+
+
+def _task_command(args: argparse.Namespace, root_url: str) -> int:
+    return _command(TASK_COMMANDS, "task ", args.task_command)(args, _queue(root_url))
+
+
+# Each command this module runs (the parser's COMMAND, but the server's) and what runs it.
+COMMANDS: dict[str, Callable[[argparse.Namespace, str], int]] = {
+    "worker": _worker_command, "queue": _queue_command, "task": _task_command}
+
+
+def _command(table: Mapping[str, Command], prefix: str, name: str | None) -> Command:
+    """What runs the command ``name`` of ``table``; CommandError if it has none (the
+    parser offers exactly the commands of the tables)."""
+    if name is None or name not in table:
+        raise CommandError(f"{prefix}{name}: no such command (`azqueue {prefix}--help` lists "
+                           "them)")
+    return table[name]
 
 
 # -- azqueue task ... ----------------------------------------------------------------
 
 
-def _task(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
-    command = args.task_command
-    if command == "create":
-        task_id = slugid.nice()
-        definition = task_definition(args)
-        queue.createTask(task_id, definition)
-        print(task_id, flush=True)
-        if hint := _unattended(queue, definition["taskQueueId"]):
-            print(f"azqueue: {hint}", file=sys.stderr)
-        return OK
-    if command == "rerun":
-        _print_status(queue.rerunTask(args.task_id)["status"], args.json)
-        return OK
-    if command == "status":
-        _print_status(queue.status(args.task_id)["status"], args.json)
-        return OK
-    if command == "wait":
-        return wait(queue, args.task_id, args.timeout, args.json)
-    if command == "log" and args.follow:
+def _create(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    task_id = slugid.nice()
+    definition = task_definition(args)
+    queue.createTask(task_id, definition)
+    print(task_id, flush=True)
+    if hint := _unattended(queue, definition["taskQueueId"]):
+        print(f"azqueue: {hint}", file=sys.stderr)
+    return OK
+
+
+def _status(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    _print_status(queue.status(args.task_id)["status"], args.json)
+    return OK
+
+
+def _wait(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    return wait(queue, args.task_id, args.timeout, args.json)
+
+
+def _log(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    if args.follow:
         try:
             return asyncio.run(follow.follow(queue, args.task_id, shell.LOG_ARTIFACT))
         except follow.LogUnavailable as e:
             raise CommandError(str(e)) from None
         except (aiohttp.ClientError, TimeoutError) as e:
-            raise _unreachable(queue.options["rootUrl"], e) from None
-    if command == "log":
-        url = (queue.buildSignedUrl if queue.options.get("credentials") else queue.buildUrl)(
-            "getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
-        if asyncio.run(_print_url(url, queue.options["rootUrl"])):
-            return OK
-        raise CommandError(f"task log: {_why_no_log(queue, args.task_id)}")
-    if command == "list":
-        return _print_listing(args, queue)
+            raise unreachable(queue.options["rootUrl"], e) from None
+    url = (queue.buildSignedUrl if queue.options.get("credentials") else queue.buildUrl)(
+        "getLatestArtifact", args.task_id, shell.LOG_ARTIFACT)
+    if asyncio.run(_print_url(url, queue.options["rootUrl"])):
+        return OK
+    raise CommandError(f"task log: {_why_no_log(queue, args.task_id)}")
+
+
+def _cancel(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
     _print_status(queue.cancelTask(args.task_id)["status"], args.json)
     return OK
+
+
+def _rerun(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
+    _print_status(queue.rerunTask(args.task_id)["status"], args.json)
+    return OK
+
+
+# Each `azqueue task` command (the parser's TASK_COMMAND) and what runs it.
+TASK_COMMANDS: dict[str, Callable[[argparse.Namespace, taskcluster.Queue], int]] = {
+    "create": _create, "status": _status, "wait": _wait, "log": _log, "cancel": _cancel,
+    "rerun": _rerun, "list": listings.print_listing}
 
 
 # At most this many pages of listTaskQueues are read for the names a typo may have meant.
@@ -230,11 +261,11 @@ def _unattended(queue: taskcluster.Queue, task_queue_id: str) -> str | None:
     provisioner_id, worker_type = task_queue_id.split("/", 1)
     try:
         # listWorkers lists a worker until a day after it last asked for work.
-        if any(page["workers"] for page in _pages(queue.listWorkers, provisioner_id,
+        if any(page["workers"] for page in listings.pages(queue.listWorkers, provisioner_id,
                                                   worker_type)):
             return None
         known: list[str] = []
-        for _, page in zip(range(MAX_NAME_PAGES), _pages(queue.listTaskQueues)):
+        for _, page in zip(range(MAX_NAME_PAGES), listings.pages(queue.listTaskQueues)):
             known += [q["taskQueueId"] for q in page["taskQueues"]]
     except TaskclusterFailure:
         return None
@@ -390,7 +421,7 @@ async def _print_url(url: str, root_url: str) -> bool:
             sys.stdout.buffer.write(log.feed(b"", final=True))
             sys.stdout.buffer.flush()
     except (aiohttp.ClientError, TimeoutError) as e:
-        raise _unreachable(root_url, e) from None
+        raise unreachable(root_url, e) from None
     return True
 
 
@@ -415,106 +446,3 @@ def _why_no_log(queue: taskcluster.Queue, task_id: str) -> str:
     return (f"run {run['runId']} of {task_id} is {run['state']}"
             + (f" ({reason})" if reason and reason != run["state"] else "")
             + f" and has no {shell.LOG_ARTIFACT}: its worker wrote none")
-
-
-# -- listings ------------------------------------------------------------------------
-
-
-def _pages(call: Callable[..., dict[str, Any]], *args: str) -> Iterator[dict[str, Any]]:
-    """Every page of a paginated call of the official client."""
-    query: dict[str, str] = {}
-    while True:
-        page = call(*args, query=query)
-        yield page
-        token = page.get("continuationToken")
-        if not token:
-            return
-        query = {"continuationToken": token}
-
-
-def _print_listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
-    """`task list`, `queue list`, `worker list`: a line per item, or its JSON (--json)."""
-    try:
-        return _listing(args, queue)
-    except TaskclusterFailure as e:
-        body = getattr(e, "body", None)
-        message = str(body.get("message", "")) if isinstance(body, dict) else ""
-        if client.status_of(e) == 501 or (client.status_of(e) == 404
-                                          and message.startswith("no such API endpoint")):
-            raise CommandError(f"the queue at {queue.options['rootUrl']} does not offer this "
-                               f"listing ({message})") from None
-        raise
-
-
-def _recent(queue: taskcluster.Queue, task_queue_id: str) -> dict[str, Any]:
-    """``GET /dashboard/recent?taskQueueId=``: the task queue's tasks the server heard of
-    lately (not an API method of the official client: signed here as it signs)."""
-    root_url = queue.options["rootUrl"]
-    url = f"{root_url}/dashboard/recent?" + urllib.parse.urlencode(
-        {"taskQueueId": task_queue_id}, safe="/")  # as aiohttp sends it: signed as sent
-    headers = {}
-    credentials = queue.options.get("credentials")
-    if credentials:
-        sender = mohawk.Sender({"id": credentials["clientId"], "key": credentials["accessToken"],
-                                "algorithm": "sha256"}, url, "GET",
-                               always_hash_content=False, ext=queue.makeHawkExt() or None)
-        headers["Authorization"] = sender.request_header
-
-    async def get() -> tuple[int, str]:
-        async with aiohttp.ClientSession() as session, session.get(
-                url, headers=headers, timeout=aiohttp.ClientTimeout(total=30)) as r:
-            return r.status, await r.text()
-
-    try:
-        status, text = asyncio.run(get())
-    except (aiohttp.ClientError, TimeoutError) as e:
-        raise _unreachable(root_url, e) from None
-    if status != 200:
-        raise CommandError(f"task list: the recent changes answered "
-                           f"{client.error_answer(status, text)}")
-    answer: dict[str, Any] = json.loads(text)
-    return answer
-
-
-def _listing(args: argparse.Namespace, queue: taskcluster.Queue) -> int:
-    items: Iterator[dict[str, Any]]
-    line: Callable[[dict[str, Any]], str]
-    if args.command == "queue":
-        items = (q for page in _pages(queue.listTaskQueues) for q in page["taskQueues"])
-        line = lambda q: f"{q['taskQueueId']}  last active {q.get('lastDateActive', '-')}"  # noqa: E731
-    elif args.command == "worker":
-        provisioner_id, worker_type = args.task_queue.split("/", 1)
-        items = (w for page in _pages(queue.listWorkers, provisioner_id, worker_type)
-                 for w in page["workers"])
-        line = lambda w: (f"{w['workerGroup']}/{w['workerId']}  first claim "  # noqa: E731
-                          f"{w.get('firstClaim', '-')}  latest task "
-                          f"{(w.get('latestTask') or {}).get('taskId', '-')}"
-                          + (f"  quarantined until {w['quarantineUntil']}"
-                             if w.get("quarantineUntil") else ""))
-    elif args.group:
-        items = (t for page in _pages(queue.listTaskGroup, args.group) for t in page["tasks"])
-        line = lambda t: (f"{t['status']['taskId']}  {t['status']['state']:<11} "  # noqa: E731
-                          f"{t['task']['metadata']['name']}")
-    elif args.state in (None, "pending"):
-        items = (t for page in _pages(queue.listPendingTasks, args.task_queue)
-                 for t in page["tasks"])
-        line = lambda t: (f"{t['taskId']}  run {t.get('runId', '-')}  pending since "  # noqa: E731
-                          f"{t.get('inserted', '-')}  "
-                          f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
-    elif args.state == "running":
-        items = (t for page in _pages(queue.listClaimedTasks, args.task_queue)
-                 for t in page["tasks"])
-        line = lambda t: (f"{t['taskId']}  run {t.get('runId', '-')}  running since "  # noqa: E731
-                          f"{t.get('claimed') or '-'}  on {t['workerGroup']}/{t['workerId']}  "
-                          f"{(t.get('task') or {}).get('metadata', {}).get('name', '')}")
-    else:
-        recent = _recent(queue, args.task_queue)
-        print(f"azqueue: tasks {args.state} lately, {terminal.line(recent['note'])}",
-              file=sys.stderr)
-        items = iter([t for t in recent["tasks"] if t["state"] == args.state or (
-            args.state == "resolved" and t["state"] in RESOLVED_STATES)])
-        line = lambda t: (f"{t['taskId']}  {t['state']:<11} "  # noqa: E731
-                          f"{t.get('resolved') or t['changed']}  {t['name']}")
-    for item in items:
-        print(json.dumps(item) if args.json else terminal.line(line(item)), flush=True)
-    return OK

@@ -43,6 +43,8 @@ async def test_every_missing_setting_is_named_at_once() -> None:
      "argument --capacity: 0 is out of range: use 1 to 32"),
     (("worker", "--task-queue", "no-slash"), "is not a task queue: write provisionerId/workerType"),
     (("task", "wait", "--timeout", "soon", "abc"), "'soon' is not a number of seconds over 0"),
+    # A task command there is not is refused before anything is sent (it cancels nothing).
+    (("task", "frob", "abc"), "argument TASK_COMMAND: invalid choice: 'frob'"),
 ])
 async def test_arguments_that_do_not_fit_are_refused_in_one_line(
         argv: tuple[str, ...], expected: str) -> None:

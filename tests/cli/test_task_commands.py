@@ -199,6 +199,36 @@ async def test_listings_of_queues_workers_and_pending_tasks(
     assert [json.loads(line) for line in as_json.stdout.splitlines()]
 
 
+def _commands(p: argparse.ArgumentParser) -> set[str]:
+    return {name for action in p._actions if isinstance(action, argparse._SubParsersAction)
+            for name in action.choices}
+
+
+def test_each_command_the_parser_offers_has_its_handler_and_no_other() -> None:
+    """The command line runs a command by the handler its table names: a command the
+    parser offers without one, or a handler of no command, is caught here."""
+    from azqueue.cli import client
+
+    top = parser()
+    assert _commands(top) - {"serve", "dev", "resolve"} == set(client.COMMANDS)
+    task = next(action.choices["task"] for action in top._actions
+                if isinstance(action, argparse._SubParsersAction))
+    assert _commands(task) == set(client.TASK_COMMANDS)
+
+
+def test_a_command_without_a_handler_is_one_line_naming_it(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The parser offers no such command; if a namespace names one anyway, nothing is
+    sent: the command line says which (exit status 1)."""
+    from azqueue.cli import client
+
+    monkeypatch.setenv("TASKCLUSTER_ROOT_URL", "http://127.0.0.1:9")
+    args = argparse.Namespace(command="task", task_command="frob", task_id="x", json=False)
+    assert client.run(args) == 1
+    assert capsys.readouterr().err == ("azqueue: task frob: no such command "
+                                       "(`azqueue task --help` lists them)\n")
+
+
 def test_resolve_offers_exactly_the_resolvers_there_are() -> None:
     """`azqueue resolve` lists the resolvers without importing them (for a fast --help):
     the list must be the one the server runs."""
