@@ -19,10 +19,10 @@ Any other exception escaping a handler is a bug in the worker and is reported
 ``internal-error``, except the failures of the network and the queue the official client
 gives up on, which are reported ``intermittent-task`` as ``RequestFailed`` is. Whatever
 the outcome, its reason (the message, or the exception's type and message) is written at
-the end of the run's log (``azqueue.worker.runlog``). The handler owns the task log and
-should write the explanation there before raising ("it is still important to write a
-detailed explanation of what is wrong with the task definition to the task log",
-docs/workers/sdk.md), as ``azqueue.worker.shell`` does.
+the end of the run's log (``TaskRun.end_log`` in ``azqueue.worker.run``). The handler
+writes to the task log and should write the explanation there before raising ("it is
+still important to write a detailed explanation of what is wrong with the task
+definition to the task log", docs/workers/sdk.md), as ``azqueue.worker.shell`` does.
 """
 
 from __future__ import annotations
