@@ -5,6 +5,8 @@ the top layer, imported by no other package (docs/contributing.md, "Layout")."""
 from __future__ import annotations
 
 import ast
+import importlib
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +119,38 @@ def test_the_import_reader_resolves_every_form() -> None:
         "azqueue.model", "azqueue.model.task", "azqueue.cli.follow", "azqueue.cli.follow.follow"}
     assert imported_modules("azqueue/worker/__init__.py", ast.parse("from . import run\n")) == {
         "azqueue.worker", "azqueue.worker.run"}
+
+
+# ``azqueue.x.y`` in double backquotes, as docstrings and comments name a module or a name.
+NAMED = re.compile(r"``(azqueue(?:\.[A-Za-z_]\w*)+)``")
+# Names of loggers (``logging.getLogger("azqueue.access")``), not of modules.
+LOGGERS = re.compile(r"getLogger\(\"(azqueue[\w.]*)\"\)")
+
+
+def resolves(dotted: str) -> bool:
+    """Whether ``dotted`` is a module of azqueue or a name in one."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            found: object = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for part in parts[i:]:
+            if not hasattr(found, part):
+                return False
+            found = getattr(found, part)
+        return True
+    return False
+
+
+def test_every_module_the_source_names_exists() -> None:
+    """A docstring that points to ``azqueue.x.y`` points to something a reader can open
+    (in the package and in scripts/)."""
+    sources = {path: path.read_text() for path in
+               [*sorted(PACKAGE.rglob("*.py")), *sorted((PACKAGE.parent / "scripts").glob("*.py"))]}
+    loggers = {name for text in sources.values() for name in LOGGERS.findall(text)}
+    found = sorted({f"{path.relative_to(PACKAGE.parent)}: {name}"
+                    for path, text in sources.items() for name in NAMED.findall(text)
+                    if name not in loggers and not resolves(name)})
+    assert not found, "names of nothing: " + "; ".join(found)
+    assert not resolves("azqueue.worker.runlog") and resolves("azqueue.worker.run.TaskRun")
