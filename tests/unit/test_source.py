@@ -13,6 +13,7 @@ from pathlib import Path
 import azqueue
 
 PACKAGE = Path(azqueue.__file__).parent
+CONTRIBUTING = PACKAGE.parent / "docs" / "contributing.md"
 MAX_LINES = 80
 # The test kit reads what a server stored from outside, as a test would, so it talks to
 # Azure itself (azqueue/testing/storage.py); the server's own code reaches Azure through
@@ -154,3 +155,48 @@ def test_every_module_the_source_names_exists() -> None:
                     if name not in loggers and not resolves(name)})
     assert not found, "names of nothing: " + "; ".join(found)
     assert not resolves("azqueue.worker.runlog") and resolves("azqueue.worker.run.TaskRun")
+
+
+def layout() -> list[str]:
+    """The bullets of docs/contributing.md's "Layout" about the package (``- `azqueue/…``)."""
+    section = CONTRIBUTING.read_text().split("## Layout", 1)[1].split("\n## ", 1)[0]
+    return [b for b in re.split(r"\n(?=- )", section) if b.startswith("- `azqueue/")]
+
+
+def unlisted(bullets: list[str], package: Path) -> list[str]:
+    """The modules of ``package`` no bullet names: a module ``azqueue/a/b/c.py`` is named
+    as ``c.py`` or ``b/c.py`` in the bullet of ``azqueue/a``, or as ``a/b/c.py`` or
+    ``azqueue/a/b/c.py`` in any; ``__init__.py`` and ``__main__.py`` need not be."""
+    named = [re.findall(r"`([\w/.]+\.py)`", b) for b in bullets]
+    everywhere = {n.removeprefix("azqueue/") for names in named for n in names if "/" in n}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        module = path.relative_to(package).as_posix()
+        if path.name in ("__init__.py", "__main__.py") or module in everywhere:
+            continue
+        top = module.split("/")[0]
+        own = [names for b, names in zip(bullets, named) if b.startswith(f"- `azqueue/{top}")]
+        if "/" not in module or not any(f"/{module}".endswith(f"/{n}")
+                                        for names in own for n in names):
+            found.append(f"azqueue/{module}")
+    return found
+
+
+def test_the_layout_names_every_module_of_the_package() -> None:
+    """docs/contributing.md's "Layout" says what each module holds: a module added
+    without a word there, or one named there that is gone, fails here."""
+    bullets = layout()
+    assert not unlisted(bullets, PACKAGE), "not in the layout: " + ", ".join(
+        unlisted(bullets, PACKAGE))
+    gone = [f"{b.split('`')[1]}: {n}" for b in bullets for n in re.findall(r"`([\w/.]+\.py)`", b)
+            if not any(p.as_posix().endswith(f"/{n}") for p in PACKAGE.parent.glob("azqueue/**/*.py"))]
+    assert not gone, "named in the layout, but no such module: " + ", ".join(gone)
+
+
+def test_the_layout_check_finds_an_unlisted_module(tmp_path: Path) -> None:
+    (tmp_path / "service").mkdir()
+    for name in ("__init__.py", "service/__init__.py", "service/tips.py",
+                 "service/doorbell.py", "release.py"):
+        (tmp_path / name).write_text("")
+    bullets = ["- `azqueue/service`: `tips.py` (tips)", "- `azqueue/storage`: `doorbell.py`"]
+    assert unlisted(bullets, tmp_path) == ["azqueue/release.py", "azqueue/service/doorbell.py"]
