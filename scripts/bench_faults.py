@@ -89,115 +89,141 @@ def percentile(values: list[float], p: float) -> float:
     return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
-async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
-                name: str, verbose: bool = False) -> None:
-    queue_sas, queue_cw = f"bench/faults-sas-{name}", f"bench/faults-cw-{name}"
-    completed: set[str] = set()
-    done = asyncio.Event()
-    proxy.counts.clear()
-    proxy.slow.clear()
-    stalls: list[str] = []
-    async with signed_session(100) as http:
-        clients = Clients(http)
+class Level:
+    """The traffic of one fault level: ``tasks`` created from 16 concurrent clients over
+    ``apis``, half for SAS workers and half for claimWork workers, which claim, reclaim,
+    read and complete them; and a watch on this process's own loop."""
 
-        async def work(api: str, task_id: str, run_id: int) -> None:
-            await clients.call("reclaimTask", "POST",
-                               f"{api}/task/{task_id}/runs/{run_id}/reclaim")
-            await clients.call("status", "GET", f"{api}/task/{task_id}/status")
-            code, _ = await clients.call("reportCompleted", "POST",
-                                         f"{api}/task/{task_id}/runs/{run_id}/completed")
-            if code == 200:
-                completed.add(task_id)
+    def __init__(self, apis: list[str], http: aiohttp.ClientSession, name: str) -> None:
+        self.apis = apis
+        self.http = http
+        self.clients = Clients(http)
+        self.queue_sas, self.queue_cw = f"bench/faults-sas-{name}", f"bench/faults-cw-{name}"
+        self.created: list[str] = []
+        self.completed: set[str] = set()
+        self.done = asyncio.Event()
+        self.stalls: list[str] = []
+        self.limit = asyncio.Semaphore(16)
 
-        async def sas_worker(i: int) -> None:
-            api = apis[i % len(apis)]
-            urls: dict[str, Any] = {}
-            while not done.is_set():
-                if not urls:
-                    code, urls = await clients.call(
-                        "pollTaskUrls", "GET", f"{api}/poll-task-url/{queue_sas}")
-                    if code != 200:
-                        urls = {}
-                        continue
-                queue = urls["queues"][6]
-                try:
-                    messages = await sas.get_messages(
-                        http, f"{queue['signedPollUrl']}&visibilitytimeout=10", 4)
-                except (UnexpectedAnswer, aiohttp.ClientError):
-                    await asyncio.sleep(0.1)  # throttled: poll again
-                    continue
-                if not messages:
-                    await asyncio.sleep(0.2)
-                for m in messages:
-                    await claim(api, queue, m, i)
-
-        async def claim(api: str, queue: dict[str, str], m: QueueMessage, i: int) -> None:
-            tip = m.tip
-            code, body = await clients.call(
-                "claimTask", "POST", f"{api}/task/{tip['taskId']}/runs/{tip['runId']}/claim",
-                {"workerGroup": "bench", "workerId": f"sas{i}", "messageId": m.message_id,
-                 "receipt": m.pop_receipt, "signature": tip["signature"]})
-            if code == 200:
-                await work(api, tip["taskId"], body["runId"])
-            elif 400 <= code < 500:
-                url = delete_url(queue["signedDeleteUrl"], m)
-                try:
-                    async with http.delete(url) as r:
-                        await r.read()
-                except aiohttp.ClientError:
-                    pass
-
-        async def claim_work_worker(i: int) -> None:
-            api = apis[i % len(apis)]
-            while not done.is_set():
-                code, body = await clients.call(
-                    "claimWork", "POST", f"{api}/claim-work/{queue_cw.replace('/', '%2F')}",
-                    {"workerGroup": "bench", "workerId": f"cw{i}", "tasks": 4},
-                    empty="claimWork, no task")
-                if code == 200:
-                    for c in body["tasks"]:
-                        await work(api, c["status"]["taskId"], c["runId"])
-
-        created: list[str] = []
-        limit = asyncio.Semaphore(16)
-
-        async def create(i: int) -> None:
-            async with limit:
-                task_id = str(slugid.nice())
-                code, _ = await clients.call(
-                    "createTask", "PUT", f"{apis[i % len(apis)]}/task/{task_id}",
-                    definition(queue_sas if i % 2 else queue_cw))
-                if code == 200:
-                    created.append(task_id)
-
-        async def watch_loop() -> None:
-            """This process (clients and proxy) stalled: its calls' times would show it."""
-            while not done.is_set():
-                before = time.monotonic()
-                await asyncio.sleep(0.1)
-                late = time.monotonic() - before - 0.1
-                if late > 0.5:
-                    stalls.append(f"{time.strftime('%H:%M:%S')} this process's loop stalled "
-                                  f"{late:.2f}s")
-
-        proxy.faults = faults
+    async def run(self, tasks: int) -> float:
+        """Create ``tasks`` while the workers work, until all are completed (or
+        LEVEL_TIMEOUT passes); the seconds it took."""
         start = time.monotonic()
-        workers = [asyncio.create_task(sas_worker(i)) for i in range(4)] + \
-                  [asyncio.create_task(claim_work_worker(i)) for i in range(4)] + \
-                  [asyncio.create_task(watch_loop())]
-        await asyncio.gather(*(create(i) for i in range(tasks)))
-        while time.monotonic() - start < LEVEL_TIMEOUT and not set(created) <= completed:
+        workers = [asyncio.create_task(self.sas_worker(i)) for i in range(4)] + \
+                  [asyncio.create_task(self.claim_work_worker(i)) for i in range(4)] + \
+                  [asyncio.create_task(self.watch_loop())]
+        await asyncio.gather(*(self.create(i) for i in range(tasks)))
+        while (time.monotonic() - start < LEVEL_TIMEOUT
+               and not set(self.created) <= self.completed):
             await asyncio.sleep(0.2)
         took = time.monotonic() - start
-        done.set()
+        self.done.set()
         await asyncio.gather(*workers, return_exceptions=True)
+        return took
+
+    async def create(self, i: int) -> None:
+        async with self.limit:
+            task_id = str(slugid.nice())
+            code, _ = await self.clients.call(
+                "createTask", "PUT", f"{self.apis[i % len(self.apis)]}/task/{task_id}",
+                definition(self.queue_sas if i % 2 else self.queue_cw))
+            if code == 200:
+                self.created.append(task_id)
+
+    async def work(self, api: str, task_id: str, run_id: int) -> None:
+        await self.clients.call("reclaimTask", "POST",
+                                f"{api}/task/{task_id}/runs/{run_id}/reclaim")
+        await self.clients.call("status", "GET", f"{api}/task/{task_id}/status")
+        code, _ = await self.clients.call("reportCompleted", "POST",
+                                          f"{api}/task/{task_id}/runs/{run_id}/completed")
+        if code == 200:
+            self.completed.add(task_id)
+
+    async def sas_worker(self, i: int) -> None:
+        api = self.apis[i % len(self.apis)]
+        urls: dict[str, Any] = {}
+        while not self.done.is_set():
+            if not urls:
+                code, urls = await self.clients.call(
+                    "pollTaskUrls", "GET", f"{api}/poll-task-url/{self.queue_sas}")
+                if code != 200:
+                    urls = {}
+                    continue
+            queue = urls["queues"][6]
+            try:
+                messages = await sas.get_messages(
+                    self.http, f"{queue['signedPollUrl']}&visibilitytimeout=10", 4)
+            except (UnexpectedAnswer, aiohttp.ClientError):
+                await asyncio.sleep(0.1)  # throttled: poll again
+                continue
+            if not messages:
+                await asyncio.sleep(0.2)
+            for m in messages:
+                await self.claim(api, queue, m, i)
+
+    async def claim(self, api: str, queue: dict[str, str], m: QueueMessage, i: int) -> None:
+        tip = m.tip
+        code, body = await self.clients.call(
+            "claimTask", "POST", f"{api}/task/{tip['taskId']}/runs/{tip['runId']}/claim",
+            {"workerGroup": "bench", "workerId": f"sas{i}", "messageId": m.message_id,
+             "receipt": m.pop_receipt, "signature": tip["signature"]})
+        if code == 200:
+            await self.work(api, tip["taskId"], body["runId"])
+        elif 400 <= code < 500:
+            url = delete_url(queue["signedDeleteUrl"], m)
+            try:
+                async with self.http.delete(url) as r:
+                    await r.read()
+            except aiohttp.ClientError:
+                pass
+
+    async def claim_work_worker(self, i: int) -> None:
+        api = self.apis[i % len(self.apis)]
+        while not self.done.is_set():
+            code, body = await self.clients.call(
+                "claimWork", "POST", f"{api}/claim-work/{self.queue_cw.replace('/', '%2F')}",
+                {"workerGroup": "bench", "workerId": f"cw{i}", "tasks": 4},
+                empty="claimWork, no task")
+            if code == 200:
+                for c in body["tasks"]:
+                    await self.work(api, c["status"]["taskId"], c["runId"])
+
+    async def watch_loop(self) -> None:
+        """This process (clients and proxy) stalled: its calls' times would show it."""
+        while not self.done.is_set():
+            before = time.monotonic()
+            await asyncio.sleep(0.1)
+            late = time.monotonic() - before - 0.1
+            if late > 0.5:
+                self.stalls.append(f"{time.strftime('%H:%M:%S')} this process's loop stalled "
+                                   f"{late:.2f}s")
+
+
+async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
+                name: str, verbose: bool = False) -> None:
+    """Run one fault level's traffic through ``proxy`` injecting ``faults``, and print
+    what the clients saw."""
+    proxy.counts.clear()
+    proxy.slow.clear()
+    async with signed_session(100) as http:
+        traffic = Level(apis, http, name)
+        proxy.faults = faults
+        took = await traffic.run(tasks)
         proxy.faults = Faults()
+    report(traffic, proxy, faults, tasks, took, verbose)
+
+
+def report(traffic: Level, proxy: FaultProxy, faults: Faults, tasks: int, took: float,
+           verbose: bool) -> None:
+    """A level's summary line, the slow calls and stalls (``verbose``), and the answer
+    times of each endpoint."""
+    clients, created = traffic.clients, traffic.created
     injected: Counter[str] = Counter()
     for key, n in proxy.counts.items():
         injected[key.split(" ", 1)[1]] += n
     print(f"\nfaults {faults.busy:.0%} ServerBusy, {faults.lost:.0%} of writes applied then "
           f"unanswered: {len(created)}/{tasks} tasks created, "
-          f"{len(completed & set(created))} completed in {took:.1f}s; "
+          f"{len(traffic.completed & set(created))} completed in {took:.1f}s; "
           f"5xx to clients {sum(clients.server_errors.values())}, "
           f"client time-outs {sum(clients.timeouts.values())}; storage requests "
           + ", ".join(f"{k} {v}" for k, v in sorted(injected.items())))
@@ -207,7 +233,7 @@ async def level(apis: list[str], proxy: FaultProxy, faults: Faults, tasks: int,
                 print("  slow:", line)
         for line in proxy.slow:
             print("  slow storage:", line)
-        for line in stalls:
+        for line in traffic.stalls:
             print("  stall:", line)
     for endpoint in ENDPOINTS:
         values = clients.times.get(endpoint, [])

@@ -13,6 +13,8 @@ from pathlib import Path
 import azqueue
 
 PACKAGE = Path(azqueue.__file__).parent
+# The benchmarks and tools: held to the same length as the package.
+SCRIPTS = PACKAGE.parent / "scripts"
 CONTRIBUTING = PACKAGE.parent / "docs" / "contributing.md"
 MAX_LINES = 80
 # The test kit reads what a server stored from outside, as a test would, so it talks to
@@ -21,9 +23,15 @@ MAX_LINES = 80
 OUTSIDE_THE_SERVER = (PACKAGE / "testing",)
 
 
-def modules() -> Iterator[tuple[str, ast.Module]]:
-    for path in sorted(PACKAGE.rglob("*.py")):
+def modules(paths: Iterator[Path] | None = None) -> Iterator[tuple[str, ast.Module]]:
+    """The package's modules (or those at ``paths``), named from the checkout's root."""
+    for path in sorted(PACKAGE.rglob("*.py") if paths is None else paths):
         yield path.relative_to(PACKAGE.parent).as_posix(), ast.parse(path.read_text(), str(path))
+
+
+def scripts() -> Iterator[tuple[str, ast.Module]]:
+    """The Python scripts of scripts/ (the shell ones, like ``scripts/test``, aside)."""
+    return modules(SCRIPTS.glob("*.py"))
 
 
 def long_functions(name: str, tree: ast.Module, limit: int = MAX_LINES) -> list[str]:
@@ -64,8 +72,10 @@ def inside(name: str, module: str) -> bool:
 
 
 def test_no_function_is_longer_than_80_lines() -> None:
-    """A decision reads at once: a longer function is a sequence of named steps."""
-    found = [line for name, tree in modules() for line in long_functions(name, tree)]
+    """A decision reads at once: a longer function is a sequence of named steps (in the
+    package and in the scripts of scripts/ alike)."""
+    found = [line for name, tree in [*modules(), *scripts()]
+             for line in long_functions(name, tree)]
     assert not found, f"functions over {MAX_LINES} lines: " + "; ".join(found)
 
 
