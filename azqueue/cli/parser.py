@@ -15,7 +15,7 @@ import os
 import re
 import socket
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn, Protocol
 
 from azqueue import __version__, logs
 from azqueue.config import ConfigError, variables_help
@@ -126,10 +126,27 @@ def _default_worker_id() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Argument mistakes in one line (not argparse's usage block), pointing to --help."""
+    """Argument mistakes in one line (not argparse's usage block), pointing to --help;
+    ``arguments`` holds what its ``add_argument`` added, in order (``-h`` first; not
+    what a group's added)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.arguments: list[argparse.Action] = []
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        self.arguments.append(action)
+        return action
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` explains)\n")
+
+
+class _Commands(Protocol):
+    """The commands under a command (what ``add_subparsers`` returns)."""
+
+    def add_parser(self, name: str, **kwargs: Any) -> _Parser: ...
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -192,7 +209,7 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _worker_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _worker_parser(sub: _Commands) -> None:
     worker = sub.add_parser(
         "worker", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
         help="run tasks whose payload is {command, env, maxRunTime}",
@@ -237,7 +254,7 @@ def _worker_parser(sub: argparse._SubParsersAction[_Parser]) -> None:
                              "the higher-priority queues again after this long (default: 5)")
 
 
-def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _task_parsers(sub: _Commands) -> None:
     task = sub.add_parser("task", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                           help="create, follow, list, cancel and rerun tasks",
                           description="Create, follow, list, cancel and rerun tasks.")
@@ -248,7 +265,7 @@ def _task_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
     _task_list_parser(tsub)
 
 
-def _task_create_parser(tsub: argparse._SubParsersAction[_Parser]) -> None:
+def _task_create_parser(tsub: _Commands) -> None:
     create = tsub.add_parser(
         "create", formatter_class=_formatter, epilog=CREATE_EPILOG,
         help="create a task (CMD, --payload or --definition); prints its taskId",
@@ -310,7 +327,7 @@ def _task_create_parser(tsub: argparse._SubParsersAction[_Parser]) -> None:
     create.set_defaults(check=functools.partial(_check_create, create))
 
 
-def _one_task_parsers(tsub: argparse._SubParsersAction[_Parser]) -> None:
+def _one_task_parsers(tsub: _Commands) -> None:
     """The commands about one task, named by its taskId."""
 
     def one_task(name: str, text: str, json_too: bool = True) -> argparse.ArgumentParser:
@@ -341,7 +358,7 @@ def _one_task_parsers(tsub: argparse._SubParsersAction[_Parser]) -> None:
                       "deadline); prints its status")
 
 
-def _task_list_parser(tsub: argparse._SubParsersAction[_Parser]) -> None:
+def _task_list_parser(tsub: _Commands) -> None:
     listing = tsub.add_parser(
         "list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
         help="list the tasks of a task group, or a task queue's tasks by state",
@@ -364,11 +381,11 @@ def _task_list_parser(tsub: argparse._SubParsersAction[_Parser]) -> None:
 _WITH_DEFINITION = {"help", "definition", "deadline", "expires"}
 
 
-def _check_create(create: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_create(create: _Parser, args: argparse.Namespace) -> None:
     """What `task create` needs beyond each option's own check: CMD, --payload or
     --definition, and NAME=VALUE in each --env."""
     if args.definition is not None:
-        given = [action.option_strings[0] for action in create._actions
+        given = [action.option_strings[0] for action in create.arguments
                  if action.option_strings and action.dest not in _WITH_DEFINITION
                  and getattr(args, action.dest) != action.default]
         if args.cmd:
@@ -395,7 +412,7 @@ def _check_list(listing: argparse.ArgumentParser, args: argparse.Namespace) -> N
                       "--group (which lists every task of the group, whatever its state)")
 
 
-def _queue_parsers(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _queue_parsers(sub: _Commands) -> None:
     queue = sub.add_parser("queue", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                            help="list task queues",
                            description="List task queues (needs a queue that offers "
