@@ -16,7 +16,7 @@ import pytest
 
 from azqueue.model.identifiers import SLUGID
 from azqueue.testing.tasks import create, definition, iso, slugid
-from tests.cli.helpers import as_root, one_line_error
+from tests.cli.helpers import as_root, azqueue, one_line_error
 from tests.servers import Server
 from tests.waiting import eventually
 from tests.worker.helpers import running, shell_worker, wait_status
@@ -168,3 +168,20 @@ async def test_create_for_a_task_queue_no_worker_asked_says_so_and_what_was_mean
         "azqueue: no worker has asked typo/helo for work in the last day: the task waits "
         "until one does (`azqueue worker --task-queue typo/helo`); did you mean "
         "typo/hello?\n")
+
+
+async def test_create_with_a_definition_names_every_option_it_would_ignore(
+        tmp_path: Path) -> None:
+    """--definition is the whole task: the options that would set a part of it (and
+    CMD) are refused, each named, in the order --help lists them; those it still
+    reads (--deadline, --expires) and those left at their defaults are not named."""
+    whole = tmp_path / "task.json"
+    whole.write_text(json.dumps(definition("prov/create-definition")))
+    done = await azqueue("task", "create", "--definition", str(whole), "--priority", "high",
+                         "--deadline", "2h", "--group", slugid(), "--retries", "5",
+                         "--route", "r.1", "--", "true")
+    assert done.returncode == 2, done
+    assert one_line_error(done) == (
+        f"azqueue task create: --definition {whole} is the whole task: write what --group, "
+        "--priority, --route, CMD would set in it instead (`azqueue task create --help` "
+        "explains)")
