@@ -44,10 +44,10 @@ import zlib
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
 
 from azqueue import errors
 from azqueue.config import Settings
+from azqueue.internals.aiohttp import awaiting_request, listen, requests_parsed
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,12 @@ class _Refused(asyncio.Protocol):
         self._closing.cancel()
 
 
-class _Counted(RequestHandler):
+class _Counted(web.RequestHandler):
     """aiohttp's handler of one connection, counted by its site while it is open, and
     closed when a request's headers, once begun, are not complete within the header
     timeout, or dropped when its client leaves an answer unread for the send timeout.
-    (It reads two attributes of aiohttp's handler: ``_waiter``, set while the
-    connection waits for a request, and ``_request_count``, the requests parsed.)"""
+    (What it reads of aiohttp's handler beyond its public API is in
+    ``azqueue.internals.aiohttp``.)"""
 
     def __init__(self, site: ListeningSite, manager: web.Server, header_timeout: float,
                  send_timeout: float, **options: Any) -> None:
@@ -213,11 +213,11 @@ class _Counted(RequestHandler):
         self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
-        parsed = self._request_count
+        parsed = requests_parsed(self)
         super().data_received(data)
-        if self._request_count > parsed:  # the headers are complete
+        if requests_parsed(self) > parsed:  # the headers are complete
             self._stop_header_timer()
-        elif self._headers_due is None and self._waiter is not None and data:
+        elif self._headers_due is None and awaiting_request(self) and data:
             self._headers_due = asyncio.get_running_loop().call_later(
                 self._header_timeout, self.force_close)
 
@@ -241,6 +241,7 @@ class ListeningSite(web.TCPSite):
     def __init__(self, runner: web.AppRunner, host: str, port: int,
                  settings: Settings) -> None:
         super().__init__(runner, host, port)
+        self._app_runner = runner
         self.max_connections = settings.max_connections
         self._options = _options(settings)
         self._header_timeout = settings.header_timeout
@@ -250,7 +251,7 @@ class ListeningSite(web.TCPSite):
         self._logged = -LOG_EVERY
 
     def _protocol(self) -> asyncio.Protocol:
-        server = self._runner.server
+        server = self._app_runner.server
         assert server is not None
         if self.open < self.max_connections:
             self.open += 1
@@ -267,9 +268,4 @@ class ListeningSite(web.TCPSite):
         return _Refused()
 
     async def start(self) -> None:
-        await web.BaseSite.start(self)  # registers the site with the runner
-        loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(self._protocol, self._host, self._port,
-                                                backlog=self._backlog,
-                                                reuse_address=self._reuse_address,
-                                                reuse_port=self._reuse_port)
+        await listen(self, self._protocol)

@@ -21,6 +21,7 @@ from azure.storage.blob.aio import BlobServiceClient
 from azure.storage.queue.aio import QueueServiceClient
 
 from azqueue.config import ConfigError, StorageSettings, connection_settings
+from azqueue.internals.aiohttp import without_hidden_retries
 from azqueue.storage.errors import translate
 from azqueue.storage.rest import RestClient, Signer
 from azqueue.storage.retry import DEFAULT, RetryPolicy, send
@@ -54,15 +55,14 @@ class SharedSession:
     def get(self) -> aiohttp.ClientSession:
         if self._session is None:
             proxied = any(os.environ.get(v) for v in PROXY_VARIABLES)
-            self._session = aiohttp.ClientSession(
-                trust_env=proxied, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
-                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS,
-                                               keepalive_timeout=KEEPALIVE))
             # aiohttp sends a GET, PUT or DELETE again, unseen, when a reused connection
             # drops: every retry is ours (``storage.retry``), so that we know when an
             # attempt may have been applied unanswered (an update of a message whose new
-            # receipt is then unknown). There is no public switch for it.
-            self._session._retry_connection = False
+            # receipt is then unknown).
+            self._session = without_hidden_retries(aiohttp.ClientSession(
+                trust_env=proxied, cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=MAX_CONNECTIONS,
+                                               keepalive_timeout=KEEPALIVE)))
         return self._session
 
     async def close(self) -> None:
