@@ -86,8 +86,11 @@ class CountingTransport(AioHttpTransport):  # type: ignore[misc]
     async def open(self) -> None:
         if self.session is None:
             self.session: aiohttp.ClientSession | None = self._shared.get()
-            self._session_owner = False  # the account closes it
         await super().open()
+
+    async def close(self) -> None:
+        """Nothing to close: the session is shared, and the account closes it
+        (``StorageAccount.close``)."""
 
     async def send(self, request: Any, **kwargs: Any) -> Any:
         """Send the request as signed (a signature holds for 15 minutes), again while the
