@@ -24,6 +24,7 @@ from aiormq.abc import FieldValue
 
 from azqueue import metrics
 from azqueue.errors import BrokerError
+from azqueue.internals.aiormq import unconfirmed
 from azqueue.model.events import EXCHANGES, Event
 
 log = logging.getLogger(__name__)
@@ -175,9 +176,10 @@ class Publisher:
         publishers; a network that holds everything until the heartbeat gives up), they
         would pile up in this process's memory. aiormq keeps an event's confirmation
         until the broker answers it, also when its publish gave up waiting, so this
-        bounds what is held; a channel opened again after a reconnect starts empty."""
+        bounds what is held (``azqueue.internals.aiormq``); a channel opened again after
+        a reconnect starts empty."""
         return (channel is not None and not channel.is_closed
-                and len(channel.confirmations) >= MOST_UNCONFIRMED)
+                and unconfirmed(channel) >= MOST_UNCONFIRMED)
 
     async def publish(self, event: Event) -> None:
         """Publish and wait for the broker's confirm; BrokerError if it is not confirmed
@@ -198,7 +200,7 @@ class Publisher:
             self._underlay = channel
             if self._full(channel):
                 raise BrokerError(f"{event.exchange} {event.routing_key} not sent: "
-                                  f"{len(channel.confirmations)} events sent before it "
+                                  f"{unconfirmed(channel)} events sent before it "
                                   "still await the broker's confirm")
             # Through the channel under aio-pika's exchange, for ``wait=False``: the publish
             # does not hold the channel's lock until its frames are on the socket, so the
