@@ -1,20 +1,29 @@
 """What azqueue relies on of libraries' private parts (``azqueue.internals``) still holds
 for the versions installed: each test fails when a release changes what it reads or
 sets, before a user meets the change as a connection that is never cut or a request sent
-twice. (aiormq's is guarded in ``tests/events/test_internals.py``: it needs RabbitMQ.)"""
+twice. (aiormq's is guarded in ``tests/events/test_internals.py``: it needs RabbitMQ.)
+And the classes of ours that derive from a library's keep their own state in names the
+library does not use."""
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
+import inspect
+import re
+import textwrap
 from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
 from aiohttp import web
 
+from azqueue.api.connections import ListeningSite, _Counted
+from azqueue.cli.parser import _Parser
 from azqueue.internals.aiohttp import (awaiting_request, listen, requests_parsed,
                                        without_hidden_retries)
+from azqueue.storage.account import CountingTransport
 from tests.waiting import eventually
 
 
@@ -166,3 +175,35 @@ async def test_a_session_without_hidden_retries_gives_a_dropped_request_back() -
             with pytest.raises(aiohttp.ServerDisconnectedError):
                 await _get_twice(session, port)
         assert got == [b"GET /first HTTP/1.1", b"GET /second HTTP/1.1"]
+
+
+def _own_attributes(cls: type) -> set[str]:
+    """The attributes the methods of ``cls`` itself set on ``self``."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    return {node.attr for node in ast.walk(tree)
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name) and node.value.id == "self"}
+
+
+def _library_attributes(cls: type) -> set[str]:
+    """The names the library classes ``cls`` derives from declare or use on ``self``."""
+    names: set[str] = set()
+    for base in cls.__mro__[1:]:
+        if base.__module__.startswith("azqueue") or base is object:
+            continue
+        names |= set(getattr(base, "__slots__", ())) | set(vars(base))
+        with contextlib.suppress(OSError, TypeError):
+            names |= set(re.findall(r"self\.(\w+)", inspect.getsource(base)))
+    return names
+
+
+@pytest.mark.parametrize(("cls", "meant"), [
+    (_Counted, set()), (ListeningSite, set()), (_Parser, set()),
+    (CountingTransport, {"session"}),  # the SDK's public attribute, set to the shared session
+], ids=lambda value: getattr(value, "__name__", ""))
+def test_our_subclasses_of_library_classes_take_no_name_the_library_uses(
+        cls: type, meant: set[str]) -> None:
+    """A class of ours that derives from a library's keeps its state in names the library
+    does not use: a release that starts using one would have its state overwritten by
+    ours, or ours by its, silently."""
+    assert _own_attributes(cls) & _library_attributes(cls) == meant
