@@ -22,6 +22,7 @@ request is a bug, answered 500 with an incident id and logged with its traceback
     │       └── ReceiptLost          ...after our own update whose answer was lost
     ├── StorageError                 Azure failed in a way we did not expect   (HTTP: 500)
     │   └── StorageUnavailable       Azure stayed busy or silent: try again    (HTTP: 503)
+    │       └── QueueBeingDeleted    a queue deleted moments ago cannot be made again yet
     └── QueueError                   an answer to a client, with its code and HTTP status
         ├── InputError               400 InputValidationError  a body or parameter breaks a rule
         ├── InvalidJson              400 MalformedPayload      the request body is not JSON
@@ -129,6 +130,12 @@ class StorageUnavailable(StorageError):
     the request's time allowed (``storage.retry``); nothing is wrong with the request.
     The API answers it 503 ``StorageUnavailable`` with ``Retry-After``: the client tries
     again (the official client does)."""
+
+
+class QueueBeingDeleted(StorageUnavailable):
+    """A pending queue deleted moments ago (an idle task queue's, ``service.idlequeues``)
+    cannot be made again yet: Azure answers 409 ``QueueBeingDeleted`` for a while (about
+    40 s) after a delete. Waited out within the time a call has (``PendingQueues.put``)."""
 
 
 class QueueError(AzqueueError):

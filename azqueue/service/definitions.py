@@ -20,6 +20,7 @@ its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
@@ -47,6 +48,9 @@ from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, def
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
+
+# Tips queued after their task was stored, their queue being deleted at createTask.
+_QUEUING: set[asyncio.Task[None]] = set()
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +139,8 @@ class Definitions:
             return (await self.tasks.get(task_id)).status()
         if tip is not None and not handed:
             self.tips.hand_over(task, tip)
+        elif tip is None and not waiting:
+            self._queue_soon(stored, 0)
         return task.status()
 
     async def _put_before_insert(self, task: Task, now: datetime, waiting: bool,
@@ -155,9 +161,16 @@ class Definitions:
         tip_visible = loop.time()
         handed = False
 
-        async def put_tip() -> Message:
+        async def put_tip() -> Message | None:
             nonlocal tip_visible, handed
-            message = await self.tips.put(task, 0)
+            try:
+                message = await self.tips.put(task, 0)
+            except errors.QueueBeingDeleted as e:
+                # Its task queue was idle and its queue deleted moments ago, longer than
+                # this request can wait: the task is stored without a tip, which is
+                # queued once the queue can be made again (``_queue_soon``).
+                log.warning("task %s: %s; storing the task, its tip queued after", task.task_id, e)
+                return None
             tip_visible = loop.time()  # a worker may poll it from now on
             if inserting is not None:
                 self.changes.cache.tip_put(task.task_id, inserting, message.message_id)
@@ -169,6 +182,25 @@ class Definitions:
             self._add_to_group(task), tracking or self._no_tip(),
             self._no_tip() if waiting else put_tip())
         return tip, tip_visible, deadline, handed
+
+    def _queue_soon(self, stored: Stored, run_id: int) -> None:
+        """Queue the tip of ``stored``'s pending run ``run_id``, whose queue Azure was still
+        deleting when the request that stored it could wait no longer, in the background,
+        outside that request's time: the put waits until the queue can be made again
+        (``PendingQueues.put``, up to a minute). Should that fail too, or this process
+        stop first, the tip repair queues it (``repair``: at most ``repair_delay`` after
+        the run became pending, and it looks at every pending run that long)."""
+
+        async def queue() -> None:
+            try:
+                await self.tips.queue(stored, run_id)
+            except (errors.QueueError, errors.StorageError) as e:
+                log.warning("task %s: could not queue the tip of run %d (%s); the tip repair "
+                            "will", stored.task.task_id, run_id, e)
+
+        job = asyncio.get_running_loop().create_task(queue(), context=contextvars.Context())
+        _QUEUING.add(job)
+        job.add_done_callback(_QUEUING.discard)
 
     async def _stored_or_new(self, task_id: str, definition: dict[str, Any]
                              ) -> Stored | NewTask:
@@ -251,7 +283,11 @@ class Definitions:
         if tip is not None:
             await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
         if pending and last is not None:
-            await self.tips.queue(stored, last.run_id)
+            try:
+                await self.tips.queue(stored, last.run_id)
+            except errors.QueueBeingDeleted as e:
+                log.warning("task %s: %s; its tip queued after", existing.task_id, e)
+                self._queue_soon(stored, last.run_id)
         elif last is None and existing.dependencies:
             await self.dependencies.recheck(existing)
             existing = await self.tasks.get(existing.task_id)

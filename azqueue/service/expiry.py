@@ -7,7 +7,8 @@ depended on it and its task group membership; a sealed task group's record, and 
 record of which of a group's members were announced resolved, once the ``expires`` it
 recorded has passed, and the record of its schedulerId once it has no task left;
 workers, task queues and provisioners once theirs
-has (``workers``). All wait ``GRACE`` longer (but the workers), so that no
+has (``workers``), and then the empty pending queues of the task queues whose records
+are gone (``idlequeues``). All wait ``GRACE`` longer (but the workers), so that no
 upload URL handed out before is still usable, and a task is left alone while it is
 unresolved (its deadline, which comes first, resolves it) or holds unpublished events.
 Both are scans of the whole tasks table, so they run seldom: every
@@ -24,6 +25,7 @@ from datetime import datetime, timedelta
 from azqueue.errors import QueueError, StorageError
 from azqueue.model import timeutil
 from azqueue.service.artifacts import ArtifactService
+from azqueue.service.idlequeues import IdleQueues
 from azqueue.service.workers import WorkerInfo
 from azqueue.storage.claims import ClaimStore
 from azqueue.storage.dependents import DependentStore
@@ -42,6 +44,7 @@ class Expired:
     tasks: int
     artifacts: int
     workers: int = 0  # workers, task queues and provisioners
+    queues: int = 0  # pending queues of idle task queues
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class Expiry:
     groups: GroupStore
     workerinfo: WorkerInfo
     artifacts: ArtifactService
+    idle_queues: IdleQueues
 
     async def expire(self, now: datetime) -> Expired:
         """Delete the artifacts and the tasks that expired before ``now - GRACE``."""
@@ -103,10 +107,16 @@ class Expiry:
         except (QueueError, StorageError) as e:
             gone_workers = 0
             log.warning("could not expire workers and task queues: %s", e)
-        if gone_tasks or gone_artifacts or gone_workers:
-            log.info("expired %d task(s), %d artifact(s) and %d worker(s), task queue(s) and "
-                     "provisioner(s)", gone_tasks, gone_artifacts, gone_workers)
-        return Expired(gone_tasks, gone_artifacts, gone_workers)
+        try:
+            gone_queues = await self.idle_queues.delete(now)
+        except (QueueError, StorageError) as e:
+            gone_queues = 0
+            log.warning("could not delete the queues of idle task queues: %s", e)
+        if gone_tasks or gone_artifacts or gone_workers or gone_queues:
+            log.info("expired %d task(s), %d artifact(s), %d worker(s), task queue(s) and "
+                     "provisioner(s), and %d queue(s) of idle task queues", gone_tasks,
+                     gone_artifacts, gone_workers, gone_queues)
+        return Expired(gone_tasks, gone_artifacts, gone_workers, gone_queues)
 
     async def _expire_owner(self, group: str, noted: bool, now: datetime) -> None:
         """The record of a group's schedulerId goes once the group has no task left (with

@@ -107,9 +107,9 @@ class Tips:
         """Put a tip for run ``run_id`` in the pending queue of the task's priority (made
         if need be); not recorded: the caller records it (``record``, or with the task's
         insert)."""
-        name = await self.pending.ensure(task.task_queue_id, task.priority)
-        message = await self.queues.put(
-            name, self.signer.tip(task.task_queue_id, task.task_id, run_id).encode())
+        message = await self.pending.put(
+            task.task_queue_id, task.priority,
+            self.signer.tip(task.task_queue_id, task.task_id, run_id).encode())
         self.doorbell.put(task.task_queue_id, task.priority)
         return message
 

@@ -40,6 +40,7 @@ from azqueue.service.expiry import Expiry
 from azqueue.service.groupowner import GroupOwners
 from azqueue.service.groups import TaskGroups
 from azqueue.service.health import Health
+from azqueue.service.idlequeues import IdleQueues
 from azqueue.service.hints import PendingHints
 from azqueue.service.priority import TaskPriority
 from azqueue.service.repair import Repair
@@ -113,7 +114,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
     doorbell = _doorbell(settings, account, waiting, hints, index.replica)
     tips = Tips(signer=signer, queues=queues, pending=pending, tasks=tasks, waiting=waiting,
                 doorbell=doorbell)
-    workerinfo = WorkerInfo(workers=WorkerStore(account), task_queues=TaskQueueStore(account))
+    task_queues = TaskQueueStore(account)
+    workerinfo = WorkerInfo(workers=WorkerStore(account), task_queues=task_queues)
     dependencies = _dependencies(settings, account, tasks, queues, lambda: definitions)
     changes = Changes(tasks=tasks, outbox=outbox, dependencies=dependencies, cache=cache,
                       queues=queues, tips=tips, index=index,
@@ -166,7 +168,8 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
         artifacts=artifacts,
         expiry=Expiry(tasks=tasks, claim_store=index.store,
                       dependents=dependencies.dependents, groups=groups,
-                      workerinfo=workerinfo, artifacts=artifacts),
+                      workerinfo=workerinfo, artifacts=artifacts,
+                      idle_queues=IdleQueues(pending=pending, task_queues=task_queues)),
         health=Health(account=account, tasks=tasks, broker=_broker_reachable(outbox)),
         dependencies=dependencies, index=index, changes=changes, tips=tips,
         doorbell=doorbell, outbox=outbox)

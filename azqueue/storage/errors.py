@@ -26,6 +26,7 @@ from azqueue.errors import EntityExists as EntityExists
 from azqueue.errors import EntityNotFound as EntityNotFound
 from azqueue.errors import ETagMismatch as ETagMismatch
 from azqueue.errors import MessageGone as MessageGone
+from azqueue.errors import QueueBeingDeleted as QueueBeingDeleted
 from azqueue.errors import ReceiptLost as ReceiptLost
 from azqueue.errors import StorageCondition as StorageCondition
 from azqueue.errors import StorageError as StorageError
@@ -52,6 +53,12 @@ def _failed(what: str, e: AzureError) -> StorageError:
     return StorageError(f"Azure Storage failed during {what}: {type(e).__name__}")
 
 
+def _being_deleted(e: AzureError) -> bool:
+    """Whether Azure answered 409 ``QueueBeingDeleted``: the queue was deleted moments ago."""
+    code = getattr(e, "error_code", None)
+    return getattr(code, "value", code) == "QueueBeingDeleted"
+
+
 @contextmanager
 def translate(what: str) -> Iterator[None]:
     """Run Azure SDK calls, raising this module's exceptions (or StorageError) instead."""
@@ -64,13 +71,19 @@ def translate(what: str) -> Iterator[None]:
         raise _failed(what, e) from e
     except ResourceModifiedError:
         raise ETagMismatch(what) from None
-    except ResourceExistsError:
+    except ResourceExistsError as e:
+        if _being_deleted(e):
+            raise QueueBeingDeleted(f"Azure Storage is still deleting the queue during {what}; "
+                                    "try again in a moment") from None
         raise EntityExists(what) from None
     except ResourceNotFoundError:
         raise EntityNotFound(what) from None
     except HttpResponseError as e:
         if e.status_code == 412:
             raise ETagMismatch(what) from None
+        if e.status_code == 409 and _being_deleted(e):
+            raise QueueBeingDeleted(f"Azure Storage is still deleting the queue during {what}; "
+                                    "try again in a moment") from None
         raise _failed(what, e) from e
     except AzureError as e:
         raise _failed(what, e) from e

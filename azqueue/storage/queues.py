@@ -8,11 +8,16 @@ through SAS URLs that carry only the ``process`` permission (get and delete).
 
 A task queue's seven queues are made when its first tip is put, all at once, and never
 before: pollTaskUrls and claimWork only name them. So a caller whose scopes cover many
-task queue names (``queue:poll-task-urls:wild/*``) makes no queue by asking, and a
-queue is never deleted, so that no tip can be lost to a deletion racing a put. Until
-then a worker's poll of a SAS URL is answered 404 ``QueueNotFound``, which means what an
+task queue names (``queue:poll-task-urls:wild/*``) makes no queue by asking. Until then
+a worker's poll of a SAS URL is answered 404 ``QueueNotFound``, which means what an
 empty queue means (docs/workers/sas.md says so); claimWork's poller and the samples
 take it so too.
+
+The empty queues of a task queue nobody used for its expiry period are deleted again
+(``service.idlequeues``), by any replica. So a process may believe a queue exists that
+another deleted: a put answered 404 ``QueueNotFound`` forgets it, makes it again and
+puts again, and a queue deleted moments ago, which Azure refuses to make again for a
+while (409 ``QueueBeingDeleted``, about 40 s), is waited for (``PendingQueues.put``).
 
 Internal queues (e.g. ``<prefix>-deadline-batches``) hold messages invisible until the moment
 they stand for; a resolver acts when one becomes visible. They are durable triggers,
@@ -25,6 +30,8 @@ import asyncio
 import base64
 import hashlib
 import json
+import logging
+import re
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,14 +44,24 @@ from azure.storage.queue.aio import QueueClient
 from azqueue.errors import NotConfigured
 from azqueue.model.priority import ORDER, Priority
 from azqueue.storage.account import StorageAccount
-from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone, translate,
-                                    translate_message)
+from azqueue.storage.errors import (EntityExists, EntityNotFound, MessageGone,
+                                    QueueBeingDeleted, translate, translate_message)
+from azqueue.storage.retry import time_left
+
+log = logging.getLogger(__name__)
 
 MAX_VISIBILITY = timedelta(days=7) - timedelta(minutes=1)
 # How many queues' SDK clients (about 4 kB each), and names of queues known to exist, a
 # process keeps (those used last).
 MAX_CLIENTS = 200
 MAX_KNOWN = 10_000
+# How long a put waits for a pending queue deleted moments ago to be made again (Azure
+# answers 409 QueueBeingDeleted for about 40 s after a delete), within the time the
+# request it serves has left; the pauses between tries, doubling.
+BEING_DELETED_WAIT = 60.0
+FIRST_PAUSE, MAX_PAUSE = 0.5, 5.0
+# What a put needs of the request's time once the queue could be made.
+PUT_MARGIN = 1.0
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
@@ -84,6 +101,17 @@ class SignedQueueUrls:
 
     signed_poll_url: str = field(repr=False)
     signed_delete_url: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingQueue:
+    """A pending queue as listed: its name, the digest of its taskQueueId
+    (``PendingQueues.digest``) and when it was made (None if its metadata does not say:
+    made by an earlier release)."""
+
+    name: str
+    digest: str
+    made: datetime | None
 
 
 def _seconds(delta: timedelta) -> int:
@@ -130,6 +158,23 @@ class Queues:
             creating = self._creating[name] = asyncio.ensure_future(self._create(name, metadata))
             creating.add_done_callback(lambda _: self._creating.pop(name, None))
         await asyncio.shield(creating)
+
+    def forget(self, name: str) -> None:
+        """The queue was deleted, or may have been: the next ``ensure`` makes it again."""
+        self._ensured.pop(name, None)
+
+    async def remove(self, name: str) -> bool:
+        """Delete the queue (its messages with it); False if it did not exist. This
+        process forgets it; the others learn it from a put answered 404 (``PendingQueues.put``)."""
+        try:
+            with translate(f"deleting queue {name}"):
+                await self.client(name).delete_queue()
+        except EntityNotFound:
+            return False
+        finally:
+            self.forget(name)
+            self._clients.pop(name, None)
+        return True
 
     async def _create(self, name: str, metadata: Mapping[str, str] | None) -> None:
         try:
@@ -243,8 +288,7 @@ class PendingQueues:
         self.queues = queues
 
     def name(self, task_queue_id: str, priority: Priority) -> str:
-        digest = hashlib.sha256(task_queue_id.encode()).hexdigest()[:40]
-        return self._account.queue_name(f"{digest}-{priority.rank}")
+        return self._account.queue_name(f"{self.digest(task_queue_id)}-{priority.rank}")
 
     async def ensure(self, task_queue_id: str, priority: Priority) -> str:
         """The name of the task queue's queue at ``priority``, once the seven exist (made
@@ -253,11 +297,72 @@ class PendingQueues:
         missing = [p for p, name in zip(ORDER, names) if not self.queues.known(name)]
         if missing:
             provisioner_id, worker_type = task_queue_id.split("/", 1)
+            made = datetime.now(UTC).strftime(_MADE_FORMAT)
             await asyncio.gather(*(self.queues.ensure(
                 names[p.rank],
-                {"provisionerid": provisioner_id, "workertype": worker_type, "priority": str(p)})
+                {"provisionerid": provisioner_id, "workertype": worker_type, "priority": str(p),
+                 "made": made})
                 for p in missing))
         return names[priority.rank]
+
+    async def put(self, task_queue_id: str, priority: Priority, text: str) -> Message:
+        """Put ``text`` in the task queue's queue at ``priority``, made first if this
+        process does not know it exists. A queue deleted since this process made it or
+        learned it exists (an idle task queue's, by any replica: ``service.idlequeues``)
+        answers 404: it is made again and the put tried again. One deleted moments ago
+        cannot be made yet (409 ``QueueBeingDeleted``): tried again, pausing, for up to
+        ``BEING_DELETED_WAIT`` seconds or the time the request served has left, then
+        QueueBeingDeleted (a ``StorageUnavailable``) is raised and nothing was put."""
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + BEING_DELETED_WAIT
+        pause = FIRST_PAUSE
+        found_deleted = False
+        while True:
+            name = self.name(task_queue_id, priority)
+            try:
+                await self.ensure(task_queue_id, priority)
+                return await self.queues.put(name, text)
+            except EntityNotFound:
+                self.queues.forget(name)
+                if not found_deleted:  # made again and tried again at once, the first time
+                    found_deleted = True
+                    log.info("queue %s of %s was deleted (idle): making it again", name,
+                             task_queue_id)
+                    continue
+                error: Exception = QueueBeingDeleted(
+                    f"queue {name} of {task_queue_id} was deleted again as it was made")
+            except QueueBeingDeleted as e:
+                self.queues.forget(name)
+                error = e
+            left = give_up - loop.time()
+            budget = time_left()
+            if budget is not None:
+                left = min(left, budget - PUT_MARGIN)
+            if left <= 0:
+                raise error
+            log.info("queue %s of %s is still being deleted: trying again in %.1fs", name,
+                     task_queue_id, min(pause, left))
+            await asyncio.sleep(min(pause, left))
+            pause = min(pause * 2, MAX_PAUSE)
+
+    async def existing(self) -> list[PendingQueue]:
+        """The pending queues of every task queue, as they are now: one request per 5,000
+        queues."""
+        start = self._account.queue_name("")
+        found = []
+        with translate("listing the pending queues"):
+            async for queue in self._account.queues.list_queues(
+                    name_starts_with=start, include_metadata=True, results_per_page=5000):
+                match = _PENDING.match(str(queue.name)[len(start):])
+                if match:
+                    found.append(PendingQueue(str(queue.name), match.group(1),
+                                              _made((queue.metadata or {}).get("made"))))
+        return found
+
+    @staticmethod
+    def digest(task_queue_id: str) -> str:
+        """What a pending queue's name says of its task queue."""
+        return hashlib.sha256(task_queue_id.encode()).hexdigest()[:40]
 
     def signed_urls(self, task_queue_id: str, start: datetime,
                     expiry: datetime) -> list[SignedQueueUrls]:
@@ -265,6 +370,17 @@ class PendingQueues:
         or not (see the module's docstring)."""
         return [self.queues.signed_urls(self.name(task_queue_id, p), start, expiry)
                 for p in ORDER]
+
+
+_PENDING = re.compile(r"^([0-9a-f]{40})-[0-9]$")
+_MADE_FORMAT = "%Y%m%dT%H%M%SZ"  # metadata values are plain ASCII
+
+
+def _made(value: str | None) -> datetime | None:
+    try:
+        return datetime.strptime(value or "", _MADE_FORMAT).replace(tzinfo=UTC)
+    except ValueError:
+        return None
 
 
 def _keep(cache: OrderedDict[str, Any], name: str, bound: int) -> None:

@@ -59,6 +59,12 @@ def budget(seconds: float) -> Iterator[None]:
         _deadline.reset(token)
 
 
+def time_left() -> float | None:
+    """The seconds left of the budget of the request being served (None outside one)."""
+    end = _budget_end()
+    return None if end is None else end - asyncio.get_running_loop().time()
+
+
 def _budget_end() -> float | None:
     """The end of the budget of the request being served, if it still is."""
     current = _deadline.get()

@@ -276,6 +276,16 @@ class TaskQueueStore(TableStore):
         return [_queue_record(r) for r in rows], last
 
 
+    async def live_task_queues(self, now: datetime) -> set[str]:
+        """The taskQueueIds of every task queue whose record has not expired by ``now``:
+        one request per 1,000."""
+        with translate("listing the live task queues"):
+            return {str(e["taskQueueId"]) async for e in self._table.query_entities(
+                "PartitionKey eq @pk and RowKey ge @start and RowKey lt @below and "
+                "expires ge @now", parameters={"pk": _META, "start": _QUEUE,
+                                                "below": _QUEUE + _END, "now": now},
+                select=["taskQueueId"], results_per_page=1000)}
+
     async def delete_expired(self, now: datetime) -> int:
         """Delete the task queues and provisioners that expired before ``now``; the number
         deleted. (One seen again meanwhile is written again by its next record.)"""
