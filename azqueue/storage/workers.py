@@ -26,6 +26,7 @@ from azure.data.tables import UpdateMode
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import EntityExists, EntityNotFound, ETagMismatch, translate
+from azqueue.storage.keys import decode
 from azqueue.storage.keys import encode as key
 from azqueue.storage.rows import delete_rows
 from azqueue.storage.tables import TableStore
@@ -280,11 +281,12 @@ class TaskQueueStore(TableStore):
         """The taskQueueIds of every task queue whose record has not expired by ``now``:
         one request per 1,000."""
         with translate("listing the live task queues"):
-            return {str(e["taskQueueId"]) async for e in self._table.query_entities(
-                "PartitionKey eq @pk and RowKey ge @start and RowKey lt @below and "
-                "expires ge @now", parameters={"pk": _META, "start": _QUEUE,
-                                                "below": _QUEUE + _END, "now": now},
-                select=["taskQueueId"], results_per_page=1000)}
+            return {decode(str(e["RowKey"])[len(_QUEUE):]) async for e in
+                    self._table.query_entities(
+                        "PartitionKey eq @pk and RowKey ge @start and RowKey lt @below and "
+                        "expires ge @now", parameters={"pk": _META, "start": _QUEUE,
+                                                        "below": _QUEUE + _END, "now": now},
+                        select=["RowKey"], results_per_page=1000)}
 
     async def delete_expired(self, now: datetime) -> int:
         """Delete the task queues and provisioners that expired before ``now``; the number
