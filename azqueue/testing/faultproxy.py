@@ -69,15 +69,17 @@ SLOW = 1.0
 # (answered, and nothing since) this many seconds, and opens a new one for the next
 # request, so that race never happens on its side while clients keep their connections.
 UPSTREAM_IDLE = 3.0
-FAULTS = ("busy", "timed out", "dropped", "refused", "stalled")
+FAULTS = ("busy", "timed out", "dropped", "refused", "stalled", "being deleted")
 _MESSAGES = {
     "ServerBusy": "Operations per second is over the account limit.",
     "OperationTimedOut": "Operation could not be completed within the specified time.",
     "AuthenticationFailed": "Server failed to authenticate the request.",
+    "QueueBeingDeleted": "The specified queue is being deleted.",
 }
 _REASONS = {503: "The server is busy.",
             500: "Operation could not be completed within the specified time.",
-            403: "Server failed to authenticate the request."}
+            403: "Server failed to authenticate the request.",
+            409: "The specified queue is being deleted."}
 
 
 class Held:
@@ -508,8 +510,10 @@ class FaultProxy:
 
     def once(self, method: str, path_contains: str, fault: str) -> None:
         """Inject ``fault`` ("busy", "timed out", "dropped", "refused": answered 403
-        AuthenticationFailed without reaching storage, as an expired SAS is, or "stalled":
-        forwarded after ``STALL`` seconds) into the next request with ``method`` ("*":
+        AuthenticationFailed without reaching storage, as an expired SAS is, "stalled":
+        forwarded after ``STALL`` seconds, or "being deleted": answered 409
+        QueueBeingDeleted without reaching storage, as Azure answers for a while after a
+        queue's delete and Azurite does not) into the next request with ``method`` ("*":
         any) whose path contains ``path_contains``."""
         assert fault in FAULTS
         self._once.append((method, path_contains, fault))
@@ -532,6 +536,9 @@ class FaultProxy:
         if scripted == "refused":
             self.counts[f"{service} refused"] += 1
             fate.answer = azure_error(service, 403, "AuthenticationFailed")
+        elif scripted == "being deleted":
+            self.counts[f"{service} being deleted"] += 1
+            fate.answer = azure_error(service, 409, "QueueBeingDeleted")
         elif scripted == "busy" or (not scripted and faults.busy and draw() < faults.busy):
             self.counts[f"{service} busy"] += 1
             fate.answer = azure_error(service, 503, "ServerBusy")

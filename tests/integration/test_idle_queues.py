@@ -9,8 +9,10 @@ from datetime import UTC, datetime, timedelta
 
 import aiohttp
 
+from azqueue.config import StorageSettings
 from azqueue.model.priority import ORDER
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition
 from tests.servers import Server, ServerFactory
@@ -123,3 +125,45 @@ async def test_a_task_created_after_another_replica_deleted_its_queue_is_claimed
     await storage.queue(storage.pending_queue(task_queue_id)).delete_queue()
     task_id = await create(http, server.api, definition(task_queue_id))
     assert await _claim_work(http, server, task_queue_id) == [task_id]
+
+
+async def _deleted_moments_ago(proxy: FaultProxy, storage: StorageInspector,
+                               task_queue_id: str, refusals: int) -> None:
+    """The task queue's lowest queue deleted (as another replica's expiry pass does),
+    and Azure answering what it answers for a while after a delete: its put 409
+    QueueBeingDeleted, and the next ``refusals`` attempts to make it again too."""
+    name = storage.pending_queue(task_queue_id)
+    await storage.queue(name).delete_queue()
+    proxy.once("POST", f"{name}/messages", "being deleted")
+    for _ in range(refusals):
+        proxy.once("PUT", name, "being deleted")
+
+
+async def test_a_task_whose_queue_is_being_deleted_waits_for_it_and_is_claimed(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix))
+    task_queue_id = f"idle/q{secrets.token_hex(6)}"
+    await _run(http, server, task_queue_id)
+    await _deleted_moments_ago(proxy, storage, task_queue_id, refusals=2)
+    task_id = await create(http, server.api, definition(task_queue_id))
+    assert proxy.counts["queue being deleted"] == 3
+    assert await _claim_work(http, server, task_queue_id) == [task_id]
+
+
+async def test_a_task_whose_queue_is_deleted_longer_than_its_request_can_wait_is_stored_and_claimed(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    # createTask does not fail for it: the task is stored, and its tip queued once the
+    # queue can be made again (the tip repair, three minutes on, would come too late
+    # for this test).
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix), request_budget=2.0)
+    task_queue_id = f"idle/q{secrets.token_hex(6)}"
+    await _run(http, server, task_queue_id)
+    await _deleted_moments_ago(proxy, storage, task_queue_id, refusals=5)
+    task_id = await create(http, server.api, definition(task_queue_id))
+    await eventually(lambda: _claim_work(http, server, task_queue_id),
+                     lambda claimed: claimed == [task_id], what="the task claimed")
+    assert proxy.counts["queue being deleted"] == 6
