@@ -261,7 +261,8 @@ SETTINGS: tuple[Setting, ...] = (
                     "cancelTaskGroup or changeTaskGroupPriority"),
     Setting("AZQUEUE_EXPIRY_INTERVAL", "timing", field="expiry_interval", parse=_seconds,
             meaning="seconds between the expiry resolver's scans for expired artifacts and "
-                    "tasks"),
+                    "tasks (then workers and task queues, and the empty Azure queues of task "
+                    "queues whose record expired)"),
     Setting("AZQUEUE_REQUEST_BUDGET", "timing", field="request_budget", parse=_seconds,
             meaning="seconds the storage requests of one API request may take in all, retries "
                     "included (claimWork: on top of its wait); then the request is answered 503 "
