@@ -5,6 +5,7 @@ memory must be bounded, and reclaimed once nobody has used the name for a while.
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime, timedelta
 
 import aiohttp
 import pytest
@@ -14,13 +15,15 @@ from azqueue.config import Client
 from azqueue.testing import sas
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.storage import StorageInspector
-from azqueue.testing.tasks import definition, slugid
+from azqueue.testing.tasks import create, definition, slugid
 from azqueue.worker.sas import EMPTY_POLL, SasSource
 from tests.servers import ROOT, ServerFactory
 from tests.waiting import eventually
 
 WILD = Client("tenant-w", "tenant-w-access-token-0123456789", (
-    "queue:poll-task-urls:wild/*", "queue:claim-work:wild/*", "queue:worker-id:wild/*"))
+    "queue:poll-task-urls:wild/*", "queue:claim-work:wild/*", "queue:worker-id:wild/*",
+    "queue:create-task:lowest:wild/*", "queue:create-task:project:none", "queue:scheduler-id:-",
+    "queue:resolve-task:*"))
 
 
 def _signed(client: Client) -> aiohttp.ClientSession:
@@ -93,3 +96,24 @@ async def test_the_ears_of_names_nobody_uses_any_more_leave_the_doorbell_table(
     await eventually(ears, lambda keys: len(keys) == 20, what="the ears noted")
     await eventually(ears, lambda keys: keys == [], what="the expired ears deleted",
                      timeout=60.0)
+
+
+async def test_the_azure_queues_of_names_a_task_was_created_in_go_once_nobody_uses_them(
+        make_server: ServerFactory, storage: StorageInspector) -> None:
+    # A tenant that may create tasks in any `wild/*` name makes seven queues in each name
+    # it creates a task in; once its tasks are done and nobody used those names for the
+    # records' expiry (five days), the expiry pass leaves the queues as they were before.
+    server = await make_server(clients=(WILD,), claim_work_wait=0.5)
+    before = await storage.queue_names()
+    async with _signed(WILD) as http:
+        for i in range(10):
+            task_id = await create(http, server.api, definition(f"wild/made-{i}"))
+            async with http.post(f"{server.api}/claim-work/wild%2Fmade-{i}", json={
+                    "workerGroup": "wild", "workerId": "w", "tasks": 1}) as r:
+                assert r.status == 200, await r.text()
+                assert len((await r.json())["tasks"]) == 1
+            async with http.post(f"{server.api}/task/{task_id}/runs/0/completed") as r:
+                assert r.status == 200, await r.text()
+    assert len(await storage.queue_names()) == len(before) + 70
+    await server.services.expiry.expire(datetime.now(UTC) + timedelta(days=6))
+    assert await storage.queue_names() == before
