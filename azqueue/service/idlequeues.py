@@ -24,7 +24,7 @@ Races, and why no task is lost:
   with the queue. The run is pending with no tip, as after a request that died part-way,
   and the tip repair (``repair``) gives it another: its look at a pending run finds its
   live tip gone (the update with the put's receipt answers 404) and queues a new one,
-  at most ``AZQUEUE_TIP_REPAIR_DELAY`` after the run became pending.
+  about ``AZQUEUE_TIP_REPAIR_DELAY`` after the run became pending.
 * **A put after the delete**: the process that puts may believe the queue exists (it
   made it, or put in it before). The put is answered 404 ``QueueNotFound``; the queue is
   made again and the tip put again. For about 40 s after a delete Azure refuses to make

@@ -347,17 +347,19 @@ class PendingQueues:
 
     async def existing(self) -> list[PendingQueue]:
         """The pending queues of every task queue, as they are now: one request per 5,000
-        queues."""
+        queues. (Azurite's listing of more queues than one page holds repeats some and
+        leaves others out: those are listed once fewer are left.)"""
         start = self._account.queue_name("")
-        found = []
+        found: dict[str, PendingQueue] = {}
         with translate("listing the pending queues"):
             async for queue in self._account.queues.list_queues(
                     name_starts_with=start, include_metadata=True, results_per_page=5000):
-                match = _PENDING.match(str(queue.name)[len(start):])
+                name = str(queue.name)
+                match = _PENDING.match(name[len(start):])
                 if match:
-                    found.append(PendingQueue(str(queue.name), match.group(1),
-                                              _made((queue.metadata or {}).get("made"))))
-        return found
+                    found[name] = PendingQueue(name, match.group(1),
+                                               _made((queue.metadata or {}).get("made")))
+        return list(found.values())
 
     @staticmethod
     def digest(task_queue_id: str) -> str:
