@@ -13,11 +13,18 @@
    have passed (the expiry, 1.2 times half of it, and the table's 5 s margin). Then 2
    and 3 again with NAMES other names: what the first round freed is used again, or
    memory grows with every round.
-4. **Claimed** (``--claimed N``): a task created and claimed (claimWork) in each of N
-   more new task queues, so that the metrics have seen N task queues; the same figures.
-   These task queues keep their Azure queues (a task was put in them): that is what
-   their tasks cost, not what naming them costs (and Azurite slows down as they grow:
-   a few thousand take many minutes).
+4. **Claimed** (``--claimed N``): a task created, claimed (claimWork) and completed in
+   each of N more new task queues, so that the metrics have seen N task queues; the same
+   figures. Each of these task queues has its seven Azure queues, empty once its task
+   is completed (and Azurite slows down as they grow: a few thousand take many
+   minutes).
+4b. **Claimed, expired**: the expiry pass's part for task queues (their expired records
+   deleted, then the empty Azure queues of task queues with no record left:
+   ``azqueue.service.idlequeues``), run in this process with its clock
+   ``EXPIRED_AFTER`` on (past the records' five days; the server's own pass runs every
+   ``AZQUEUE_EXPIRY_INTERVAL``), and how long it took; the same figures; again (up to
+   EXPIRY_PASSES passes) while a pass deletes any, as Azurite's listing of more than
+   5,000 queues leaves some out.
 5. **The metrics alone**, in this process: the text of ``/metrics`` (``generate_latest``)
    once ``azqueue.metrics`` has seen a claim and a change in each of METRICS_NAMES task
    queues (``--metrics-names``): CPU time per rendering, over SCRAPES renderings.
@@ -36,6 +43,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +55,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from azqueue import metrics
 from azqueue.config import StorageSettings
 from azqueue.devstorage import Azurite
+from azqueue.service.idlequeues import IdleQueues
+from azqueue.storage.account import StorageAccount
+from azqueue.storage.queues import PendingQueues, Queues
+from azqueue.storage.workers import TaskQueueStore
 from azqueue.testing.processes import ServeProcess
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition
@@ -56,6 +68,9 @@ SWEEP_MARGIN = 5.0  # the doorbell table's margin (azqueue.storage.bells.MARGIN)
 LATENCY_SAMPLES = 50
 # How long the background sample a scrape starts is given before scrapes are timed.
 SAMPLE_SETTLE = 10.0
+# How far past now phase 4b runs the expiry pass: past a task queue record's expiry.
+EXPIRED_AFTER = timedelta(days=6)
+EXPIRY_PASSES = 3
 
 
 def rss_mib(pid: int) -> float:
@@ -126,12 +141,29 @@ async def name(http: aiohttp.ClientSession, api: str, i: int, round_: str) -> No
 
 async def claim(http: aiohttp.ClientSession, api: str, i: int) -> None:
     queue = f"claimed/name-{i}"
-    await create(http, api, definition(queue, payload={}), attempts=5)
+    task_id = await create(http, api, definition(queue, payload={}), attempts=5)
     async with http.post(f"{api}/claim-work/{queue.replace('/', '%2F')}", json={
             "workerGroup": "wg", "workerId": "w", "tasks": 1}) as r:
         if r.status != 200:
             raise SystemExit(f"claimWork answered {r.status}: {await r.text()}")
         await r.read()
+    async with http.post(f"{api}/task/{task_id}/runs/0/completed", json={}) as r:
+        if r.status != 200:
+            raise SystemExit(f"reportCompleted answered {r.status}: {await r.text()}")
+        await r.read()
+
+
+async def expire_task_queues(connection_string: str) -> int:
+    """Phase 4b: the expiry pass's part for task queues, ``EXPIRED_AFTER`` from now; the
+    number of Azure queues deleted."""
+    account = StorageAccount(StorageSettings(connection_string, PREFIX))
+    try:
+        now = datetime.now(UTC) + EXPIRED_AFTER
+        records = TaskQueueStore(account)
+        await records.delete_expired(now)
+        return await IdleQueues(PendingQueues(account, Queues(account)), records).delete(now)
+    finally:
+        await account.close()
 
 
 def show(phase: str, values: dict[str, str], head: bool = False) -> None:
@@ -185,6 +217,17 @@ async def main(args: argparse.Namespace) -> None:
                         took = time.monotonic() - started
                         show(f"{args.claimed} claimed ({took:.0f} s)",
                              await figures(server, http, storage, args.scrapes))
+                        # Azurite's listing of more than 5,000 queues leaves some
+                        # out: the passes after the first delete those.
+                        for n in range(1, EXPIRY_PASSES + 1):
+                            started = time.monotonic()
+                            deleted = await expire_task_queues(azurite.connection_string)
+                            took = time.monotonic() - started
+                            show(f"claimed, expired: pass {n} ({deleted} deleted in "
+                                 f"{took:.0f} s)",
+                                 await figures(server, http, storage, args.scrapes))
+                            if not deleted:
+                                break
             finally:
                 await server.stop()
     finally:

@@ -1,7 +1,7 @@
 """Idle queues: the pending queues of task queues nobody uses any more are deleted.
 
 A task queue's seven pending queues are made with its first tip (``storage.queues``).
-Scopes may cover many task queue names (``queue:create-task:*:wild/*``), so queues made
+Scopes may cover many task queue names (``queue:create-task:lowest:wild/*``), so queues made
 and left would grow without bound, and every queue costs: Azure lists them all, and
 Azurite slows down as they grow. The expiry pass (``service.expiry``, every
 ``AZQUEUE_EXPIRY_INTERVAL`` on every replica) therefore deletes, after the task queue
@@ -9,8 +9,8 @@ records that expired (``workers``: a record expires ``TASK_QUEUE_EXPIRY`` after 
 was last created in the task queue or a worker last asked it for work), every pending
 queue that is empty, was made more than ``MIN_AGE`` ago (its metadata says when; the
 record of a task queue's first task is written just after its tip is put) and belongs
-to no task queue with an unexpired record. It lists the
-pending queues (one request per 5,000) and the live records (one per 1,000), and reads
+to no task queue with an unexpired record. It lists the pending queues (one request
+per 5,000) and the live records (one per 1,000), and reads
 each such queue's approximate message count (one request) before deleting it (one
 more); a queue that still holds messages is kept and read again at the next pass.
 
@@ -18,7 +18,9 @@ Races, and why no task is lost:
 
 * **Messages**: Azure's approximate message count counts invisible messages too (a
   claimed run's tip, invisible until ``takenUntil``; a tip a poll holds), and is never
-  lower than the real count: a queue holding any message is never deleted.
+  lower than the real count: a queue holding any message is never deleted. Stale tips
+  nobody polls (a duplicate of a resolved task's tip) keep it until they reach Azure's
+  seven-day message lifetime; the pass after that deletes it.
 * **A put between the count and the delete** (a createTask, a retry, a rerun in a task
   queue idle for days, in the few milliseconds between them): the delete takes the tip
   with the queue. The run is pending with no tip, as after a request that died part-way,
