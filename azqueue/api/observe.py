@@ -112,7 +112,7 @@ class Scrapes:
                 outbox = opened.outbox
                 try:
                     await metrics.PENDING.sample(
-                        opened.counts.pending_tips, outbox.pending if outbox is not None else None,
+                        opened.counts.pending_tips, outbox.pending if outbox.on else None,
                         opened.counts.claimed)
                 except Exception:  # noqa: BLE001 - the next tick samples again
                     _log.warning("could not sample the metrics' gauges", exc_info=True)

@@ -11,15 +11,15 @@ from __future__ import annotations
 import asyncio
 
 from azqueue.background import every
-from azqueue.events.outbox import Outbox
+from azqueue.events.outbox import EventOutbox
 
 
-async def recover_all(outbox: Outbox) -> int:
+async def recover_all(outbox: EventOutbox) -> int:
     total = 0
     while handled := await outbox.recover():
         total += handled
     return total
 
 
-async def run(outbox: Outbox, interval: float, stop: asyncio.Event) -> None:
+async def run(outbox: EventOutbox, interval: float, stop: asyncio.Event) -> None:
     await every(interval, lambda: recover_all(outbox), stop, "events resolver")

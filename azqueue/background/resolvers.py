@@ -35,7 +35,7 @@ _LOOPS: dict[str, Callable[[Services, Settings, asyncio.Event], Loop | None]] = 
         services.dependencies, settings.dependency_resolver_interval, stop),
     "expiry": lambda services, settings, stop: expiry.run(
         services.expiry, settings.expiry_interval, stop),
-    "events": lambda services, settings, stop: None if services.outbox is None else events.run(
+    "events": lambda services, settings, stop: None if not services.outbox.on else events.run(
         services.outbox, settings.events_resolver_interval, stop),
     "groups": lambda services, settings, stop: group_passes.run(
         services.groups, settings.group_resolver_interval, stop),

@@ -427,7 +427,7 @@ async def _resolve(which: str, stop: asyncio.Event) -> None:
     from azqueue.background import resolvers
     from azqueue.service.wiring import open_services
     async with open_services(settings) as services:
-        if which == "events" and services.outbox is None:
+        if which == "events" and not services.outbox.on:
             raise ConfigError("`azqueue resolve events` needs AZQUEUE_AMQP_URL")
         async with resolvers.running(services, settings,
                                      resolvers.NAMES if which == "all" else (which,)):

@@ -1,4 +1,10 @@
-"""The outbox: publishing what a change wrote, and recovering what a process left behind."""
+"""The outbox: publishing what a change wrote, and recovering what a process left behind.
+
+Whether events are on is decided once, where the services are built
+(``service.wiring.open_services``): with a broker they get an ``Outbox``, without one a
+``NullOutbox``, which writes and publishes nothing. A change goes through either the same
+way, ``async with outbox.writing(partition) as out`` (``Writing``).
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,10 @@ import itertools
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from datetime import timedelta
+from types import TracebackType
+from typing import Protocol
 
 from azqueue import errors
 from azqueue.events.publisher import EventSink
@@ -16,7 +25,7 @@ from azqueue.model.events import Event
 from azqueue.storage.groups import ORPHAN_AGE, GroupStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
 from azqueue.storage.taskrows import OUTBOX, WRITER
-from azqueue.storage.tasks import TaskStore
+from azqueue.storage.tasks import EventsFor, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +44,148 @@ def _after(since_ns: int) -> str:
     return f"{OUTBOX}{max(since_ns, 0):020d}"
 
 
+def _may_have_written(e: BaseException) -> bool:
+    """Whether a change that raised ``e`` may have been stored: not if a decision refused
+    it (a ``QueueError``, the request's answer), before anything was written; a storage
+    failure, or any other, may have come after the write."""
+    return isinstance(e, errors.StorageError) or not isinstance(e, errors.QueueError)
+
+
+class Writing:
+    """The events of one change on their way out::
+
+        async with outbox.writing(partition) as out:
+            written = out.events(lambda: ...)  # to write with the change
+            ...  # store the change with them
+            out.wrote(written)  # what it stored
+
+    This one is the null outbox's (events off): it makes no events, and leaving the block
+    publishes nothing. ``Outbox.writing``'s (``_Publishing``) begins the change on
+    entering (this process's lease covers its rows from then), and on leaving publishes
+    what ``wrote`` said (or hands it over to recovery, ``Outbox.finish``). A block that
+    raises before ``wrote`` abandons the change (``Outbox.abandon``: its rows are handed
+    over unless a decision refused it, ``_may_have_written``); one that raises after
+    ``wrote`` leaves it in flight (this process's lease covers its rows)."""
+
+    def __init__(self) -> None:
+        self.written: list[Event] | None = None
+        self.alone: bool | None = None
+
+    def events(self, make: Callable[[], Iterable[Event]]) -> list[Event]:
+        """The events to write with the change, as ``make`` gives them; with events off
+        none (``make`` is not called)."""
+        return []
+
+    def events_for(self, make: EventsFor) -> EventsFor | None:
+        """``make`` for ``TaskStore.modify``, which writes the events it gives for each
+        change it writes; with events off None (none written)."""
+        return None
+
+    def wrote(self, written: Iterable[Event], alone: bool | None = None) -> None:
+        """The change was stored with ``written`` (its partition's outbox rows; nothing if
+        it was not stored). ``alone``: whether the task, as written, was its group's only
+        task (None: not known)."""
+        self.written = list(written)
+        self.alone = alone
+
+    async def __aenter__(self) -> Writing:
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        return None
+
+
+class _Publishing(Writing):
+    """``Writing`` of an outbox that publishes (see ``Writing``)."""
+
+    def __init__(self, outbox: Outbox, partition: str) -> None:
+        super().__init__()
+        self._outbox = outbox
+        self._partition = partition
+        self._token = -1
+
+    def events(self, make: Callable[[], Iterable[Event]]) -> list[Event]:
+        return list(make())
+
+    def events_for(self, make: EventsFor) -> EventsFor | None:
+        return make
+
+    async def __aenter__(self) -> Writing:
+        self._token = self._outbox.begin()
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, e: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        if self.written is None:
+            # Failed before the change was stored, or not told what it wrote (then its
+            # rows, if any, are handed over).
+            await self._outbox.abandon(self._token, self._partition,
+                                       written=e is None or _may_have_written(e))
+        elif e is None:
+            await self._outbox.finish(self._token, self._partition, self.written,
+                                      alone=self.alone)
+        # else stored, and failed after it: left in flight, this process's lease covers it.
+
+
+class EventOutbox(Protocol):
+    """What the services use of the outbox, with events on (``Outbox``) or off
+    (``NullOutbox``)."""
+
+    @property
+    def on(self) -> bool:
+        """Whether events are published."""
+
+    @property
+    def connected(self) -> bool:
+        """Whether the broker takes events now (the heartbeat asks; False with events off)."""
+
+    def writing(self, partition: str) -> Writing:
+        """The events of a change in the tasks table's partition ``partition``."""
+
+    async def setup(self) -> None: ...
+
+    async def start(self) -> None: ...
+
+    async def pending(self) -> int:
+        """Changes handed over to the resolver, approximately (0 with events off)."""
+
+    async def recover(self) -> int:
+        """Publish what processes that stopped left behind (nothing with events off)."""
+
+    async def close(self) -> None: ...
+
+
+class NullOutbox:
+    """The outbox with events off: it writes no event, publishes nothing, and makes no
+    storage request."""
+
+    on = False
+    connected = False
+
+    def writing(self, partition: str) -> Writing:
+        return Writing()
+
+    async def setup(self) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def pending(self) -> int:
+        return 0
+
+    async def recover(self) -> int:
+        return 0
+
+    async def close(self) -> None:
+        return None
+
+
 class Outbox:
     """Publishes the events a change wrote, and recovers those a process left behind."""
+
+    on = True
 
     def __init__(self, tasks: TaskStore, groups: GroupStore, queues: Queues,
                  publisher: EventSink, trigger_queue: str, recovery_delay: timedelta,
@@ -115,6 +264,15 @@ class Outbox:
     async def pending(self) -> int:
         """Azure's approximate count of changes handed over to the resolver."""
         return await self.queues.approximate_count(self.trigger_queue)
+
+    @property
+    def connected(self) -> bool:
+        return self.publisher.connected
+
+    def writing(self, partition: str) -> Writing:
+        """The events of a change in the tasks table's partition ``partition``: begun on
+        entering, published or handed over on leaving (``Writing``)."""
+        return _Publishing(self, partition)
 
     def begin(self) -> int:
         """Before a change that writes outbox rows: while it is in flight, this process's

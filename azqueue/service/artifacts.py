@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue import errors
-from azqueue.events.outbox import Outbox
+from azqueue.events.outbox import EventOutbox
 from azqueue.model import artifact as model
 from azqueue.model import events
 from azqueue.model import timeutil
@@ -46,7 +46,7 @@ class ArtifactService:
     """Artifacts of a task's runs: records in the task's partition, content in Blob storage."""
 
     def __init__(self, account: StorageAccount, tasks: TaskStore, signer: UploadSigner,
-                 root_url: str, outbox: Outbox | None = None,
+                 root_url: str, outbox: EventOutbox,
                  upload_read_timeout: float = READ_TIMEOUT,
                  upload_memory: int = MEMORY, upload_run_memory: int = RUN_MEMORY,
                  upload_min_rate: int = MIN_RATE) -> None:
@@ -79,18 +79,11 @@ class ArtifactService:
         if wanted.storage_type == "blob":  # signed first: a refusal must write nothing
             put_url = await self.blobs.upload_url(wanted.blob_name, now, UPLOAD_URL_LIFETIME,
                                                   append=wanted.blob_type == "append")
-        token = self.outbox.begin() if self.outbox else None
-        created = events.artifact_created(task, run_id, wanted.info()) \
-            if token is not None else []
-        try:
+        async with self.outbox.writing(task_id) as out:
+            created = out.events(lambda: events.artifact_created(task, run_id, wanted.info()))
             inserted = await self.records.insert(wanted, [outbox_row(task_id, e)
                                                           for e in created])
-        except BaseException:
-            if token is not None and self.outbox:
-                await self.outbox.abandon(token, task_id, written=True)
-            raise
-        if token is not None and self.outbox:
-            await self.outbox.finish(token, task_id, created if inserted else [])
+            out.wrote(created if inserted else [])
         if not inserted:
             existing = await self.records.get(task_id, run_id, name)
             if existing is not None and model.extends(existing, wanted):

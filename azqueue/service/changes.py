@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from azqueue import errors, metrics
-from azqueue.events.outbox import Outbox
+from azqueue.events.outbox import EventOutbox
 from azqueue.model import events
 from azqueue.model.task import RunState, Task
 from azqueue.service.cache import TaskCache
@@ -64,7 +64,7 @@ class Changes:
     change, to test what a replica that dies there leaves."""
 
     tasks: TaskStore
-    outbox: Outbox | None
+    outbox: EventOutbox
     dependencies: Dependencies
     cache: TaskCache
     queues: Queues
@@ -82,29 +82,15 @@ class Changes:
         copy of the task kept up to date."""
         watch = self.dependencies.watch(task_id)
         try:
-            if self.outbox is None:
-                change = await self.tasks.modify(task_id, fn, loaded, None, watch.before_write,
-                                                 hold, speculative)
-                if change.changed:
-                    self._fault_point()
-            else:
-                token = self.outbox.begin()
-                try:
-                    change = await self.tasks.modify(task_id, fn, loaded, events.for_change,
-                                                     watch.before_write, hold, speculative)
-                except BaseException as e:
-                    # A decision refused the change and nothing was written. A storage
-                    # failure may have come after the write, though: then its events are
-                    # handed over to recovery.
-                    await self.outbox.abandon(token, task_id, written=isinstance(
-                        e, errors.StorageError) or not isinstance(e, errors.QueueError))
-                    raise
+            async with self.outbox.writing(task_id) as out:
+                change = await self.tasks.modify(task_id, fn, loaded,
+                                                 out.events_for(events.for_change),
+                                                 watch.before_write, hold, speculative)
                 if change.changed:
                     self._fault_point()
                 # The events are a function of the change: published as written, from
                 # memory.
-                await self.outbox.finish(token, task_id, list(change.events),
-                                         alone=change.after.alone_in_group)
+                out.wrote(change.events, alone=change.after.alone_in_group)
         except BaseException:
             self.cache.drop(task_id)
             raise

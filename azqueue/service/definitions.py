@@ -28,7 +28,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from azqueue import errors
-from azqueue.events.outbox import Outbox
+from azqueue.events.outbox import EventOutbox
 from azqueue.model import definition as definitions
 from azqueue.model import events
 from azqueue.model import task as model
@@ -71,7 +71,7 @@ class Definitions:
     dependencies: Dependencies
     tips: Tips
     changes: Changes
-    outbox: Outbox | None
+    outbox: EventOutbox
     workerinfo: WorkerInfo
 
     async def setup(self) -> None:
@@ -227,32 +227,33 @@ class Definitions:
         tip; None if a task of that id is stored already. ``tip_visible``: when the tip
         became visible to workers' polls (None: a caller here took it at once, and its
         claim waits for this insert however long it takes)."""
-        token = self.outbox.begin() if self.outbox is not None else None
-        # The events of the new task: written with it, published from here.
-        written = events.for_change(None, task) if token is not None else []
-        try:
+        async with self.outbox.writing(task.task_id) as out:
+            # The events of the new task: written with it, published from here.
+            written = out.events(lambda: events.for_change(None, task))
             stored = await self._store(task, definition, written, tip, deadline)
-        except BaseException as e:
-            if self.outbox is not None and token is not None:
-                await self.outbox.abandon(token, task.task_id, written=isinstance(
-                    e, errors.StorageError) or not isinstance(e, errors.QueueError))
-            raise
+            out.wrote(written if stored is not None else [])
+            if stored is not None:
+                await self._inserted(stored, tip, tip_visible)
+            # Published on leaving, before a worker can claim the task (a claim waits for
+            # the task to be stored), so task-defined and task-pending precede its
+            # task-running.
+        return stored
+
+    async def _inserted(self, stored: Stored, tip: Message | None,
+                        tip_visible: float | None) -> None:
+        """What follows storing a new task: another tip if its tip waited long for it,
+        this process's copy of it, its task queue's activity."""
+        task = stored.task
         since_tip = 0.0 if tip_visible is None else \
             asyncio.get_running_loop().time() - tip_visible
-        if stored is not None and tip is not None and since_tip > TIP_WAIT.total_seconds() / 2:
+        if tip is not None and since_tip > TIP_WAIT.total_seconds() / 2:
             # A claim of the tip waits only so long for the task: one that gave up had its
             # worker delete the tip, so the run gets another.
             log.warning("task %s was stored %.1fs after its tip: queuing another",
                         task.task_id, since_tip)
             await self.tips.queue(stored, 0)
-        if stored is not None:
-            self.changes.inserted(stored)
-            self.workerinfo.task_queue_active(task.task_queue_id)
-        if self.outbox is not None and token is not None:
-            # Published before a worker can claim the task (a claim waits for the task
-            # to be stored), so task-defined and task-pending precede its task-running.
-            await self.outbox.finish(token, task.task_id, written if stored is not None else [])
-        return stored
+        self.changes.inserted(stored)
+        self.workerinfo.task_queue_active(task.task_queue_id)
 
     async def _defined_before(self, stored: Stored, definition: dict[str, Any],
                               tip: Message | None, handed: bool = False) -> dict[str, Any]:

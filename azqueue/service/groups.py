@@ -36,7 +36,7 @@ from datetime import timedelta
 from typing import Any
 
 from azqueue import errors
-from azqueue.events.outbox import Outbox
+from azqueue.events.outbox import EventOutbox
 from azqueue.model import events
 from azqueue.model import task as model
 from azqueue.model import timeutil
@@ -73,7 +73,7 @@ class TaskGroups:
     owners: GroupOwners
     queues: Queues
     passes: str
-    outbox: Outbox | None
+    outbox: EventOutbox
     changes: Changes
     definitions: Definitions
     priority: TaskPriority
@@ -158,16 +158,10 @@ class TaskGroups:
     async def _publish(self, task_group_id: str, event: Event) -> None:
         """Publish a group's event through the outbox, in the tasks table's partition
         named after the group: published at least once the call has answered."""
-        outbox = self.outbox
-        if outbox is None:
-            return
-        token = outbox.begin()
-        try:
-            await self.tasks.add_outbox(task_group_id, [event])
-        except BaseException:
-            await outbox.abandon(token, task_group_id, written=True)
-            raise
-        await outbox.finish(token, task_group_id, [event])
+        async with self.outbox.writing(task_group_id) as out:
+            written = out.events(lambda: [event])
+            await self.tasks.add_outbox(task_group_id, written)
+            out.wrote(written)
 
     # -- going through the members ---------------------------------------------------
 

@@ -20,7 +20,7 @@ from azqueue import metrics
 from azqueue.config import Settings
 from azqueue.errors import ConfigError, StartupError
 from azqueue.events.bells import BrokerBells
-from azqueue.events.outbox import Outbox
+from azqueue.events.outbox import EventOutbox, NullOutbox, Outbox
 from azqueue.events.publisher import EventSink, Publisher
 from azqueue.model import credentials
 from azqueue.model.task import Task
@@ -88,10 +88,10 @@ class Services:
     changes: Changes
     tips: Tips
     doorbell: Doorbell
-    outbox: Outbox | None
+    outbox: EventOutbox  # with events off, a NullOutbox
 
 
-def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
+def build(settings: Settings, account: StorageAccount, outbox: EventOutbox,
           observers: tuple[ChangeObserver, ...] = ()) -> Services:
     """The components on ``account``, wired together, every stored change told to
     ``observers``; nothing is created in storage yet (``open_services`` does that)."""
@@ -133,13 +133,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
         issuer=credentials.Principal(root.client_id, root.access_token, root.scopes),
         claim_timeout=claim_timeout)
     priority = TaskPriority(tasks=tasks, changes=changes, tips=tips)
-    artifacts = ArtifactService(
-        account=account, tasks=tasks, signer=UploadSigner(settings.tip_secrets),
-        root_url=settings.public_root_url, outbox=outbox,
-        upload_read_timeout=settings.upload_read_timeout,
-        upload_memory=settings.upload_memory_mib * 1024 * 1024,
-        upload_run_memory=settings.upload_run_memory_mib * 1024 * 1024,
-        upload_min_rate=settings.upload_min_rate_kib * 1024)
+    artifacts = _artifacts(settings, account, tasks, outbox)
     return Services(
         definitions=definitions,
         claims=claims,
@@ -158,7 +152,7 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
         priority=priority,
         rerun=Rerun(tasks=tasks, groups=groups, changes=changes, tips=tips,
                     triggers=deadline_triggers, repair_delay=repair_delay,
-                    events_on=outbox is not None),
+                    events_on=outbox.on),
         batch=BatchReads(tasks),
         counts=TaskQueueCounts(tasks=tasks, queues=queues, pending_queues=pending,
                                signer=signer, cache=cache, running=RunningClaims(index)),
@@ -173,6 +167,17 @@ def build(settings: Settings, account: StorageAccount, outbox: Outbox | None,
         health=Health(account=account, tasks=tasks, broker=_broker_reachable(outbox)),
         dependencies=dependencies, index=index, changes=changes, tips=tips,
         doorbell=doorbell, outbox=outbox)
+
+
+def _artifacts(settings: Settings, account: StorageAccount, tasks: TaskStore,
+               outbox: EventOutbox) -> ArtifactService:
+    return ArtifactService(
+        account=account, tasks=tasks, signer=UploadSigner(settings.tip_secrets),
+        root_url=settings.public_root_url, outbox=outbox,
+        upload_read_timeout=settings.upload_read_timeout,
+        upload_memory=settings.upload_memory_mib * 1024 * 1024,
+        upload_run_memory=settings.upload_run_memory_mib * 1024 * 1024,
+        upload_min_rate=settings.upload_min_rate_kib * 1024)
 
 
 def _dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore, queues: Queues,
@@ -190,12 +195,9 @@ def _dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore,
         schedule=schedule)
 
 
-def _broker_reachable(outbox: Outbox | None) -> Callable[[], bool] | None:
+def _broker_reachable(outbox: EventOutbox) -> Callable[[], bool] | None:
     """Whether the events' broker is connected now, for the heartbeat (None: events off)."""
-    if outbox is None:
-        return None
-    publisher = outbox.publisher
-    return lambda: publisher.connected
+    return (lambda: outbox.connected) if outbox.on else None
 
 
 def _doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
@@ -268,11 +270,12 @@ async def open_services(settings: Settings, events: EventSink | None = None,
     account = StorageAccount(settings.storage)
     metrics.STORAGE.watch(account)
     publisher = events
+    outbox: EventOutbox = NullOutbox()
     try:
-        outbox = None
         if publisher is None and settings.amqp_url:
             publisher = Publisher(settings.amqp_url, settings.exchange_prefix)
         if publisher is not None:
+            # Events on: every change publishes through this outbox (else the null one).
             outbox = Outbox(TaskStore(account), GroupStore(account), Queues(account), publisher,
                             account.queue_name("events"),
                             timedelta(seconds=settings.events_recovery_delay))
@@ -300,8 +303,7 @@ async def open_services(settings: Settings, events: EventSink | None = None,
         finally:
             await _close(services)
     finally:
-        if outbox is not None:
-            await outbox.close()
+        await outbox.close()
         if publisher is not None:
             await publisher.close()
         await account.close()

@@ -283,6 +283,8 @@ class TaskStore(TableStore):
     async def add_outbox(self, partition: str, events: list[Event]) -> None:
         """Outbox rows for events that are no task's change (a task group's), in the
         partition named after what they concern; the outbox publishes them as a task's."""
+        if not events:
+            return  # nothing to write: no request
         with translate(f"writing the outbox of {partition}"):
             await self._table.submit_transaction(
                 [("create", outbox_row(partition, e)) for e in events])
