@@ -21,12 +21,11 @@ import aio_pika
 from aio_pika.abc import AbstractExchange, AbstractIncomingMessage, AbstractRobustConnection
 
 from azqueue.errors import BrokerError
-from azqueue.events.publisher import BROKER_ERRORS, connect
+from azqueue.events.publisher import BROKER_ERRORS, connect, connect_or_retry
 
 log = logging.getLogger(__name__)
 
 EXCHANGE = "doorbell"
-START_RETRY = 2.0
 RING_TIMEOUT = 5.0
 
 Heard = Callable[[dict[str, set[int]]], None]
@@ -49,18 +48,10 @@ class BrokerBells:
     async def start(self, heard: Heard) -> None:
         """Connect and listen, now or (the broker away) as soon as it is back."""
         self._heard = heard
-        try:
-            await self._connect()
-        except BROKER_ERRORS as e:
-            log.warning("doorbell: RabbitMQ is not reachable (%s); pollers look at their "
-                        "queues as often as without it until it is", e)
-            self._starting = asyncio.create_task(self._keep_trying(), name="doorbell connect")
-
-    async def _keep_trying(self) -> None:
-        while self._connection is None:
-            await asyncio.sleep(START_RETRY)
-            with contextlib.suppress(*BROKER_ERRORS):
-                await self._connect()
+        self._starting = await connect_or_retry(
+            self._connect, lambda: self._connection is not None,
+            "the doorbell's pollers look at their queues as often as without it until it is",
+            name="doorbell connect")
 
     async def _connect(self) -> None:
         connection = await connect(self._url)

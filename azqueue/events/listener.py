@@ -32,7 +32,7 @@ from typing import Any
 from aio_pika.abc import AbstractIncomingMessage, AbstractRobustChannel, AbstractRobustConnection
 
 from azqueue.events import history as streams
-from azqueue.events.publisher import BROKER_ERRORS, START_RETRY, connect, declare_exchanges
+from azqueue.events.publisher import connect, connect_or_retry, declare_exchanges
 
 log = logging.getLogger(__name__)
 
@@ -65,18 +65,9 @@ class Listener:
     async def start(self) -> None:
         """Bind and consume now; if the broker cannot be reached, keep trying in the
         background."""
-        try:
-            await self._bind()
-        except BROKER_ERRORS as e:
-            log.warning("RabbitMQ is not reachable at start-up (%s: %s); listening to the "
-                        "task exchanges once it is", type(e).__name__, e)
-            self._starting = asyncio.create_task(self._keep_trying())
-
-    async def _keep_trying(self) -> None:
-        while self._connection is None:
-            await asyncio.sleep(START_RETRY)
-            with contextlib.suppress(*BROKER_ERRORS):
-                await self._bind()
+        self._starting = await connect_or_retry(
+            self._bind, lambda: self._connection is not None,
+            "listening to the task exchanges once it is")
 
     async def _bind(self) -> None:
         connection = await connect(self._url)

@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 import aio_pika
@@ -35,7 +36,8 @@ RECONNECT_INTERVAL = 1.0
 # before one of them tries again.
 FIRST_CONNECT_RETRY = 10.0
 PUBLISH_TIMEOUT = 10.0
-# How often the start-up connection is tried again while the broker is away.
+# How often a start-up connection (``connect_or_retry``) is tried again while the broker
+# is away.
 START_RETRY = 2.0
 # What aio-pika raises when the broker is away, refuses or does not confirm in time.
 BROKER_ERRORS = (AMQPError, ChannelInvalidStateError, OSError, TimeoutError)
@@ -57,6 +59,29 @@ async def connect(url: str) -> AbstractRobustConnection:
             await connection.close()
         raise
     return connection
+
+
+async def connect_or_retry(attempt: Callable[[], Awaitable[None]],
+                           connected: Callable[[], bool], then: str,
+                           name: str | None = None) -> asyncio.Task[None] | None:
+    """Connect now with ``attempt`` (which connects and sets up what it needs); if the
+    broker cannot be reached, say so (with ``then``: what happens once it is) and keep
+    trying every ``START_RETRY`` seconds in the background until ``connected()``. Gives
+    that background task (``name``), to cancel on closing; None if connected now."""
+    try:
+        await attempt()
+        return None
+    except BROKER_ERRORS as e:
+        log.warning("RabbitMQ is not reachable at start-up (%s: %s); %s",
+                    type(e).__name__, e, then)
+
+    async def keep_trying() -> None:
+        while not connected():
+            await asyncio.sleep(START_RETRY)
+            with contextlib.suppress(*BROKER_ERRORS):
+                await attempt()
+
+    return asyncio.create_task(keep_trying(), name=name)
 
 
 async def declare_exchanges(channel: AbstractRobustChannel, prefix: str,
@@ -104,20 +129,9 @@ class Publisher:
     async def start(self) -> None:
         """Connect and declare the exchanges now; if the broker cannot be reached, keep
         trying in the background (serving does not wait for it)."""
-        try:
-            await self._ready()
-        except BROKER_ERRORS as e:
-            log.warning("RabbitMQ is not reachable at start-up (%s: %s); declaring the "
-                        "exchanges once it is", type(e).__name__, e)
-            self._starting = asyncio.create_task(self._keep_trying())
-
-    async def _keep_trying(self) -> None:
-        while self._connection is None:
-            await asyncio.sleep(START_RETRY)
-            try:
-                await self._ready()
-            except BROKER_ERRORS:
-                continue
+        self._starting = await connect_or_retry(
+            self._ready, lambda: self._connection is not None,
+            "declaring the exchanges once it is")
 
     @property
     def reachable(self) -> bool:
