@@ -1,5 +1,5 @@
 """The doorbell table: how replicas without a broker tell each other that a task queue's
-tips became visible (``service.doorbell``).
+tips became visible (``service.doorbell``, ``service.tablebell``).
 
 Table ``<prefix>doorbell``, one partition ``bell``:
 
@@ -61,7 +61,10 @@ class Ear:
 
 
 @dataclass(frozen=True, slots=True)
-class Changes:
+class ChangedRows:
+    """The rows of the doorbell table changed since a read, and the newest of their
+    Timestamps (where the next read starts)."""
+
     rings: list[tuple[str, Ring]]  # (ETag, ring)
     ears: list[Ear]
     newest: datetime | None  # the newest Timestamp read
@@ -98,7 +101,7 @@ class BellTable(TableStore):
             with translate("noting the task queues this replica waits on"):
                 await self._table.submit_transaction(operations)
 
-    async def changes(self, since: datetime | None) -> Changes:
+    async def changes(self, since: datetime | None) -> ChangedRows:
         """The rows changed since ``since`` (less ``MARGIN``); all rows without it."""
         query = "PartitionKey eq @pk"
         parameters: dict[str, Any] = {"pk": _PARTITION}
@@ -125,7 +128,7 @@ class BellTable(TableStore):
                     until = e.get("until")
                     if isinstance(until, datetime):
                         ears.append(Ear(decode(queue), replica, until))
-        return Changes(rings, ears, newest)
+        return ChangedRows(rings, ears, newest)
 
     async def sweep(self, before: datetime) -> int:
         """Delete the rows last written before ``before``, unless they change meanwhile;
