@@ -28,6 +28,7 @@ from azqueue.model.tip import TipForm, TipSigner
 from azqueue.model.upload import UploadSigner
 from azqueue.service.artifacts import ArtifactService
 from azqueue.service.batch import BatchReads
+from azqueue.service.brokerbell import BrokerTransport
 from azqueue.service.cache import TaskCache
 from azqueue.service.changes import ChangeObserver, Changes
 from azqueue.service.claimindex import ClaimIndex
@@ -35,7 +36,7 @@ from azqueue.service.claims import Claims
 from azqueue.service.counts import RunningClaims, TaskQueueCounts
 from azqueue.service.definitions import Definitions
 from azqueue.service.dependencies import Dependencies
-from azqueue.service.doorbell import Doorbell
+from azqueue.service.doorbell import Doorbell, Transport
 from azqueue.service.expiry import Expiry
 from azqueue.service.groupowner import GroupOwners
 from azqueue.service.groups import TaskGroups
@@ -46,6 +47,7 @@ from azqueue.service.priority import TaskPriority
 from azqueue.service.repair import Repair
 from azqueue.service.rerun import Rerun
 from azqueue.service.resolution import Resolution
+from azqueue.service.tablebell import TableTransport
 from azqueue.service.taskurls import TaskUrls
 from azqueue.service.tips import Tips
 from azqueue.service.triggers import DeadlineTriggers
@@ -203,13 +205,16 @@ def _broker_reachable(outbox: EventOutbox) -> Callable[[], bool] | None:
 def _doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
               hints: PendingHints, replica: str) -> Doorbell:
     """The doorbell: through the broker with events on, else a table every replica reads."""
-    broker = BrokerBells(url=settings.amqp_url, exchange_prefix=settings.exchange_prefix,
-                         routing_key=settings.storage.prefix, replica=replica) \
-        if settings.amqp_url else None
-    return Doorbell(waiting=waiting, hints=hints, replica=replica, broker=broker,
-                    table=None if settings.amqp_url else BellTable(account),
-                    interval=settings.doorbell_interval,
-                    ear_life=timedelta(seconds=settings.task_queue_idle_expiry))
+    idle_expiry = timedelta(seconds=settings.task_queue_idle_expiry)
+    transport: Transport
+    if settings.amqp_url:
+        transport = BrokerTransport(BrokerBells(
+            url=settings.amqp_url, exchange_prefix=settings.exchange_prefix,
+            routing_key=settings.storage.prefix, replica=replica))
+    else:
+        transport = TableTransport(table=BellTable(account), replica=replica,
+                                   interval=settings.doorbell_interval, ear_life=idle_expiry)
+    return Doorbell(waiting=waiting, hints=hints, transport=transport, idle_expiry=idle_expiry)
 
 
 async def _setup(services: Services) -> None:
