@@ -31,6 +31,10 @@ from azqueue.storage.bells import MARGIN, BellTable, Ear
 
 log = logging.getLogger(__name__)
 
+# Seconds a stopping replica spends removing its ears from the table (a courtesy: an ear
+# left behind expires by itself).
+FORGET_WITHIN = 5.0
+
 # How long an ear holds; it is rewritten when less than half of it is left, if its
 # waiters asked since it was last written.
 EAR_LIFE = timedelta(hours=1)
@@ -205,5 +209,10 @@ class TableTransport:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         if self._ears:
-            with contextlib.suppress(errors.StorageError):
-                await asyncio.wait_for(self.table.forget(list(self._ears), self.replica), 5.0)
+            try:
+                await asyncio.wait_for(self.table.forget(list(self._ears), self.replica),
+                                       FORGET_WITHIN)
+            except (errors.StorageError, TimeoutError) as e:
+                log.info("doorbell: this replica's ears on %d task queue(s) were left in the "
+                         "table (%s); they expire by themselves", len(self._ears),
+                         e or f"not removed within {FORGET_WITHIN:g} s")

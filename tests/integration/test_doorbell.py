@@ -11,13 +11,14 @@ fallback at an hour): only a ring can wake a waiting caller before its wait ends
 from __future__ import annotations
 
 import asyncio
-
+import logging
 from typing import Any
 
 import aiohttp
 import pytest
 
 from azqueue.config import StorageSettings
+from azqueue.service import tablebell
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.tasks import create, definition
@@ -205,3 +206,33 @@ async def test_callers_waiting_on_idle_task_queues_make_no_queue_requests(
     await asyncio.gather(*waiting, return_exceptions=True)
 
 
+
+
+async def test_a_replica_that_cannot_remove_its_ears_while_stopping_still_stops(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture) -> None:
+    """A stopping replica removes its ears from the doorbell table as a courtesy; when
+    storage does not answer that in time (thousands of ears, or storage slow), it says so
+    and stops: the ears expire by themselves."""
+    caplog.set_level(logging.INFO, logger="azqueue.service.tablebell")
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(tablebell, "FORGET_WITHIN", 1.0)
+    try:
+        server = await make_server(**quiet(
+            storage=StorageSettings(proxy.connection_string(), storage_prefix),
+            claim_work_wait=2.0))
+        waiting = asyncio.create_task(claim_work(http, server, "prov/leaving"))
+        await settled(server, "prov/leaving")
+        assert await waiting == []
+        # Every table write from now on, among them the removal of the ears (another may
+        # be the record of the task queue its caller asked about, written meanwhile).
+        held = [proxy.hold("POST", "$batch") for _ in range(3)]
+        try:
+            await asyncio.wait_for(server.stop(), 30)
+        finally:
+            for h in held:
+                h.release()
+    finally:
+        monkey.undo()
+    assert any("ears on 1 task queue(s) were left in the table" in r.getMessage()
+               for r in caplog.records)
