@@ -6,8 +6,12 @@ prints: ESC starts sequences that set the window title, write the clipboard (OSC
 move the cursor and erase lines; CR returns to the start of a line to overwrite it. So
 every C0 control character, DEL and every C1 control character is printed as a visible
 escape (``\\x1b``): all of them in a line of a listing or a status (``line``), all but
-newline and tab in multi-line text and logs (``text``, ``LogText``). JSON output
-(``--json``) needs none of this: ``json.dumps`` escapes them already.
+newline and tab in multi-line text and logs (``text``, ``LogText``). So are Unicode's
+bidirectional controls (U+202E, the right-to-left override, and the others), which make
+a terminal that lays out right-to-left text show a line's characters in another order
+than they come, and its line and paragraph separators (U+2028, U+2029), which some
+terminals break a line at (``\\u202e``). JSON output (``--json``) needs none of this:
+``json.dumps`` escapes them already.
 """
 
 from __future__ import annotations
@@ -15,7 +19,11 @@ from __future__ import annotations
 import codecs
 
 _CONTROLS = [*range(0x20), 0x7F, *range(0x80, 0xA0)]
-_IN_LINE = {c: f"\\x{c:02x}" for c in _CONTROLS}
+# The bidirectional controls (ALM, LRM, RLM, the embeddings and overrides, the isolates)
+# and the line and paragraph separators.
+_LAYOUT = [0x061C, 0x200E, 0x200F, *range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028,
+           0x2029]
+_IN_LINE = {c: f"\\x{c:02x}" for c in _CONTROLS} | {c: f"\\u{c:04x}" for c in _LAYOUT}
 _IN_TEXT = {c: escape for c, escape in _IN_LINE.items() if c not in (0x09, 0x0A)}
 
 

@@ -12,9 +12,11 @@ from tests.servers import Server
 from tests.worker.helpers import running, shell_worker, wait_status
 
 # What a hostile name or log holds: an OSC 52 clipboard write, a window title, an erased
-# line overwritten after a carriage return, and a C1 control (CSI).
-HOSTILE = "\x1b]52;c;ZXZpbA==\x07\x1b]0;owned\x07\x1b[2K\rall good\u009b2J"
-CONTROLS = ("\x1b", "\x07", "\r", "\u009b")
+# line overwritten after a carriage return, a C1 control (CSI), a right-to-left override
+# that shows "txt.exe" as "exe.txt", and a line separator.
+HOSTILE = ("\x1b]52;c;ZXZpbA==\x07\x1b]0;owned\x07\x1b[2K\rall good\u009b2J"
+           "\u202etxt.exe\u2028")
+CONTROLS = ("\x1b", "\x07", "\r", "\u009b", "\u202e", "\u2028")
 
 
 def _metadata(name: str) -> dict[str, str]:
@@ -25,6 +27,7 @@ def _metadata(name: str) -> dict[str, str]:
 def _assert_tame(printed: str) -> None:
     assert not any(c in printed for c in CONTROLS), repr(printed)
     assert "\\x1b]52;c;ZXZpbA==\\x07" in printed, repr(printed)  # shown, not obeyed
+    assert "\\u202etxt.exe\\u2028" in printed, repr(printed)
 
 
 async def test_task_names_are_printed_with_their_control_characters_escaped(
