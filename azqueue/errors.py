@@ -133,9 +133,10 @@ class StorageUnavailable(StorageError):
 
 
 class QueueBeingDeleted(StorageUnavailable):
-    """A pending queue deleted moments ago (an idle task queue's, ``service.idlequeues``)
-    cannot be made again yet: Azure answers 409 ``QueueBeingDeleted`` for a while (about
-    40 s) after a delete. Waited out within the time a call has (``PendingQueues.put``)."""
+    """A pending queue deleted moments ago (an idle task queue's,
+    ``service.upkeep.idlequeues``) cannot be made again yet: Azure answers 409
+    ``QueueBeingDeleted`` for a while (about 40 s) after a delete. Waited out
+    within the time a call has (``PendingQueues.put``)."""
 
 
 class QueueError(AzqueueError):

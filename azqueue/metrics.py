@@ -246,7 +246,7 @@ class _Pending(Collector):
     or resolved through another tip) and tips held invisible by a claim: it is an upper
     bound of the pending runs, good for trends and alerts, not an exact count. The running
     runs are those taskQueueCounts counts (the claim index and every replica's notes of
-    its younger claims, ``service.claimindex``)."""
+    its younger claims, ``service.runs.claimindex``)."""
 
     def __init__(self) -> None:
         self._queues: OrderedDict[str, float] = OrderedDict()  # -> when last seen

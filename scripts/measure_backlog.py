@@ -31,10 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.model import timeutil  # noqa: E402
-from azqueue.service import counts  # noqa: E402
+from azqueue.model.priority import Priority  # noqa: E402
+from azqueue.service.tasks import counts  # noqa: E402
 from azqueue.storage.account import StorageAccount  # noqa: E402
 from azqueue.storage.queues import PendingQueues, Queues  # noqa: E402
-from azqueue.model.priority import Priority  # noqa: E402
 from azqueue.testing.inprocess import InProcessServer  # noqa: E402
 
 ROOT = Client("root", "root-access-token-for-measuring-0123", ("*",))

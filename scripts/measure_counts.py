@@ -29,7 +29,7 @@ from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
 from azqueue.model import timeutil  # noqa: E402
 from azqueue.model.priority import ORDER  # noqa: E402
-from azqueue.service import counts  # noqa: E402
+from azqueue.service.tasks import counts  # noqa: E402
 from azqueue.testing.inprocess import InProcessServer  # noqa: E402
 
 ROOT = Client("root", "root-access-token-for-measuring-0123", ("*",))

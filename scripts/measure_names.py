@@ -20,7 +20,7 @@
    minutes).
 4b. **Claimed, expired**: the expiry pass's part for task queues (their expired records
    deleted, then the empty Azure queues of task queues with no record left:
-   ``azqueue.service.idlequeues``), run in this process with its clock
+   ``azqueue.service.upkeep.idlequeues``), run in this process with its clock
    ``EXPIRED_AFTER`` on (past the records' five days; the server's own pass runs every
    ``AZQUEUE_EXPIRY_INTERVAL``), and how long it took; the same figures; again (up to
    EXPIRY_PASSES passes) while a pass deletes any, as Azurite's listing of more than
@@ -55,7 +55,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from azqueue import metrics
 from azqueue.config import StorageSettings
 from azqueue.devstorage import Azurite
-from azqueue.service.idlequeues import IdleQueues
+from azqueue.service.upkeep.idlequeues import IdleQueues
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.queues import PendingQueues, Queues
 from azqueue.storage.workers import TaskQueueStore

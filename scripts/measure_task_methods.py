@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
 from azqueue.devstorage import Azurite, free_port  # noqa: E402
-from azqueue.service import groups  # noqa: E402
+from azqueue.service.tasks import groups  # noqa: E402
 from azqueue.testing.inprocess import InProcessServer  # noqa: E402
 
 ROOT = Client("root", secrets.token_urlsafe(24), ("*",))

@@ -15,14 +15,15 @@ connections until the process runs out of file descriptors. So:
   seconds later). The ``s3``
   upload receiver reads its bodies itself, cut off only when nothing arrives for
   ``upload_read_timeout`` seconds or the body falls behind ``upload_min_rate_kib`` on
-  average (``service/uploads.py``): an upload of gigabytes that keeps up is never cut.
+  average (``service/artifacts/uploads.py``): an upload of gigabytes that keeps up is
+  never cut.
 * **Answers**: an answer is written while the client reads it. Once more than
   ``HIGH_WATER`` bytes of it wait unsent (the socket's buffers full), the client must
   take at least ``HIGH_WATER`` bytes more of it every ``send_timeout`` seconds until
   less than ``LOW_WATER`` wait, or the connection is dropped with the rest of the answer
   (``_Counted.pause_writing``): a client that stops reading, or sends pipelined requests
   it never reads the answers of, holds neither memory nor a connection for longer. The
-  listings bound each page by bytes as well as by count (``service.paging``), so that
+  listings bound each page by bytes as well as by count (``service.common.paging``), so that
   what one answer holds is small.
 * **How many**: ``ListeningSite`` answers a connection beyond ``max_connections`` open at
   once in this process with a 503 (``Retry-After``) and closes it, before reading
@@ -68,7 +69,7 @@ LOW_WATER = 16 * 1024
 def _options(settings: Settings) -> dict[str, Any]:
     """How each connection's requests are read (aiohttp's RequestHandler's options).
     Bodies are read as sent: an upload's ``Content-Encoding`` is the artifact's, kept
-    (``service/uploads.py``), and ``read_body`` decodes an API body's."""
+    (``service/artifacts/uploads.py``), and ``read_body`` decodes an API body's."""
     return {"access_log": None, "keepalive_timeout": settings.idle_timeout,
             "lingering_time": LINGER, "auto_decompress": False}
 

@@ -42,7 +42,7 @@ from azqueue.api.observe import CLIENT_KEY, ENDPOINT_KEY
 from azqueue.model import jsontext, timeutil
 from azqueue.model.identifiers import IDENTIFIER, SLUGID, TASK_QUEUE_ID
 from azqueue.model.scopes import Template, Unresolved, render
-from azqueue.service.artifacts import name_fits as artifact_name_fits
+from azqueue.service.artifacts.artifacts import name_fits as artifact_name_fits
 from azqueue.service.wiring import Services
 
 API = "/api/queue/v1"
@@ -58,9 +58,9 @@ LIST_PAGE = 100
 # says where to go on), and taskQueueCountsBatch counts at most ANONYMOUS_COUNTS task
 # queues for them (7 to 14 requests each). Besides the bound come costs that grow with
 # what the deployment holds, not with what a request asks: the scan of the claim index
-# that claimed counts and listings share (``service.counts``: at most one per
+# that claimed counts and listings share (``service.tasks.counts``: at most one per
 # COUNTS_TTL seconds and process, however many requests ask), and the rows of a task
-# group not yet sealed (``service.groups``, read for its first page). Callers with
+# group not yet sealed (``service.tasks.groups``, read for its first page). Callers with
 # credentials get up to 1000 a page and a batch.
 ANONYMOUS_PAGE = 50
 ANONYMOUS_COUNTS = 5

@@ -4,9 +4,9 @@ A claim normally expires through its tip: the message reappears at ``takenUntil`
 whoever claims ``runId + 1`` resolves the old run. This loop covers the rest (nobody
 polling, a claim made without a tip, a message lost to a crash), and it is what wakes
 the workers waiting for the retry: resolving a run claim-expired makes its retry's tip
-visible, which rings the doorbell (``service.doorbell``).
+visible, which rings the doorbell (``service.dispatch.doorbell``).
 
-It reads the claim index rows (``service.claimindex``: runs still running a while after
+It reads the claim index rows (``service.runs.claimindex``: runs still running a while after
 their claim) in one scan, resolves each run whose ``takenUntil`` has passed through the
 same transition, and sleeps until the earliest ``takenUntil`` it knows of: the rows it
 read and the claims this process made and has not indexed yet (they are indexed before
@@ -26,8 +26,8 @@ import random
 from azqueue import errors, metrics
 from azqueue.background import one_pass
 from azqueue.model import timeutil
-from azqueue.service.claimindex import ClaimIndex
-from azqueue.service.resolution import Resolution
+from azqueue.service.runs.claimindex import ClaimIndex
+from azqueue.service.runs.resolution import Resolution
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,8 @@
 """The deadline resolver: resolves unresolved runs exception/deadline-exceeded.
 
-createTask stores the task's deadline trigger (``service.triggers``, several tasks to a
+createTask stores the task's deadline trigger (``service.runs.triggers``, several tasks to a
 message), invisible until the task's deadline (at most 5 days ahead, under Azure's 7-day
-limit) or, first, until the tip repair delay (``service.repair``: before the deadline,
+limit) or, first, until the tip repair delay (``service.runs.repair``: before the deadline,
 each time it surfaces, a missing tip is repaired and the trigger postponed to the next
 look). This loop receives the due messages every ``interval`` seconds, resolves each
 task's unresolved run through the model's ``resolve_deadline`` transition, settles its
@@ -23,7 +23,7 @@ import itertools
 from datetime import timedelta
 
 from azqueue.background import every
-from azqueue.service.resolution import Resolution
+from azqueue.service.runs.resolution import Resolution
 
 INVISIBLE_FOR = timedelta(minutes=2)
 LEGACY_EVERY = 12

@@ -12,7 +12,7 @@ import asyncio
 from datetime import timedelta
 
 from azqueue.background import every
-from azqueue.service.dependencies import Dependencies
+from azqueue.service.runs.dependencies import Dependencies
 
 INVISIBLE_FOR = timedelta(minutes=2)
 

@@ -1,5 +1,5 @@
 """The expiry resolver: deletes expired artifacts and tasks now and then (see
-``azqueue.service.expiry``)."""
+``azqueue.service.upkeep.expiry``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import asyncio
 
 from azqueue.background import every
 from azqueue.model import timeutil
-from azqueue.service.expiry import Expiry
+from azqueue.service.upkeep.expiry import Expiry
 
 
 async def run(expiry: Expiry, interval: float, stop: asyncio.Event) -> None:

@@ -1,7 +1,7 @@
 """The group-passes resolver: finishes cancelTaskGroup and changeTaskGroupPriority.
 
 A call handles the first ``GROUP_BATCH`` members of a large group and leaves a trigger
-for the rest in ``<prefix>-group-passes`` (see ``service.groups``). This loop takes the
+for the rest in ``<prefix>-group-passes`` (see ``service.tasks.groups``). This loop takes the
 due triggers every ``AZQUEUE_GROUP_RESOLVER_INTERVAL`` seconds and handles one batch of
 each, until none is left; a trigger it took and did not finish reappears after
 ``PASS_HOLD`` for any replica.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 from azqueue.background import every
-from azqueue.service.groups import TaskGroups
+from azqueue.service.tasks.groups import TaskGroups
 
 async def finish_due_passes(groups: TaskGroups) -> int:
     """Handle batches until no trigger is due; how many batches were handled."""

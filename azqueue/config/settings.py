@@ -94,16 +94,16 @@ class Settings:
     # A pending run that has had no live tip for this long gets a new one (see docs/operating/failures.md).
     tip_repair_delay: float = 180.0
     # How long a PUT to an s3 artifact's putUrl may send nothing before it is cut off,
-    # storing nothing (azqueue.service.uploads.READ_TIMEOUT).
+    # storing nothing (azqueue.service.artifacts.uploads.READ_TIMEOUT).
     upload_read_timeout: float = 60.0
     # What the PUTs to putUrls under way in a process may hold in all (MiB); one more is
-    # answered 503 (azqueue.service.uploads.MEMORY).
+    # answered 503 (azqueue.service.artifacts.uploads.MEMORY).
     upload_memory_mib: int = 256
     # The average rate (KiB/s) a PUT to a putUrl must keep up, with upload_read_timeout
-    # seconds to spare, or be cut off (azqueue.service.uploads.MIN_RATE).
+    # seconds to spare, or be cut off (azqueue.service.artifacts.uploads.MIN_RATE).
     upload_min_rate_kib: int = 16
     # What the PUTs to putUrls of one run may hold in a process (MiB); one more is answered
-    # 503 (azqueue.service.uploads.RUN_MEMORY).
+    # 503 (azqueue.service.artifacts.uploads.RUN_MEMORY).
     upload_run_memory_mib: int = 64
     # Slow and half-open connections (azqueue.api.connections): a request's headers must
     # be complete within header_timeout of its first byte, an API request's body whole

@@ -1,5 +1,5 @@
 """The doorbell over RabbitMQ: with events on, replicas tell each other through the broker
-that a task queue's tips became visible (``service.doorbell``), at no storage request.
+that a task queue's tips became visible (``service.dispatch.doorbell``), at no storage request.
 
 One direct exchange, ``<exchange prefix>doorbell``, routing key the deployment's storage
 prefix (so deployments sharing a broker do not wake each other); each replica binds an

@@ -26,34 +26,34 @@ from azqueue.model import credentials
 from azqueue.model.task import Task
 from azqueue.model.tip import TipForm, TipSigner
 from azqueue.model.upload import UploadSigner
-from azqueue.service.artifacts import ArtifactService
-from azqueue.service.batch import BatchReads
-from azqueue.service.brokerbell import BrokerTransport
-from azqueue.service.cache import TaskCache
-from azqueue.service.changes import ChangeObserver, Changes
-from azqueue.service.claimindex import ClaimIndex
-from azqueue.service.claims import Claims
-from azqueue.service.counts import RunningClaims, TaskQueueCounts
-from azqueue.service.definitions import Definitions
-from azqueue.service.dependencies import Dependencies
-from azqueue.service.doorbell import Doorbell, Transport
-from azqueue.service.expiry import Expiry
-from azqueue.service.groupowner import GroupOwners
-from azqueue.service.groups import TaskGroups
-from azqueue.service.health import Health
-from azqueue.service.idlequeues import IdleQueues
-from azqueue.service.hints import PendingHints
-from azqueue.service.priority import TaskPriority
-from azqueue.service.repair import Repair
-from azqueue.service.rerun import Rerun
-from azqueue.service.resolution import Resolution
-from azqueue.service.tablebell import TableTransport
-from azqueue.service.taskurls import TaskUrls
-from azqueue.service.tips import Tips
-from azqueue.service.triggers import DeadlineTriggers
-from azqueue.service.waiting import Waiting
-from azqueue.service.workclaimer import WorkClaimer
-from azqueue.service.workers import WorkerInfo
+from azqueue.service.artifacts.artifacts import ArtifactService
+from azqueue.service.dispatch.brokerbell import BrokerTransport
+from azqueue.service.dispatch.doorbell import Doorbell, Transport
+from azqueue.service.dispatch.hints import PendingHints
+from azqueue.service.dispatch.tablebell import TableTransport
+from azqueue.service.dispatch.taskurls import TaskUrls
+from azqueue.service.dispatch.tips import Tips
+from azqueue.service.dispatch.waiting import Waiting
+from azqueue.service.runs.cache import TaskCache
+from azqueue.service.runs.changes import ChangeObserver, Changes
+from azqueue.service.runs.claimindex import ClaimIndex
+from azqueue.service.runs.claims import Claims
+from azqueue.service.runs.dependencies import Dependencies
+from azqueue.service.runs.priority import TaskPriority
+from azqueue.service.runs.repair import Repair
+from azqueue.service.runs.rerun import Rerun
+from azqueue.service.runs.resolution import Resolution
+from azqueue.service.runs.triggers import DeadlineTriggers
+from azqueue.service.runs.workclaimer import WorkClaimer
+from azqueue.service.tasks.batch import BatchReads
+from azqueue.service.tasks.counts import RunningClaims, TaskQueueCounts
+from azqueue.service.tasks.definitions import Definitions
+from azqueue.service.tasks.groupowner import GroupOwners
+from azqueue.service.tasks.groups import TaskGroups
+from azqueue.service.upkeep.expiry import Expiry
+from azqueue.service.upkeep.health import Health
+from azqueue.service.upkeep.idlequeues import IdleQueues
+from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.bells import BellTable
 from azqueue.storage.claims import ClaimNotes, ClaimStore

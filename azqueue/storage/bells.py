@@ -1,5 +1,5 @@
 """The doorbell table: how replicas without a broker tell each other that a task queue's
-tips became visible (``service.doorbell``, ``service.tablebell``).
+tips became visible (``service.dispatch.doorbell``, ``service.dispatch.tablebell``).
 
 Table ``<prefix>doorbell``, one partition ``bell``:
 

@@ -6,7 +6,7 @@ message the claim holds invisible (so that the pending count of a long queue, re
 Azure's message count, leaves it out); both absent from rows of earlier versions.
 The claim resolver lists the rows
 whose ``takenUntil`` has passed and expires those runs. A row is written only for a claim
-that is still running some seconds after it was made (see ``service.claimindex``), so
+that is still running some seconds after it was made (see ``service.runs.claimindex``), so
 the table holds about the long-running runs and a short task costs it nothing. What the
 claim holds (message, pop receipt) is on the task itself (``TaskStore``).
 """
@@ -125,7 +125,7 @@ MAX_NOTES = 3_000
 
 
 class ClaimNotes(TableStore):
-    """The claims each replica made and has not indexed yet (``service.claimindex``): one
+    """The claims each replica made and has not indexed yet (``service.runs.claimindex``): one
     row per replica, PartitionKey ``notes``, RowKey the replica's id, written at most once a
     second while its claims change and read by every replica's claimed counts, so a claim
     is counted within seconds wherever it was made. ``freshUntil`` lets readers ignore the

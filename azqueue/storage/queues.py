@@ -14,7 +14,7 @@ empty queue means (docs/workers/sas.md says so); claimWork's poller and the samp
 take it so too.
 
 The empty queues of a task queue nobody used for its expiry period are deleted again
-(``service.idlequeues``), by any replica. So a process may believe a queue exists that
+(``service.upkeep.idlequeues``), by any replica. So a process may believe a queue exists that
 another deleted: a put answered 404 ``QueueNotFound`` forgets it, makes it again and
 puts again, and a queue deleted moments ago, which Azure refuses to make again for a
 while (409 ``QueueBeingDeleted``, about 40 s), is waited for (``PendingQueues.put``).
@@ -308,7 +308,7 @@ class PendingQueues:
     async def put(self, task_queue_id: str, priority: Priority, text: str) -> Message:
         """Put ``text`` in the task queue's queue at ``priority``, made first if this
         process does not know it exists. A queue deleted since this process made it or
-        learned it exists (an idle task queue's, by any replica: ``service.idlequeues``)
+        learned it exists (an idle task queue's, by any replica: ``service.upkeep.idlequeues``)
         answers 404: it is made again and the put tried again. One deleted moments ago
         cannot be made yet (409 ``QueueBeingDeleted``): tried again, pausing, for up to
         ``BEING_DELETED_WAIT`` seconds or the time the request served has left, then

@@ -1,6 +1,6 @@
 """Deadline triggers, several tasks to a message: every task keeps its own, a refused
 createTask's is taken back, the resolver looks at each task of a message, and the
-one-task messages of earlier releases are still handled (``service.triggers``)."""
+one-task messages of earlier releases are still handled (``service.runs.triggers``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import aiohttp
 
 from azqueue.background.deadlines import INVISIBLE_FOR
 from azqueue.model import timeutil
-from azqueue.service.triggers import STORE_GRACE, DeadlineTriggers, Entry, encode, parse
+from azqueue.service.runs.triggers import STORE_GRACE, DeadlineTriggers, Entry, encode, parse
 from azqueue.storage.queues import Queues, encode_json
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector

@@ -1,7 +1,7 @@
 """Waiting is nearly free and still quick (docs/capacity.md, "At rest"): callers waiting on
 one replica are woken by the doorbell when a tip becomes visible on another, and make no
 request to the pending queues meanwhile. Without a broker the doorbell is a table every
-replica reads (``service.doorbell``); tests/events/test_doorbell.py runs the same with
+replica reads (``service.dispatch.doorbell``); tests/events/test_doorbell.py runs the same with
 the broker's.
 
 Every test here turns the pollers' own looks off (``claim_work_poll_interval`` and the
@@ -18,7 +18,7 @@ import aiohttp
 import pytest
 
 from azqueue.config import StorageSettings
-from azqueue.service import tablebell
+from azqueue.service.dispatch import tablebell
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.tasks import create, definition
@@ -214,7 +214,7 @@ async def test_a_replica_that_cannot_remove_its_ears_while_stopping_still_stops(
     """A stopping replica removes its ears from the doorbell table as a courtesy; when
     storage does not answer that in time (thousands of ears, or storage slow), it says so
     and stops: the ears expire by themselves."""
-    caplog.set_level(logging.INFO, logger="azqueue.service.tablebell")
+    caplog.set_level(logging.INFO, logger="azqueue.service.dispatch.tablebell")
     monkey = pytest.MonkeyPatch()
     monkey.setattr(tablebell, "FORGET_WITHIN", 1.0)
     try:

@@ -20,7 +20,7 @@ import taskcluster.aio
 
 from azqueue.config import StorageSettings
 from azqueue.model import timeutil
-from azqueue.service import changes, triggers, workclaimer
+from azqueue.service.runs import changes, triggers, workclaimer
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy, Faults
 from azqueue.testing.storage import StorageInspector
@@ -412,7 +412,7 @@ async def test_shutdown_waits_for_messages_being_settled_and_names_those_left(
         code, done = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
         assert code == 200, done
         await asyncio.wait_for(delete.reached.wait(), 30)
-        with caplog.at_level(logging.WARNING, logger="azqueue.service.changes"):
+        with caplog.at_level(logging.WARNING, logger="azqueue.service.runs.changes"):
             await server.stop()
     finally:
         delete.release()

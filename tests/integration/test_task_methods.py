@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 
 from azqueue.model import timeutil
-from azqueue.service import groups as group_service
+from azqueue.service.tasks import groups as group_service
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid, status

@@ -94,7 +94,7 @@ def test_malformed_variables_are_named(variable: str, value: str, says: str) -> 
 
 
 def test_the_upload_read_timeout_is_read_from_its_variable_and_defaults_to_the_receivers() -> None:
-    from azqueue.service.uploads import READ_TIMEOUT
+    from azqueue.service.artifacts.uploads import READ_TIMEOUT
 
     env = {"AZQUEUE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
            "AZQUEUE_TIP_SECRETS": "0123456789abcdef", "AZQUEUE_ROOT_CLIENT_ID": "root",
@@ -105,7 +105,7 @@ def test_the_upload_read_timeout_is_read_from_its_variable_and_defaults_to_the_r
 
 def test_the_upload_rate_and_run_share_are_read_from_their_variables_and_default_to_the_receivers(
         ) -> None:
-    from azqueue.service.uploads import MIN_RATE, RUN_MEMORY
+    from azqueue.service.artifacts.uploads import MIN_RATE, RUN_MEMORY
 
     env = {"AZQUEUE_STORAGE_CONNECTION_STRING": "UseDevelopmentStorage=true",
            "AZQUEUE_TIP_SECRETS": "0123456789abcdef", "AZQUEUE_ROOT_CLIENT_ID": "root",

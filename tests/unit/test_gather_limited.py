@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from azqueue.service.dependencies import MAX_PARALLEL, gather_limited
+from azqueue.service.common.gathering import MAX_PARALLEL, gather_limited
 
 
 async def test_results_come_in_the_order_asked_with_at_most_the_limit_at_once() -> None:

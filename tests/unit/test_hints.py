@@ -8,7 +8,7 @@ import time
 from typing import Any, cast
 
 from azqueue.model.priority import ORDER
-from azqueue.service.hints import PendingHints
+from azqueue.service.dispatch.hints import PendingHints
 
 
 async def test_a_tip_marked_visible_as_the_wait_runs_out_wakes_its_waiter() -> None:

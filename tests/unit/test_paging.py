@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from azqueue.service.dependencies import MAX_PARALLEL
-from azqueue.service.paging import json_size, read_fitting
+from azqueue.service.common.gathering import MAX_PARALLEL
+from azqueue.service.common.paging import json_size, read_fitting
 
 BUDGET = 100_000
 

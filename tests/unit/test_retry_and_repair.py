@@ -8,7 +8,7 @@ from datetime import timedelta
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
-from azqueue.service.repair import needs_tip, next_check
+from azqueue.service.runs.repair import needs_tip, next_check
 from azqueue.storage.retry import RetryPolicy, budget, retry_after
 from azqueue.testing.tasks import definition
 

@@ -1,13 +1,15 @@
 """What the source of azqueue keeps to, read from its syntax trees: no function longer
-than a screen, Azure's SDK imported by the storage package alone, and the command line
-the top layer, imported by no other package (docs/contributing.md, "Layout")."""
+than a screen, Azure's SDK imported by the storage package alone, the command line the
+top layer, imported by no other package, and the rooms of azqueue/service importing only
+the rooms below them (docs/contributing.md, "Layout")."""
 
 from __future__ import annotations
 
 import ast
+import graphlib
 import importlib
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import azqueue
@@ -130,6 +132,93 @@ def test_the_import_reader_resolves_every_form() -> None:
         "azqueue.model", "azqueue.model.task", "azqueue.cli.follow", "azqueue.cli.follow.follow"}
     assert imported_modules("azqueue/worker/__init__.py", ast.parse("from . import run\n")) == {
         "azqueue.worker", "azqueue.worker.run"}
+
+
+SERVICE = PACKAGE / "service"
+# The paragraph of a room's docstring that names the rooms it may use:
+# "May use: ``azqueue.service.common``, ``azqueue.service.dispatch``." or "May use: no
+# other room."
+MAY_USE = re.compile(r"^May use:(.*?)(?:\n\s*\n|\Z)", re.M | re.S)
+
+
+def rooms(service: Path = SERVICE) -> dict[str, set[str]]:
+    """The rooms of azqueue/service (its sub-packages), each with the rooms it may use,
+    as the ``May use:`` paragraph of its ``__init__.py`` names them."""
+    found = {}
+    for init in sorted(service.glob("*/__init__.py")):
+        said = MAY_USE.search(ast.get_docstring(ast.parse(init.read_text())) or "")
+        assert said, f"{init.relative_to(PACKAGE.parent)}: no 'May use:' paragraph"
+        found[init.parent.name] = set(re.findall(r"``azqueue\.service\.(\w+)``", said[1]))
+    return found
+
+
+def imports_out_of_order(trees: Iterable[tuple[str, ast.Module]],
+                         allowed: dict[str, set[str]]) -> list[str]:
+    """``path: module`` for each import, by a module of a room of azqueue/service, of a
+    room it may not use (``allowed``) or of ``wiring`` (the top, which no room imports);
+    and ``path: outside the rooms`` for a module of azqueue/service besides wiring.py
+    that is in no room."""
+    found = []
+    for name, tree in trees:
+        parts = name.removesuffix(".py").split("/")
+        if parts[:2] != ["azqueue", "service"] or len(parts) < 3:
+            continue
+        if len(parts) == 3:
+            if parts[2] not in ("__init__", "wiring"):
+                found.append(f"{name}: outside the rooms")
+            continue
+        room = parts[2]
+        for imported in sorted(imported_modules(name, tree)):
+            target = imported.split(".")
+            if (target[:2] == ["azqueue", "service"] and len(target) > 2
+                    and target[2] != room and target[2] not in allowed.get(room, set())):
+                found.append(f"{name}: {imported}")
+    return found
+
+
+def test_the_rooms_of_the_service_import_only_the_rooms_below_them() -> None:
+    """Each room of azqueue/service says in its ``__init__.py`` which rooms it may use;
+    those are rooms, they make an order (no room may use one that may use it, however
+    far round), and no module imports beyond them."""
+    allowed = rooms()
+    assert {"common", "dispatch", "runs"} <= allowed.keys()
+    unknown = {room: sorted(uses - allowed.keys()) for room, uses in allowed.items()
+               if uses - allowed.keys()}
+    assert not unknown, f"rooms that may use rooms that do not exist: {unknown}"
+    order = list(graphlib.TopologicalSorter(allowed).static_order())  # CycleError if none
+    found = imports_out_of_order(modules(), allowed)
+    assert not found, (f"imports out of the rooms' order (from the bottom: {order}): "
+                       + "; ".join(found))
+
+
+def test_the_room_check_finds_an_import_from_above() -> None:
+    allowed = {"common": set(), "dispatch": {"common"}, "runs": {"common", "dispatch"}}
+    sources = {
+        "azqueue/service/dispatch/tips.py": "from azqueue.service.common import paging\n"
+                                            "from azqueue.service.dispatch.doorbell import D\n",
+        "azqueue/service/dispatch/doorbell.py": "from azqueue.service.runs.changes import C\n",
+        "azqueue/service/common/paging.py": "def f():\n    from ..dispatch import tips\n",
+        "azqueue/service/runs/claims.py": "from azqueue.service import wiring\n",
+        "azqueue/service/stray.py": "",
+        "azqueue/service/wiring.py": "from azqueue.service.runs.claims import Claims\n",
+        "azqueue/api/app.py": "from azqueue.service.wiring import open_services\n",
+    }
+    assert imports_out_of_order(((n, ast.parse(s)) for n, s in sources.items()), allowed) == [
+        "azqueue/service/dispatch/doorbell.py: azqueue.service.runs.changes",
+        "azqueue/service/dispatch/doorbell.py: azqueue.service.runs.changes.C",
+        "azqueue/service/common/paging.py: azqueue.service.dispatch",
+        "azqueue/service/common/paging.py: azqueue.service.dispatch.tips",
+        "azqueue/service/runs/claims.py: azqueue.service.wiring",
+        "azqueue/service/stray.py: outside the rooms"]
+
+
+def test_the_room_reader_finds_what_a_room_may_use(tmp_path: Path) -> None:
+    for room, doc in {"low": "Low things.\n\nMay use: no other room.\n",
+                      "high": "High things.\n\nMay use: ``azqueue.service.low``,\n"
+                              "``azqueue.service.mid``.\n\nNot ``azqueue.service.x``.\n"}.items():
+        (tmp_path / room).mkdir()
+        (tmp_path / room / "__init__.py").write_text(f'"""{doc}"""\n')
+    assert rooms(tmp_path) == {"high": {"low", "mid"}, "low": set()}
 
 
 # ``azqueue.x.y`` in double backquotes, as docstrings and comments name a module or a name.

@@ -6,7 +6,7 @@ read could use without scanning: so each server remembers, in memory and bounded
 changes it hears of, with no storage request:
 
 - the changes this server stores itself (``record``, an observer of its services'
-  changes, ``service.changes``): with events off, that is all, and the page says "recent
+  changes, ``service.runs.changes``): with events off, that is all, and the page says "recent
   on this replica" (``THIS_REPLICA``);
 - with events on, while the dashboard is watched (``listening``: see
   ``dashboard.Hearing``), every replica's too: the task exchanges' messages (``hear``,
@@ -124,7 +124,7 @@ class RecentChanges:
         return EVERY_REPLICA if self.listening() else THIS_REPLICA
 
     def record(self, before: Task | None, after: Task) -> None:
-        """An observer of the server's changes (``service.changes.ChangeObserver``): note
+        """An observer of the server's changes (``service.runs.changes.ChangeObserver``): note
         ``after``'s name and remember its newest state."""
         name = (after.definition.get("metadata") or {}).get("name", "")
         if name:

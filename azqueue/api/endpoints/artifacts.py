@@ -7,7 +7,7 @@ list-artifacts-response, get-artifact-response, artifact-content-response).
 
 ``receive_upload`` is not a Queue API method: it answers the plain ``PUT`` to an ``s3``
 artifact's ``putUrl`` (docs/workers/artifacts.md), authorized by the URL's signature rather than
-Hawk, and it streams the body (``azqueue.service.uploads``) instead of reading it
+Hawk, and it streams the body (``azqueue.service.artifacts.uploads``) instead of reading it
 whole, so it is registered with aiohttp's router (``UPLOAD_ROUTE``), ahead of the API.
 """
 

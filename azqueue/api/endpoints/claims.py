@@ -1,8 +1,8 @@
 """The endpoints a worker calls about its work: pollTaskUrls, claimWork (which
 long-polls), claimTask, reclaimTask, and the reports that resolve a run
 (reportCompleted, reportFailed, reportException). Scopes as Taskcluster's Queue reference
-declares them; the logic is in ``service.taskurls``, ``service.workclaimer``,
-``service.claims`` and ``service.resolution``."""
+declares them; the logic is in ``service.dispatch.taskurls``, ``service.runs.workclaimer``,
+``service.runs.claims`` and ``service.runs.resolution``."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from azqueue.api.routing import Call, Route, Routes
 from azqueue.model import scopes
 from azqueue.model.identifiers import IDENTIFIER
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.service.claims import TipClaim
-from azqueue.service.taskurls import MAX_WAIT
+from azqueue.service.dispatch.taskurls import MAX_WAIT
+from azqueue.service.runs.claims import TipClaim
 
 routes = Routes("Worker interface")
 

@@ -1,6 +1,6 @@
 """The endpoints of a task queue's counts and listings: pendingTasks, taskQueueCounts,
 taskQueueCountsBatch, listPendingTasks and listClaimedTasks. Scopes as the Taskcluster
-Queue reference declares them; the logic is in ``service.counts``."""
+Queue reference declares them; the logic is in ``service.tasks.counts``."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ async def task_queue_counts_batch(call: Call) -> Any:
     ids = call.body["taskQueueIds"]
     call.authorize(taskQueueIds=ids)
     if call.caller.client_id is None and len(ids) > ANONYMOUS_COUNTS:
-        # Each task queue costs 7 to 14 storage requests (service.counts).
+        # Each task queue costs 7 to 14 storage requests (service.tasks.counts).
         raise errors.InputError(
             f"an anonymous taskQueueCountsBatch counts at most {ANONYMOUS_COUNTS} task queues "
             f"(this one asks for {len(ids)}): ask in several calls, or with credentials "

@@ -1,6 +1,6 @@
 """The endpoints of task groups: listTaskGroup, getTaskGroup, sealTaskGroup,
 cancelTaskGroup and changeTaskGroupPriority, with the scopes of Taskcluster's Queue
-reference; the logic is in ``service.groups``."""
+reference; the logic is in ``service.tasks.groups``."""
 
 from __future__ import annotations
 

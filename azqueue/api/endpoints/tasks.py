@@ -2,8 +2,8 @@
 changeTaskPriority, listDependentTasks, and the batch reads tasks and statuses.
 
 Scopes as Taskcluster's Queue reference declares them; the logic is in
-``service.definitions``, ``service.resolution``, ``service.rerun``,
-``service.priority`` and ``service.batch``.
+``service.tasks.definitions``, ``service.runs.resolution``, ``service.runs.rerun``,
+``service.runs.priority`` and ``service.tasks.batch``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The endpoints of the worker metadata: provisioners, worker types, task queues, workers
 (with declareWorker and quarantineWorker). Scopes as the Taskcluster Queue reference
-declares them; the logic is in ``service.workers``."""
+declares them; the logic is in ``service.workers.workers``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from azqueue import errors
 from azqueue.api.routing import PAGED, Call, Route, Routes
 from azqueue.model import timeutil
 from azqueue.model.identifiers import WORKER_TYPE_OF_TASK
-from azqueue.service.workers import WorkerInfo
+from azqueue.service.workers.workers import WorkerInfo
 
 # Taskcluster's page size for the metadata listings, which read nothing but their rows.
 METADATA_PAGE = 1000

@@ -24,11 +24,11 @@ from azqueue.model import task as model
 from azqueue.model import credentials, taskcreds, timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.model.tip import TipSigner
-from azqueue.service.cache import TaskCache
-from azqueue.service.changes import Changes
-from azqueue.service.claimindex import ClaimIndex
-from azqueue.service.tips import Tips
-from azqueue.service.workers import WorkerInfo
+from azqueue.service.dispatch.tips import Tips
+from azqueue.service.runs.cache import TaskCache
+from azqueue.service.runs.changes import Changes
+from azqueue.service.runs.claimindex import ClaimIndex
+from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import PendingQueues, Queues
 from azqueue.storage.taskrows import HeldMessage, Stored

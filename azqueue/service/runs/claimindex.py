@@ -37,7 +37,7 @@ from datetime import datetime, timedelta
 from azqueue import errors
 from azqueue.model import timeutil
 from azqueue.model.task import RunState
-from azqueue.service.dependencies import gather_limited
+from azqueue.service.common.gathering import gather_limited
 from azqueue.storage.claims import ClaimNotes, ClaimRecord, ClaimStore
 from azqueue.storage.tasks import TaskStore
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from azqueue import errors
 from azqueue.model.task import Task
-from azqueue.service import paging
+from azqueue.service.common import paging
 from azqueue.storage.tasks import TaskStore
 
 

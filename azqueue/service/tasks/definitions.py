@@ -34,14 +34,15 @@ from azqueue.model import events
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
-from azqueue.service import paging
-from azqueue.service.changes import Changes
-from azqueue.service.claims import TIP_WAIT
-from azqueue.service.dependencies import Dependencies, NewTask, gather_limited
-from azqueue.service.groupowner import GroupOwners
-from azqueue.service.tips import Tips, live
-from azqueue.service.triggers import DeadlineTriggers, Trigger
-from azqueue.service.workers import WorkerInfo
+from azqueue.service.common import paging
+from azqueue.service.common.gathering import gather_limited
+from azqueue.service.dispatch.tips import Tips, live
+from azqueue.service.runs.changes import Changes
+from azqueue.service.runs.claims import TIP_WAIT
+from azqueue.service.runs.dependencies import Dependencies, NewTask
+from azqueue.service.runs.triggers import DeadlineTriggers, Trigger
+from azqueue.service.tasks.groupowner import GroupOwners
+from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message, Queues
 from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, definition_size

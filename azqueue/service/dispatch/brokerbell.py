@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from azqueue.events.bells import BrokerBells
-from azqueue.service.doorbell import Heard
+from azqueue.service.dispatch.doorbell import Heard
 
 
 class BrokerTransport:

@@ -32,19 +32,19 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import inspect
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import Task
+from azqueue.service.common.gathering import MAX_PARALLEL, gather_limited
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
 from azqueue.storage.taskrows import Stored
@@ -52,44 +52,16 @@ from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
-MAX_PARALLEL = 16
 # A resolution with so many dependents that telling them takes longer than this is told
 # in the background after the request is answered (the trigger keeps it durable).
 INLINE_BUDGET = 5.0
 # How often a definition trigger whose task is not stored is looked at before it is
 # dropped (its createTask died before storing the task).
 MAX_DEFINITION_CHECKS = 5
-T = TypeVar("T")
 
 # Schedules the task (given as loaded, with its ETag) and queues its tip; with ``requeue``
 # also queues a tip if the task was pending already (a tip may have been lost).
 Schedule = Callable[[str, Stored, bool], Awaitable[Any]]
-
-
-async def gather_limited(calls: Iterable[Awaitable[T]]) -> list[T]:
-    """Await ``calls`` with at most MAX_PARALLEL at a time; results in order. The first
-    failure stops the rest: those under way are cancelled and, given as a generator,
-    those not yet begun are never made, so a failed request costs no more storage
-    requests afterwards."""
-    items = enumerate(calls)
-    results: dict[int, T] = {}
-
-    async def worker() -> None:
-        for i, call in items:  # shared: each call is taken (and made) by one worker
-            results[i] = await call
-
-    workers = [asyncio.create_task(worker()) for _ in range(MAX_PARALLEL)]
-    try:
-        await asyncio.gather(*workers)
-    except BaseException:
-        for w in workers:
-            w.cancel()
-        await asyncio.gather(*workers, return_exceptions=True)
-        for _, call in items:
-            if inspect.iscoroutine(call):
-                call.close()  # made by the caller, never begun
-        raise
-    return [results[i] for i in range(len(results))]
 
 
 def _resolves(before: Task, after: Task) -> bool:

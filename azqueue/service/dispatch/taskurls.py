@@ -18,8 +18,8 @@ from datetime import timedelta
 from typing import Any
 
 from azqueue.model import timeutil
-from azqueue.service.doorbell import Doorbell
-from azqueue.service.hints import PendingHints, Sample
+from azqueue.service.dispatch.doorbell import Doorbell
+from azqueue.service.dispatch.hints import PendingHints, Sample
 from azqueue.storage.queues import PendingQueues
 
 # How long before the SAS URLs' reported expiry they actually stop working.

@@ -26,7 +26,7 @@ from datetime import datetime, timedelta
 
 from azqueue import errors
 from azqueue.model import timeutil
-from azqueue.service.doorbell import ALL, RETRY_PAUSE, Heard
+from azqueue.service.dispatch.doorbell import ALL, RETRY_PAUSE, Heard
 from azqueue.storage.bells import MARGIN, BellTable, Ear
 
 log = logging.getLogger(__name__)

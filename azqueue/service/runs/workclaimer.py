@@ -41,10 +41,10 @@ from typing import Any
 from azqueue import errors
 from azqueue.model.priority import ORDER
 from azqueue.model.tip import Tip
-from azqueue.service.claims import Claims, TipClaim
-from azqueue.service.doorbell import Doorbell
-from azqueue.service.waiting import Waiter, Waiting, WaitingQueue
-from azqueue.service.workers import WorkerInfo
+from azqueue.service.dispatch.doorbell import Doorbell
+from azqueue.service.dispatch.waiting import Waiter, Waiting, WaitingQueue
+from azqueue.service.runs.claims import Claims, TipClaim
+from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.queues import Message, PendingQueues, Queues, Received
 
 log = logging.getLogger(__name__)

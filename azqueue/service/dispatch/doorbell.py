@@ -45,8 +45,8 @@ from typing import Protocol
 
 from azqueue import errors
 from azqueue.model.priority import ORDER, Priority
-from azqueue.service.hints import PendingHints
-from azqueue.service.waiting import Waiting
+from azqueue.service.dispatch.hints import PendingHints
+from azqueue.service.dispatch.waiting import Waiting
 
 log = logging.getLogger(__name__)
 

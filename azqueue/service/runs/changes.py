@@ -24,10 +24,10 @@ from azqueue import errors, metrics
 from azqueue.events.outbox import EventOutbox
 from azqueue.model import events
 from azqueue.model.task import RunState, Task
-from azqueue.service.cache import TaskCache
-from azqueue.service.claimindex import ClaimIndex
-from azqueue.service.dependencies import Dependencies
-from azqueue.service.tips import Tips
+from azqueue.service.dispatch.tips import Tips
+from azqueue.service.runs.cache import TaskCache
+from azqueue.service.runs.claimindex import ClaimIndex
+from azqueue.service.runs.dependencies import Dependencies
 from azqueue.storage.queues import Queues
 from azqueue.storage.taskrows import HeldMessage, Stored
 from azqueue.storage.tasks import KEEP, Change, Keep, TaskStore

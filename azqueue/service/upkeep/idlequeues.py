@@ -3,7 +3,7 @@
 A task queue's seven pending queues are made with its first tip (``storage.queues``).
 Scopes may cover many task queue names (``queue:create-task:lowest:wild/*``), so queues made
 and left would grow without bound, and every queue costs: Azure lists them all, and
-Azurite slows down as they grow. The expiry pass (``service.expiry``, every
+Azurite slows down as they grow. The expiry pass (``service.upkeep.expiry``, every
 ``AZQUEUE_EXPIRY_INTERVAL`` on every replica) therefore deletes, after the task queue
 records that expired (``workers``: a record expires ``TASK_QUEUE_EXPIRY`` after a task
 was last created in the task queue or a worker last asked it for work), every pending

@@ -56,8 +56,8 @@ from datetime import datetime, timedelta
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
-from azqueue.service.changes import Changes
-from azqueue.service.tips import Tips
+from azqueue.service.dispatch.tips import Tips
+from azqueue.service.runs.changes import Changes
 from azqueue.storage.taskrows import Stored
 
 log = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from azqueue.model import timeutil
 from azqueue.model.artifact import Artifact
 from azqueue.model.task import Task
 from azqueue.model.upload import UploadGrant, UploadSigner
-from azqueue.service import paging
-from azqueue.service.uploads import (MEMORY, MIN_RATE, READ_TIMEOUT, RUN_MEMORY,
-                                     UploadReceiver)
+from azqueue.service.artifacts.uploads import (MEMORY, MIN_RATE, READ_TIMEOUT, RUN_MEMORY,
+                                               UploadReceiver)
+from azqueue.service.common import paging
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.artifacts import ArtifactStore, name_fits
 from azqueue.storage.blobs import BlobStore

@@ -43,12 +43,12 @@ from azqueue.model import timeutil
 from azqueue.model.events import Event
 from azqueue.model.priority import Priority
 from azqueue.model.task import Task
-from azqueue.service import paging
-from azqueue.service.changes import Changes
-from azqueue.service.definitions import Definitions
-from azqueue.service.dependencies import gather_limited
-from azqueue.service.groupowner import GroupOwners
-from azqueue.service.priority import TaskPriority
+from azqueue.service.common import paging
+from azqueue.service.common.gathering import gather_limited
+from azqueue.service.runs.changes import Changes
+from azqueue.service.runs.priority import TaskPriority
+from azqueue.service.tasks.definitions import Definitions
+from azqueue.service.tasks.groupowner import GroupOwners
 from azqueue.storage.groups import GroupMeta, GroupStore
 from azqueue.storage.queues import Message, Queues, decode_json, encode_json
 from azqueue.storage.tasks import TaskStore

@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from azqueue import errors
-from azqueue.service.dependencies import MAX_PARALLEL, gather_limited
+from azqueue.service.common.gathering import MAX_PARALLEL, gather_limited
 
 # The bytes of JSON a page's entries hold at most, besides its last entry: a page holds
 # one entry at least, whatever its size.

@@ -21,8 +21,8 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.model.task import RunState, Task
-from azqueue.service.changes import Changes
-from azqueue.service.tips import Tips
+from azqueue.service.dispatch.tips import Tips
+from azqueue.service.runs.changes import Changes
 from azqueue.storage.tasks import Change, TaskStore
 
 

@@ -24,9 +24,9 @@ from datetime import datetime, timedelta
 
 from azqueue.errors import QueueError, StorageError
 from azqueue.model import timeutil
-from azqueue.service.artifacts import ArtifactService
-from azqueue.service.idlequeues import IdleQueues
-from azqueue.service.workers import WorkerInfo
+from azqueue.service.artifacts.artifacts import ArtifactService
+from azqueue.service.upkeep.idlequeues import IdleQueues
+from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.claims import ClaimStore
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore

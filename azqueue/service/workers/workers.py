@@ -36,7 +36,7 @@ from typing import Any
 
 from azqueue import errors
 from azqueue.model import timeutil
-from azqueue.service import paging
+from azqueue.service.common import paging
 from azqueue.storage.workers import QueueRecord, TaskQueueStore, WorkerRecord, WorkerStore
 
 log = logging.getLogger(__name__)

@@ -43,10 +43,10 @@ from azqueue.model import timeutil
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.task import RunState, Task
 from azqueue.model.tip import Tip, TipSigner
-from azqueue.service import paging
-from azqueue.service.cache import TaskCache
-from azqueue.service.dependencies import gather_limited
-from azqueue.service.claimindex import ClaimIndex
+from azqueue.service.common import paging
+from azqueue.service.common.gathering import gather_limited
+from azqueue.service.runs.cache import TaskCache
+from azqueue.service.runs.claimindex import ClaimIndex
 from azqueue.storage.claims import ClaimRecord
 from azqueue.storage.queues import PendingQueues, Peeked, Queues
 from azqueue.storage.tasks import TaskStore

@@ -21,11 +21,11 @@ from azqueue import errors
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import ReasonResolved, RunState, Task
-from azqueue.service import triggers
-from azqueue.service.cache import TaskCache
-from azqueue.service.changes import Changes
-from azqueue.service.dependencies import gather_limited
-from azqueue.service.repair import Repair
+from azqueue.service.common.gathering import gather_limited
+from azqueue.service.runs import triggers
+from azqueue.service.runs.cache import TaskCache
+from azqueue.service.runs.changes import Changes
+from azqueue.service.runs.repair import Repair
 from azqueue.storage.claims import ClaimRecord, ClaimStore
 from azqueue.storage.queues import Message, Queues
 from azqueue.storage.tasks import TaskStore

@@ -82,8 +82,8 @@ from datetime import timedelta
 
 from azqueue.model.task import Task
 from azqueue.model.tip import TipSigner
-from azqueue.service.doorbell import Doorbell
-from azqueue.service.waiting import Waiting
+from azqueue.service.dispatch.doorbell import Doorbell
+from azqueue.service.dispatch.waiting import Waiting
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import Message, PendingQueues, Queues
 from azqueue.storage.taskrows import MAX_TIPS, HeldMessage, LiveTip, Stored

@@ -24,9 +24,9 @@ from typing import Any
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
-from azqueue.service.changes import Changes
-from azqueue.service.tips import Tips
-from azqueue.service.triggers import DeadlineTriggers
+from azqueue.service.dispatch.tips import Tips
+from azqueue.service.runs.changes import Changes
+from azqueue.service.runs.triggers import DeadlineTriggers
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.tasks import TaskStore
 
