@@ -141,8 +141,8 @@ class WorkerStore(TableStore):
     async def quarantine(self, task_queue_id: str, worker_group: str, worker_id: str,
                          until: datetime, detail: dict[str, Any]) -> WorkerRecord | None:
         """Set ``quarantineUntil`` and append ``detail`` to the worker's quarantine history;
-        None if the worker is not known. A read and a write conditional on it (again if
-        another write came between)."""
+        None if the worker is not known (or was deleted between the read and the write).
+        A read and a write conditional on it (again if another write came between)."""
         pk, rk = key(task_queue_id), key(f"{worker_group}/{worker_id}")
         while True:
             old = await self._entity(pk, rk, worker_group, worker_id)
@@ -161,6 +161,8 @@ class WorkerStore(TableStore):
                         match_condition=MatchConditions.IfNotModified)
             except ETagMismatch:
                 continue
+            except EntityNotFound:  # deleted since the read (it expired): not known
+                return None
             return WorkerRecord.from_entity({**old, **change})
 
     async def get(self, task_queue_id: str, worker_group: str,

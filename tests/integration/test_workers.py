@@ -11,7 +11,10 @@ import aiohttp
 import pytest
 import taskcluster
 
+from azqueue.config import StorageSettings
+from azqueue.storage.keys import encode as key
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, status
 from azqueue.worker.client import Credentials
@@ -310,3 +313,27 @@ async def test_an_sdk_sas_worker_is_listed_from_its_first_poll_before_any_claim(
             tq, "wg", "impostor", max_idle_sleep=0.5)
         assert await source.get(1, asyncio.Event()) == []
     assert [w["workerId"] for w in (await _get(http, url))["workers"]] == ["polling"]
+
+
+async def test_a_worker_deleted_while_it_is_being_quarantined_is_not_known(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """The expiry pass may delete a worker's row between quarantineWorker's read and its
+    write: the answer is the 404 of a worker not known, not a 500."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix))
+    tq = "prov/vanishing"
+    await _declare(http, server, tq, "w1")
+    write = proxy.hold("PATCH", storage.table_name("workers"))
+    quarantine = asyncio.create_task(http.put(_worker_url(server, tq, "w1"), json={
+        "quarantineUntil": iso(datetime.now(UTC) + timedelta(hours=1)),
+        "quarantineInfo": "tests"}))
+    try:
+        await asyncio.wait_for(write.reached.wait(), 30)
+        [row] = await storage.rows("workers", key(tq))
+        await storage.table("workers").delete_entity(row["PartitionKey"], row["RowKey"])
+    finally:
+        write.release()
+    async with await quarantine as r:
+        assert r.status == 404, await r.text()
+        assert "w1" in (await r.json())["message"]
