@@ -50,7 +50,8 @@ async def version(call: Call) -> Any:
 @routes.declare("GET", "/__metrics__", "metrics",
                 title="Metrics",
                 description=("the Azure Storage requests made by this process, by service and "
-                             "method, and the queue's other metrics (Prometheus text)"))
+                             "method, as JSON (the queue's metrics for Prometheus are at "
+                             "`/metrics`)"))
 async def metrics(call: Call) -> Any:
     return {"storageRequests": call.services.health.storage_requests()}
 
