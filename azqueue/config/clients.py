@@ -12,6 +12,10 @@ from azqueue.errors import ConfigError
 from azqueue.model import scopes
 
 MIN_ACCESS_TOKEN = 22
+# Taskcluster's auth service's pattern of a clientId; what a Hawk header's `id` carries.
+CLIENT_ID_RE = re.compile(r"[A-Za-z0-9!@/:.+|_-]+")
+# An access token is printable ASCII without spaces: what a deployer can copy and paste.
+ACCESS_TOKEN_RE = re.compile(r"[!-~]+")
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +30,13 @@ class Client:
         if not self.client_id or len(self.access_token) < MIN_ACCESS_TOKEN:
             raise ConfigError(f"client {self.client_id!r}: needs a clientId and an accessToken "
                               "of at least 22 characters")
+        if not CLIENT_ID_RE.fullmatch(self.client_id):
+            raise ConfigError(f"client {self.client_id!r}: a clientId holds only letters, "
+                              "digits and !@/:.+|_- (as Taskcluster's do)")
+        if not ACCESS_TOKEN_RE.fullmatch(self.access_token):
+            raise ConfigError(f"client {self.client_id!r}: an accessToken holds only printable "
+                              "ASCII characters, no spaces, such as the output of `python -c "
+                              "'import secrets; print(secrets.token_urlsafe(32))'`")
 
 
 # What examples write where a secret goes ("change-me-to-a-long-random-token"): a server

@@ -140,11 +140,12 @@ SETTINGS: tuple[Setting, ...] = (
                     "`placeholder`, …) is refused at start-up"),
     Setting("AZQUEUE_ROOT_CLIENT_ID", "required", field="root",
             default="(required; `dev` makes it)",
-            meaning="the root client's clientId: scope `*`, and the issuer of claim credentials"),
+            meaning="the root client's clientId (letters, digits and `!@/:.+|_-`): scope `*`, "
+                    "and the issuer of claim credentials"),
     Setting("AZQUEUE_ROOT_ACCESS_TOKEN", "required", field="root",
             default="(required; `dev` makes it)",
-            meaning="the root client's access token: ≥ 22 characters; an example value is "
-                    "refused at start-up"),
+            meaning="the root client's access token: ≥ 22 printable ASCII characters, no "
+                    "spaces; an example value is refused at start-up"),
     Setting("AZQUEUE_STORAGE_CA_FILE", "storage", field="storage.ca_file", default="system CAs",
             meaning="a CA bundle to trust for the storage endpoints (an emulator or proxy with "
                     "its own certificate)"),
@@ -179,8 +180,9 @@ SETTINGS: tuple[Setting, ...] = (
             meaning="prefix of every table and queue name (1–16 lowercase letters/digits), to "
                     "share an account"),
     Setting("AZQUEUE_CLIENTS_FILE", "clients", field="clients", parse=_clients_file,
-            meaning="JSON list of static clients (`clientId`, `accessToken` ≥ 22 chars, "
-                    "`scopes`)"),
+            meaning="JSON list of static clients (`clientId` of letters, digits and "
+                    "`!@/:.+|_-`, `accessToken` of ≥ 22 printable ASCII characters and no "
+                    "spaces, `scopes`)"),
     Setting("AZQUEUE_ANONYMOUS_SCOPES", "clients", field="anonymous_scopes", parse=_scopes,
             empty_is_a_value=True, note="read-only by default; empty: none",
             meaning="comma-separated scopes of requests without credentials (empty: none), "

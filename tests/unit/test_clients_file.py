@@ -47,6 +47,10 @@ def test_a_client_whose_scopes_are_not_scopes_is_refused_naming_it(
     ([{"clientId": 7, "accessToken": TOKEN, "scopes": []}], "`clientId` must be a string"),
     ([{"clientId": "ci", "accessToken": None, "scopes": []}], "`accessToken` must be a string"),
     ([{"clientId": "ci", "accessToken": TOKEN}], "`scopes` must be a list"),
+    ([{"clientId": "c\ni", "accessToken": TOKEN, "scopes": []}], "a clientId holds only"),
+    ([{"clientId": "c\u202ei", "accessToken": TOKEN, "scopes": []}], "a clientId holds only"),
+    ([{"clientId": "ci", "accessToken": " " * 22, "scopes": []}], "no spaces"),
+    ([{"clientId": "ci", "accessToken": TOKEN + "é", "scopes": []}], "printable ASCII"),
 ])
 def test_a_malformed_clients_file_is_refused_saying_what_is_wrong(
         tmp_path: Path, entries: Any, says: str) -> None:
