@@ -8,7 +8,7 @@ On a process capped at CAP connections:
    nothing.
 
 For each: the process's resident memory before, at its highest while the answers lie
-unread, and once the send timeout dropped them; and how long until a fresh client's
+unread, once the send timeout dropped them, and a moment after the clients closed; and how long until a fresh client's
 ping is answered 200. The same run against a release without the send timeout shows
 what it fixed (its unread answers are held until the clients close).
 
@@ -35,6 +35,7 @@ from azqueue.testing.tasks import definition, slugid
 
 MIB = 1024 * 1024
 PAYLOAD = "x" * 390_000
+CLOSED_FOR = 3.0  # seconds after the clients closed their connections, RSS again
 
 
 def _rss(server: ServeProcess) -> int:
@@ -78,10 +79,14 @@ async def _attack(server: ServeProcess, request: bytes, clients: int, watch: flo
     after = _rss(server)
     for _, writer in hogs:
         writer.close()
+    await asyncio.sleep(CLOSED_FOR)
+    closed = _rss(server)
     ping = f"{answered:.1f} s" if answered is not None else f"not within {watch:g} s"
     return (f"RSS before {before / MIB:.0f} MiB, highest {peak / MIB:.0f} MiB (+"
             f"{(peak - before) / MIB:.0f}), after {watch:g} s {after / MIB:.0f} MiB (+"
-            f"{(after - before) / MIB:.0f}); a fresh ping answered 200 after {ping}")
+            f"{(after - before) / MIB:.0f}), {CLOSED_FOR:g} s after the clients closed "
+            f"{closed / MIB:.0f} MiB (+{(closed - before) / MIB:.0f}); a fresh ping answered "
+            f"200 after {ping}")
 
 
 async def main(tasks: int, clients: int, cap: int, pipelined: int, watch: float) -> None:

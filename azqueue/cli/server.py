@@ -62,6 +62,9 @@ T = TypeVar("T")
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.command in ("serve", "dev"):
+        from azqueue.api import heap
+        heap.fix_mmap_threshold()
     try:
         if args.command == "serve":
             asyncio.run(_stopping(lambda stop: _serve(Settings.from_env(), stop)))
