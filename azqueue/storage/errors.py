@@ -1,4 +1,6 @@
-"""Azure SDK errors, translated once into what the layers above act on.
+"""Storage errors, translated once into what the layers above act on: the Azure SDK's
+(``azure.core.exceptions``, the Tables SDK's transaction error) and those of the
+hand-written requests (``storage.rest.RequestFailed``).
 
 The exceptions raised here are the ``StorageCondition``s of ``azqueue.errors`` (the one
 error tree; they are importable from here too), ``StorageUnavailable`` when Azure stayed
@@ -33,6 +35,7 @@ from azqueue.errors import StorageError as StorageError
 from azqueue.errors import StorageUnavailable as StorageUnavailable
 from azqueue.errors import GroupJoined as GroupJoined
 from azqueue.errors import TransactionConflict as TransactionConflict
+from azqueue.storage.rest import RequestFailed
 from azqueue.storage.retry import RETRIED_STATUS
 
 
@@ -45,12 +48,33 @@ def _failed(what: str, e: AzureError) -> StorageError:
     status = getattr(e, "status_code", None)
     code = getattr(e, "error_code", None) or getattr(e, "reason", None)
     code = getattr(code, "value", code)  # the Tables SDK's codes are enums
+    if status in RETRIED_STATUS or isinstance(e, HttpResponseError):
+        return _answered(what, status, code)
+    return StorageError(f"Azure Storage failed during {what}: {type(e).__name__}")
+
+
+def _answered(what: str, status: int | None, code: object) -> StorageError:
+    """What an error answer that is none of the conditions becomes: StorageUnavailable
+    when it is one that is retried (the retries ran out), else StorageError."""
     if status in RETRIED_STATUS:
         return StorageUnavailable(f"Azure Storage is busy or failing ({status} {code}) during "
                                   f"{what}; try again in a moment")
-    if isinstance(e, HttpResponseError):
-        return StorageError(f"Azure Storage failed during {what}: {status} {code}")
-    return StorageError(f"Azure Storage failed during {what}: {type(e).__name__}")
+    return StorageError(f"Azure Storage failed during {what}: {status} {code}")
+
+
+def _refused(what: str, e: RequestFailed) -> StorageCondition | StorageError:
+    """What an error answer to a request of ``storage.rest`` becomes (the SDK's errors of
+    the same answers become the same)."""
+    if e.status == 404:
+        return EntityNotFound(what)
+    if e.status == 412:
+        return ETagMismatch(what)
+    if e.status == 409 and e.code == "QueueBeingDeleted":
+        return QueueBeingDeleted(f"Azure Storage is still deleting the queue during {what}; "
+                                 "try again in a moment")
+    if e.status == 409 and e.code in ("EntityAlreadyExists", "QueueAlreadyExists"):
+        return EntityExists(what)
+    return _answered(what, e.status, e.code)
 
 
 def _being_deleted(e: AzureError) -> bool:
@@ -61,9 +85,14 @@ def _being_deleted(e: AzureError) -> bool:
 
 @contextmanager
 def translate(what: str) -> Iterator[None]:
-    """Run Azure SDK calls, raising this module's exceptions (or StorageError) instead."""
+    """Run storage calls (the SDK's or ``storage.rest``'s), raising this module's
+    exceptions (or StorageError) instead."""
     try:
         yield
+    except RequestFailed as e:
+        error = _refused(what, e)
+        raise error from (None if isinstance(error, StorageCondition | QueueBeingDeleted)
+                          else e)
     except TableTransactionError as e:
         if e.status_code in (409, 412) or getattr(e, "error_code", "") in (
                 "EntityAlreadyExists", "UpdateConditionNotSatisfied"):
@@ -95,11 +124,15 @@ def translate_message(what: str) -> Iterator[None]:
     when the receipt stopped matching after an attempt of ours whose answer was lost."""
     try:
         yield
+    except RequestFailed as e:
+        if e.status == 404 or (e.status == 400 and e.code == "PopReceiptMismatch"):
+            if e.after_lost_answer:
+                raise ReceiptLost(what) from None
+            raise MessageGone(what) from None
+        raise _answered(what, e.status, e.code) from e
     except HttpResponseError as e:
         if e.status_code == 404 or (
                 e.status_code == 400 and getattr(e, "error_code", "") == "PopReceiptMismatch"):
-            if getattr(e, "after_lost_answer", False):
-                raise ReceiptLost(what) from None
             raise MessageGone(what) from None
         raise _failed(what, e) from e
     except AzureError as e:
