@@ -20,6 +20,7 @@ from azqueue.events.publisher import Publisher
 from azqueue.model import events
 from azqueue.service import wiring
 from azqueue.storage import errors as storage_errors
+from azqueue.storage.rest import RequestFailed
 
 
 def test_storage_errors_are_one_branch_of_the_tree_and_never_rendered() -> None:
@@ -29,6 +30,39 @@ def test_storage_errors_are_one_branch_of_the_tree_and_never_rendered() -> None:
         assert cls is getattr(errors, name)
         assert issubclass(cls, errors.StorageCondition) and not issubclass(cls, errors.QueueError)
     assert storage_errors.StorageError is errors.StorageError
+
+
+@pytest.mark.parametrize(("status", "code", "expected"), [
+    (404, "ResourceNotFound", errors.EntityNotFound),
+    (404, "QueueNotFound", errors.EntityNotFound),
+    (409, "EntityAlreadyExists", errors.EntityExists),
+    (409, "QueueBeingDeleted", errors.QueueBeingDeleted),
+    (409, "TableBeingDeleted", errors.StorageError),
+    (412, "UpdateConditionNotSatisfied", errors.ETagMismatch),
+    (503, "ServerBusy", errors.StorageUnavailable),
+    (500, "InternalError", errors.StorageUnavailable),
+    (403, "AuthenticationFailed", errors.StorageError),
+])
+def test_an_error_answer_to_a_hand_written_request_is_one_of_azqueues_errors(
+        status: int, code: str, expected: type[Exception]) -> None:
+    with pytest.raises(expected) as info, storage_errors.translate("reading tasks"):
+        raise RequestFailed("reading tasks", status, code)
+    assert type(info.value) is expected and "reading tasks" in str(info.value)
+
+
+@pytest.mark.parametrize(("status", "code", "lost", "expected"), [
+    (404, "MessageNotFound", False, errors.MessageGone),
+    (400, "PopReceiptMismatch", False, errors.MessageGone),
+    (400, "PopReceiptMismatch", True, errors.ReceiptLost),
+    (404, "MessageNotFound", True, errors.ReceiptLost),
+    (400, "InvalidQueryParameterValue", False, errors.StorageError),
+    (503, "ServerBusy", True, errors.StorageUnavailable),
+])
+def test_a_message_refused_by_its_receipt_is_gone_or_its_receipt_lost(
+        status: int, code: str, lost: bool, expected: type[Exception]) -> None:
+    with pytest.raises(expected) as info, storage_errors.translate_message("deleting a tip"):
+        raise RequestFailed("deleting a tip", status, code, after_lost_answer=lost)
+    assert type(info.value) is expected
 
 
 def test_a_storage_failure_is_its_own_branch_and_no_answer_to_a_client() -> None:
