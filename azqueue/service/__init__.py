@@ -7,6 +7,7 @@ time, pages), ``dispatch`` (how pending work reaches workers: tips, the doorbell
 waiters, hints), ``workers`` (worker and task queue records), ``artifacts``, ``runs``
 (a run's life: claims, changes, resolution, the dependency graph), ``tasks``
 (definitions, groups, reads and counts) and ``upkeep`` (expiry, idle queues, the
-health check). ``wiring.py``, above them all, builds every component and hands each
-its collaborators; no room imports it.
+health check). ``wiring.py``, above them all, declares every component with the
+collaborators it needs and how it starts and stops (the order follows from the needs);
+no room imports it.
 """

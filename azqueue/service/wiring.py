@@ -1,11 +1,14 @@
-"""Everything a process needs to act on the queue, built in one place, opened and closed
-together.
+"""Everything a process needs to act on the queue, declared in one place, started and
+stopped together.
 
-Both the HTTP server and the stand-alone resolvers (``azqueue resolve``) build their
+Both the HTTP server and the stand-alone resolvers (``azqueue resolve``) get their
 services here, so a state change made anywhere writes and publishes its events. Each
-component is given its collaborators by name; this is the only module that knows how
-they fit together. The handlers reach a component as ``call.services.<component>``, the
-resolver loops are given the components they use.
+component is declared once below (``common.components``): a function that makes it,
+whose parameters name the components it needs, with how it starts and stops; the start
+order follows from those needs (what a component needs starts before it), the stop order
+is its reverse. One store of each kind serves them all (the outbox too). This is the only
+module that knows how they fit together. The handlers reach a component as
+``call.services.<component>``, the resolver loops are given the components they use.
 """
 
 from __future__ import annotations
@@ -23,10 +26,10 @@ from azqueue.events.bells import BrokerBells
 from azqueue.events.outbox import EventOutbox, NullOutbox, Outbox
 from azqueue.events.publisher import EventSink, Publisher
 from azqueue.model import credentials
-from azqueue.model.task import Task
 from azqueue.model.tip import TipForm, TipSigner
 from azqueue.model.upload import UploadSigner
 from azqueue.service.artifacts.artifacts import ArtifactService
+from azqueue.service.common.components import Components
 from azqueue.service.dispatch.brokerbell import BrokerTransport
 from azqueue.service.dispatch.doorbell import Doorbell, Transport
 from azqueue.service.dispatch.hints import PendingHints
@@ -60,7 +63,6 @@ from azqueue.storage.claims import ClaimNotes, ClaimStore
 from azqueue.storage.dependents import DependentStore
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import PendingQueues, Queues
-from azqueue.storage.taskrows import Stored
 from azqueue.storage.tasks import TaskStore
 from azqueue.storage.workers import TaskQueueStore, WorkerStore
 
@@ -69,7 +71,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Services:
-    """The components of one process, each built once (see their modules)."""
+    """The components of one process, each built once (see their modules): what the
+    handlers and the resolvers use, and the few parts the tests look at."""
 
     definitions: Definitions  # createTask, scheduleTask, task, status, listDependentTasks
     claims: Claims  # claimTask, reclaimTask
@@ -91,88 +94,175 @@ class Services:
     tips: Tips
     doorbell: Doorbell
     outbox: EventOutbox  # with events off, a NullOutbox
+    tasks: TaskStore
+    queues: Queues
+    cache: TaskCache
+    waiting: Waiting  # the claimWork callers waiting in this process
 
 
-def build(settings: Settings, account: StorageAccount, outbox: EventOutbox,
-          observers: tuple[ChangeObserver, ...] = ()) -> Services:
-    """The components on ``account``, wired together, every stored change told to
-    ``observers``; nothing is created in storage yet (``open_services`` does that)."""
-    tasks = TaskStore(account)
-    queues = Queues(account)
-    pending = PendingQueues(account=account, queues=queues)
-    groups = GroupStore(account)
-    signer = TipSigner(secrets=settings.tip_secrets, form=settings.tip_form)
-    cache = TaskCache()
-    claim_timeout = timedelta(seconds=settings.claim_timeout)
-    deadline_triggers = DeadlineTriggers(queues, account.queue_name("deadline-batches"),
-                                         budget=settings.request_budget)
-    legacy_deadline_queue = account.queue_name("deadline")
-    repair_delay = timedelta(seconds=settings.tip_repair_delay)
-    hints = PendingHints(queues=queues, pending=pending,
-                         fallback=settings.claim_work_fallback_interval)
-    waiting = Waiting()
-    index = ClaimIndex(store=ClaimStore(account), notes=ClaimNotes(account), tasks=tasks,
-                       claim_timeout=claim_timeout)
-    doorbell = _doorbell(settings, account, waiting, hints, index.replica)
-    tips = Tips(signer=signer, queues=queues, pending=pending, tasks=tasks, waiting=waiting,
+# What a process is given: its settings, where its events go (None: the broker of
+# AZQUEUE_AMQP_URL, or none), what to log with events off (None: the caller says it), and
+# whom to tell of every stored change.
+COMPONENTS = Components(settings="Settings", events="EventSink | None",
+                        events_off="str | None", observers="tuple[ChangeObserver, ...]")
+component = COMPONENTS.add
+
+
+# -- storage ---------------------------------------------------------------------------------
+
+@component(stop=StorageAccount.close)
+def account(settings: Settings) -> StorageAccount:
+    account = StorageAccount(settings.storage)
+    metrics.STORAGE.watch(account)
+    return account
+
+
+@component
+def tasks(account: StorageAccount) -> TaskStore:
+    return TaskStore(account)
+
+
+@component
+def group_store(account: StorageAccount) -> GroupStore:
+    return GroupStore(account)
+
+
+@component
+def queues(account: StorageAccount) -> Queues:
+    return Queues(account)
+
+
+@component
+def pending(account: StorageAccount, queues: Queues) -> PendingQueues:
+    return PendingQueues(account=account, queues=queues)
+
+
+@component(start=ClaimStore.ensure)
+def claim_store(account: StorageAccount) -> ClaimStore:
+    return ClaimStore(account)
+
+
+@component(start=ClaimNotes.ensure)
+def claim_notes(account: StorageAccount) -> ClaimNotes:
+    return ClaimNotes(account)
+
+
+@component
+def dependents(account: StorageAccount) -> DependentStore:
+    return DependentStore(account)
+
+
+@component
+def worker_store(account: StorageAccount) -> WorkerStore:
+    return WorkerStore(account)
+
+
+@component
+def task_queue_store(account: StorageAccount) -> TaskQueueStore:
+    return TaskQueueStore(account)
+
+
+# -- events ----------------------------------------------------------------------------------
+
+async def _start_publisher(publisher: EventSink | None) -> None:
+    if publisher is not None:
+        await publisher.start()
+
+
+async def _close_publisher(publisher: EventSink | None) -> None:
+    if publisher is not None:
+        await publisher.close()
+
+
+@component(start=_start_publisher, stop=_close_publisher)
+def publisher(settings: Settings, events: EventSink | None,
+              events_off: str | None) -> EventSink | None:
+    """Where events go: ``events`` if given, else the broker of AZQUEUE_AMQP_URL; with
+    neither they are off (logged as ``events_off``)."""
+    if events is None and settings.amqp_url:
+        return Publisher(settings.amqp_url, settings.exchange_prefix)
+    if events is None and events_off:
+        log.warning("%s", events_off)
+    return events
+
+
+async def _start_outbox(outbox: EventOutbox) -> None:
+    await outbox.setup()
+    await outbox.start()
+
+
+async def _close_outbox(outbox: EventOutbox) -> None:
+    await outbox.close()
+
+
+@component(start=_start_outbox, stop=_close_outbox)
+def outbox(settings: Settings, account: StorageAccount, tasks: TaskStore,
+           group_store: GroupStore, queues: Queues, publisher: EventSink | None) -> EventOutbox:
+    """Events on: every change publishes through this outbox (else the null one)."""
+    if publisher is None:
+        return NullOutbox()
+    return Outbox(tasks, group_store, queues, publisher, account.queue_name("events"),
+                  timedelta(seconds=settings.events_recovery_delay))
+
+
+# -- dispatch: how pending work reaches workers ----------------------------------------------
+
+@component
+def signer(settings: Settings) -> TipSigner:
+    return TipSigner(secrets=settings.tip_secrets, form=settings.tip_form)
+
+
+@component
+def hints(settings: Settings, queues: Queues, pending: PendingQueues) -> PendingHints:
+    return PendingHints(queues=queues, pending=pending,
+                        fallback=settings.claim_work_fallback_interval)
+
+
+@component
+def waiting() -> Waiting:
+    return Waiting()
+
+
+@component(start=Doorbell.start, stop=Doorbell.close)
+def doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
+             hints: PendingHints, index: ClaimIndex) -> Doorbell:
+    """The doorbell: through the broker with events on, else a table every replica reads."""
+    idle_expiry = timedelta(seconds=settings.task_queue_idle_expiry)
+    transport: Transport
+    if settings.amqp_url:
+        transport = BrokerTransport(BrokerBells(
+            url=settings.amqp_url, exchange_prefix=settings.exchange_prefix,
+            routing_key=settings.storage.prefix, replica=index.replica))
+    else:
+        transport = TableTransport(table=BellTable(account), replica=index.replica,
+                                   interval=settings.doorbell_interval, ear_life=idle_expiry)
+    return Doorbell(waiting=waiting, hints=hints, transport=transport, idle_expiry=idle_expiry)
+
+
+@component
+def tips(signer: TipSigner, queues: Queues, pending: PendingQueues, tasks: TaskStore,
+         waiting: Waiting, doorbell: Doorbell) -> Tips:
+    return Tips(signer=signer, queues=queues, pending=pending, tasks=tasks, waiting=waiting,
                 doorbell=doorbell)
-    task_queues = TaskQueueStore(account)
-    workerinfo = WorkerInfo(workers=WorkerStore(account), task_queues=task_queues)
-    dependencies = _dependencies(settings, account, tasks, queues, lambda: definitions)
-    changes = Changes(tasks=tasks, outbox=outbox, dependencies=dependencies, cache=cache,
-                      queues=queues, tips=tips, index=index,
-                      crash_after_commit=settings.crash_after_commit, observers=observers)
-    owners = GroupOwners(tasks=tasks, groups=groups)
-    definitions = Definitions(
-        tasks=tasks, groups=groups, owners=owners, queues=queues,
-        triggers=deadline_triggers, legacy_deadline_queue=legacy_deadline_queue,
-        repair_delay=repair_delay, dependencies=dependencies,
-        tips=tips, changes=changes, outbox=outbox, workerinfo=workerinfo)
-    root = settings.root
-    claims = Claims(
-        tasks=tasks, queues=queues, pending=pending, signer=signer, cache=cache,
-        changes=changes, tips=tips, index=index, workerinfo=workerinfo,
-        issuer=credentials.Principal(root.client_id, root.access_token, root.scopes),
-        claim_timeout=claim_timeout)
-    priority = TaskPriority(tasks=tasks, changes=changes, tips=tips)
-    artifacts = _artifacts(settings, account, tasks, outbox)
-    return Services(
-        definitions=definitions,
-        claims=claims,
-        work=WorkClaimer(queues=queues, pending=pending, claims=claims, workerinfo=workerinfo,
-                         waiting=waiting, doorbell=doorbell, wait=settings.claim_work_wait,
-                         poll_interval=settings.claim_work_poll_interval,
-                         fallback_interval=settings.claim_work_fallback_interval),
-        resolution=Resolution(
-            tasks=tasks, queues=queues, cache=cache, changes=changes, claim_store=index.store,
-            deadline_queue=deadline_triggers.queue_name,
-            legacy_deadline_queue=legacy_deadline_queue,
-            repair=Repair(changes=changes, tips=tips, delay=repair_delay)),
-        groups=TaskGroups(tasks=tasks, groups=groups, owners=owners, queues=queues,
-                          passes=account.queue_name("group-passes"), outbox=outbox,
-                          changes=changes, definitions=definitions, priority=priority),
-        priority=priority,
-        rerun=Rerun(tasks=tasks, groups=groups, changes=changes, tips=tips,
-                    triggers=deadline_triggers, repair_delay=repair_delay,
-                    events_on=outbox.on),
-        batch=BatchReads(tasks),
-        counts=TaskQueueCounts(tasks=tasks, queues=queues, pending_queues=pending,
-                               signer=signer, cache=cache, running=RunningClaims(index)),
-        workers=workerinfo,
-        task_urls=TaskUrls(pending=pending, hints=hints, doorbell=doorbell,
-                           sas_lifetime=timedelta(seconds=settings.sas_lifetime)),
-        artifacts=artifacts,
-        expiry=Expiry(tasks=tasks, claim_store=index.store,
-                      dependents=dependencies.dependents, groups=groups,
-                      workerinfo=workerinfo, artifacts=artifacts,
-                      idle_queues=IdleQueues(pending=pending, task_queues=task_queues)),
-        health=Health(account=account, tasks=tasks, broker=_broker_reachable(outbox)),
-        dependencies=dependencies, index=index, changes=changes, tips=tips,
-        doorbell=doorbell, outbox=outbox)
 
 
-def _artifacts(settings: Settings, account: StorageAccount, tasks: TaskStore,
-               outbox: EventOutbox) -> ArtifactService:
+@component
+def task_urls(settings: Settings, pending: PendingQueues, hints: PendingHints,
+              doorbell: Doorbell) -> TaskUrls:
+    return TaskUrls(pending=pending, hints=hints, doorbell=doorbell,
+                    sas_lifetime=timedelta(seconds=settings.sas_lifetime))
+
+
+# -- workers and artifacts -------------------------------------------------------------------
+
+@component(start=WorkerInfo.setup, stop=WorkerInfo.close)
+def workerinfo(worker_store: WorkerStore, task_queue_store: TaskQueueStore) -> WorkerInfo:
+    return WorkerInfo(workers=worker_store, task_queues=task_queue_store)
+
+
+@component(start=ArtifactService.setup)
+def artifacts(settings: Settings, account: StorageAccount, tasks: TaskStore,
+              outbox: EventOutbox) -> ArtifactService:
     return ArtifactService(
         account=account, tasks=tasks, signer=UploadSigner(settings.tip_secrets),
         root_url=settings.public_root_url, outbox=outbox,
@@ -182,19 +272,171 @@ def _artifacts(settings: Settings, account: StorageAccount, tasks: TaskStore,
         upload_min_rate=settings.upload_min_rate_kib * 1024)
 
 
-def _dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore, queues: Queues,
-                  definitions: Callable[[], Definitions]) -> Dependencies:
-    """Passing a resolution on schedules the tasks that wait for it, which is defining's
-    part: ``definitions`` is asked for once it exists (it needs ``dependencies`` itself)."""
+# -- runs: a run's life ----------------------------------------------------------------------
 
-    async def schedule(task_id: str, loaded: Stored, requeue: bool) -> Task:
-        return await definitions().schedule(task_id, loaded, requeue)
+def _claim_timeout(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.claim_timeout)
 
+
+def _repair_delay(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.tip_repair_delay)
+
+
+def _legacy_deadline_queue(account: StorageAccount) -> str:
+    """Where releases before the deadline triggers put their deadline messages."""
+    return account.queue_name("deadline")
+
+
+@component
+def cache() -> TaskCache:
+    return TaskCache()
+
+
+async def _start_index(index: ClaimIndex) -> None:
+    index.start()
+
+
+@component(start=_start_index, stop=ClaimIndex.close)
+def index(settings: Settings, claim_store: ClaimStore, claim_notes: ClaimNotes,
+          tasks: TaskStore) -> ClaimIndex:
+    return ClaimIndex(store=claim_store, notes=claim_notes, tasks=tasks,
+                      claim_timeout=_claim_timeout(settings))
+
+
+@component(stop=DeadlineTriggers.close)
+def triggers(settings: Settings, account: StorageAccount, queues: Queues) -> DeadlineTriggers:
+    return DeadlineTriggers(queues, account.queue_name("deadline-batches"),
+                            budget=settings.request_budget)
+
+
+@component(start=Dependencies.setup)
+def dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore,
+                 dependents: DependentStore, queues: Queues) -> Dependencies:
+    """Without its scheduler yet: ``dependency_passing`` gives it that."""
     return Dependencies(
-        tasks=tasks, dependents=DependentStore(account), queues=queues,
+        tasks=tasks, dependents=dependents, queues=queues,
         queue_name=account.queue_name("dependencies"),
-        recovery_delay=timedelta(seconds=settings.dependencies_recovery_delay),
-        schedule=schedule)
+        recovery_delay=timedelta(seconds=settings.dependencies_recovery_delay))
+
+
+@component(stop=Changes.close)
+def changes(settings: Settings, tasks: TaskStore, outbox: EventOutbox,
+            dependencies: Dependencies, cache: TaskCache, queues: Queues, tips: Tips,
+            index: ClaimIndex, observers: tuple[ChangeObserver, ...]) -> Changes:
+    return Changes(tasks=tasks, outbox=outbox, dependencies=dependencies, cache=cache,
+                   queues=queues, tips=tips, index=index,
+                   crash_after_commit=settings.crash_after_commit, observers=observers)
+
+
+@component
+def claims(settings: Settings, tasks: TaskStore, queues: Queues, pending: PendingQueues,
+           signer: TipSigner, cache: TaskCache, changes: Changes, tips: Tips,
+           index: ClaimIndex, workerinfo: WorkerInfo) -> Claims:
+    root = settings.root
+    return Claims(
+        tasks=tasks, queues=queues, pending=pending, signer=signer, cache=cache,
+        changes=changes, tips=tips, index=index, workerinfo=workerinfo,
+        issuer=credentials.Principal(root.client_id, root.access_token, root.scopes),
+        claim_timeout=_claim_timeout(settings))
+
+
+@component
+def work(settings: Settings, queues: Queues, pending: PendingQueues, claims: Claims,
+         workerinfo: WorkerInfo, waiting: Waiting, doorbell: Doorbell) -> WorkClaimer:
+    return WorkClaimer(queues=queues, pending=pending, claims=claims, workerinfo=workerinfo,
+                       waiting=waiting, doorbell=doorbell, wait=settings.claim_work_wait,
+                       poll_interval=settings.claim_work_poll_interval,
+                       fallback_interval=settings.claim_work_fallback_interval)
+
+
+@component
+def resolution(settings: Settings, account: StorageAccount, tasks: TaskStore, queues: Queues,
+               cache: TaskCache, changes: Changes, claim_store: ClaimStore,
+               triggers: DeadlineTriggers, tips: Tips) -> Resolution:
+    return Resolution(
+        tasks=tasks, queues=queues, cache=cache, changes=changes, claim_store=claim_store,
+        deadline_queue=triggers.queue_name,
+        legacy_deadline_queue=_legacy_deadline_queue(account),
+        repair=Repair(changes=changes, tips=tips, delay=_repair_delay(settings)))
+
+
+@component
+def priority(tasks: TaskStore, changes: Changes, tips: Tips) -> TaskPriority:
+    return TaskPriority(tasks=tasks, changes=changes, tips=tips)
+
+
+@component
+def rerun(settings: Settings, tasks: TaskStore, group_store: GroupStore, changes: Changes,
+          tips: Tips, triggers: DeadlineTriggers, outbox: EventOutbox) -> Rerun:
+    return Rerun(tasks=tasks, groups=group_store, changes=changes, tips=tips,
+                 triggers=triggers, repair_delay=_repair_delay(settings), events_on=outbox.on)
+
+
+# -- tasks: definitions, groups, reads -------------------------------------------------------
+
+@component
+def owners(tasks: TaskStore, group_store: GroupStore) -> GroupOwners:
+    return GroupOwners(tasks=tasks, groups=group_store)
+
+
+@component(start=Definitions.setup)
+def definitions(settings: Settings, account: StorageAccount, tasks: TaskStore,
+                group_store: GroupStore, owners: GroupOwners, queues: Queues,
+                triggers: DeadlineTriggers, dependencies: Dependencies, tips: Tips,
+                changes: Changes, outbox: EventOutbox, workerinfo: WorkerInfo) -> Definitions:
+    return Definitions(
+        tasks=tasks, groups=group_store, owners=owners, queues=queues, triggers=triggers,
+        legacy_deadline_queue=_legacy_deadline_queue(account),
+        repair_delay=_repair_delay(settings), dependencies=dependencies, tips=tips,
+        changes=changes, outbox=outbox, workerinfo=workerinfo)
+
+
+@component(stop=Dependencies.close)
+def dependency_passing(dependencies: Dependencies, definitions: Definitions) -> Dependencies:
+    """``dependencies``, now able to pass a resolution on: the tasks that waited for it
+    are scheduled by ``definitions`` (its ``schedule``).
+
+    The two need each other at run time, not only to be built: scheduling a dependent is
+    a change (``changes``, which ``definitions`` uses), and every change is watched by
+    ``dependencies`` in case it resolves a task others wait for. So ``dependencies`` is
+    built without its scheduler and given it here, once both exist. As a component of its
+    own this link starts after both and stops before either and before all they use: its
+    stop waits for the resolutions still being passed on in the background, which change
+    tasks, before the changes, the index, the outbox and the storage stop."""
+    dependencies.schedules_with(definitions.schedule)
+    return dependencies
+
+
+@component(start=TaskGroups.setup)
+def task_groups(account: StorageAccount, tasks: TaskStore, group_store: GroupStore,
+                owners: GroupOwners, queues: Queues, outbox: EventOutbox, changes: Changes,
+                definitions: Definitions, priority: TaskPriority) -> TaskGroups:
+    return TaskGroups(tasks=tasks, groups=group_store, owners=owners, queues=queues,
+                      passes=account.queue_name("group-passes"), outbox=outbox,
+                      changes=changes, definitions=definitions, priority=priority)
+
+
+@component
+def batch(tasks: TaskStore) -> BatchReads:
+    return BatchReads(tasks)
+
+
+@component
+def counts(tasks: TaskStore, queues: Queues, pending: PendingQueues, signer: TipSigner,
+           cache: TaskCache, index: ClaimIndex) -> TaskQueueCounts:
+    return TaskQueueCounts(tasks=tasks, queues=queues, pending_queues=pending,
+                           signer=signer, cache=cache, running=RunningClaims(index))
+
+
+# -- upkeep ----------------------------------------------------------------------------------
+
+@component
+def expiry(tasks: TaskStore, claim_store: ClaimStore, dependents: DependentStore,
+           group_store: GroupStore, workerinfo: WorkerInfo, artifacts: ArtifactService,
+           pending: PendingQueues, task_queue_store: TaskQueueStore) -> Expiry:
+    return Expiry(tasks=tasks, claim_store=claim_store, dependents=dependents,
+                  groups=group_store, workerinfo=workerinfo, artifacts=artifacts,
+                  idle_queues=IdleQueues(pending=pending, task_queues=task_queue_store))
 
 
 def _broker_reachable(outbox: EventOutbox) -> Callable[[], bool] | None:
@@ -202,42 +444,29 @@ def _broker_reachable(outbox: EventOutbox) -> Callable[[], bool] | None:
     return (lambda: outbox.connected) if outbox.on else None
 
 
-def _doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
-              hints: PendingHints, replica: str) -> Doorbell:
-    """The doorbell: through the broker with events on, else a table every replica reads."""
-    idle_expiry = timedelta(seconds=settings.task_queue_idle_expiry)
-    transport: Transport
-    if settings.amqp_url:
-        transport = BrokerTransport(BrokerBells(
-            url=settings.amqp_url, exchange_prefix=settings.exchange_prefix,
-            routing_key=settings.storage.prefix, replica=replica))
-    else:
-        transport = TableTransport(table=BellTable(account), replica=replica,
-                                   interval=settings.doorbell_interval, ear_life=idle_expiry)
-    return Doorbell(waiting=waiting, hints=hints, transport=transport, idle_expiry=idle_expiry)
+@component
+def health(account: StorageAccount, tasks: TaskStore, outbox: EventOutbox) -> Health:
+    return Health(account=account, tasks=tasks, broker=_broker_reachable(outbox))
 
 
-async def _setup(services: Services) -> None:
-    """Create the tables and internal queues (idempotent), start the claim index."""
-    await services.definitions.setup()
-    await services.index.store.ensure()
-    await services.index.notes.ensure()
-    await services.workers.setup()
-    await services.dependencies.setup()
-    services.index.start()
-    await services.artifacts.setup()
-    await services.groups.setup()
-    await services.doorbell.start()
+# -- what the API and the resolvers hold -----------------------------------------------------
 
-
-async def _close(services: Services) -> None:
-    """Index the claims still running, let in-flight bookkeeping finish (briefly)."""
-    await services.changes.close()  # before what settling uses (the index, the doorbell)
-    await services.doorbell.close()
-    await services.index.close()
-    await services.workers.close()
-    await services.dependencies.close()
-    await services.definitions.triggers.close()
+@component
+def services(definitions: Definitions, claims: Claims, work: WorkClaimer,
+             resolution: Resolution, task_groups: TaskGroups, priority: TaskPriority,
+             rerun: Rerun, batch: BatchReads, counts: TaskQueueCounts,
+             workerinfo: WorkerInfo, task_urls: TaskUrls, artifacts: ArtifactService,
+             expiry: Expiry, health: Health, dependency_passing: Dependencies,
+             index: ClaimIndex, changes: Changes, tips: Tips, doorbell: Doorbell,
+             outbox: EventOutbox, tasks: TaskStore, queues: Queues, cache: TaskCache,
+             waiting: Waiting) -> Services:
+    return Services(
+        definitions=definitions, claims=claims, work=work, resolution=resolution,
+        groups=task_groups, priority=priority, rerun=rerun, batch=batch, counts=counts,
+        workers=workerinfo, task_urls=task_urls, artifacts=artifacts, expiry=expiry,
+        health=health, dependencies=dependency_passing, index=index, changes=changes,
+        tips=tips, doorbell=doorbell, outbox=outbox, tasks=tasks, queues=queues,
+        cache=cache, waiting=waiting)
 
 
 EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"
@@ -268,29 +497,15 @@ async def allow_browsers(settings: Settings, services: Services) -> None:
 async def open_services(settings: Settings, events: EventSink | None = None,
                         events_off: str | None = EVENTS_OFF,
                         observers: tuple[ChangeObserver, ...] = ()) -> AsyncIterator[Services]:
-    """The services on the settings' storage, closed on exit. Events go to ``events`` if
-    given, else to the broker of ``settings.amqp_url``; with neither they are off, which
-    is logged as ``events_off`` (None: the caller says so itself). Every change stored is
-    told to ``observers``."""
-    account = StorageAccount(settings.storage)
-    metrics.STORAGE.watch(account)
-    publisher = events
-    outbox: EventOutbox = NullOutbox()
-    try:
-        if publisher is None and settings.amqp_url:
-            publisher = Publisher(settings.amqp_url, settings.exchange_prefix)
-        if publisher is not None:
-            # Events on: every change publishes through this outbox (else the null one).
-            outbox = Outbox(TaskStore(account), GroupStore(account), Queues(account), publisher,
-                            account.queue_name("events"),
-                            timedelta(seconds=settings.events_recovery_delay))
-            await outbox.setup()
-            await publisher.start()
-            await outbox.start()
-        elif events_off:
-            log.warning("%s", events_off)
-        services = build(settings, account, outbox, observers)
-        await _setup(services)
+    """The services on the settings' storage, started in the order of their needs and
+    stopped in the reverse on exit. Events go to ``events`` if given, else to the broker
+    of ``settings.amqp_url``; with neither they are off, which is logged as
+    ``events_off`` (None: the caller says so itself). Every change stored is told to
+    ``observers``."""
+    async with COMPONENTS.running(settings=settings, events=events, events_off=events_off,
+                                  observers=observers) as built:
+        services: Services = built["services"]
+        account: StorageAccount = built["account"]
         if settings.tip_form is TipForm.RUN:
             log.warning("AZQUEUE_TIP_FORM=run: tips are signed over the taskId and runId "
                         "alone, for replicas of 0.1.0 serving beside this "
@@ -303,12 +518,4 @@ async def open_services(settings: Settings, events: EventSink | None = None,
         elif account.account_key is None:
             log.warning("storage: no account key: pollTaskUrls and artifact URLs cannot be "
                         "signed and answer 503; workers must use claimWork")
-        try:
-            yield services
-        finally:
-            await _close(services)
-    finally:
-        await outbox.close()
-        if publisher is not None:
-            await publisher.close()
-        await account.close()
+        yield services

@@ -48,7 +48,7 @@ async def test_triggers_asked_for_together_share_a_message_that_a_withdrawn_one_
         make_server: ServerFactory, storage: StorageInspector) -> None:
     server = await make_server(run_resolvers=False)
     name = storage.queue_name(BATCHES)
-    triggers = DeadlineTriggers(server.services.definitions.queues, name, budget=10.0, puts=1)
+    triggers = DeadlineTriggers(server.services.queues, name, budget=10.0, puts=1)
     now = timeutil.utcnow()
     deadline = timeutil.parse(timeutil.fmt(now + timedelta(hours=1)))  # as tasks have it
     # Asked for in one turn of the event loop: all wait for the one put.
@@ -136,7 +136,7 @@ async def test_an_earlier_releases_one_task_messages_are_handled_and_keep_their_
     late = await create(http, server.api, definition("prov/legacy", deadline=timedelta(seconds=2)))
     waiting = await create(http, server.api, definition("prov/legacy"))
     legacy = storage.queue_name("deadline")
-    queues = server.services.definitions.queues
+    queues = server.services.queues
     for task_id in (late, waiting):
         await queues.put(legacy, encode_json({"taskId": task_id}))
     deadline = timeutil.parse((await status(http, server.api, late))["deadline"])
@@ -155,6 +155,6 @@ async def test_an_earlier_releases_one_task_messages_are_handled_and_keep_their_
 
 async def _queue(server: Server, storage: StorageInspector, suffix: str) -> tuple[str, Queues]:
     name = storage.queue_name(suffix)
-    queues = server.services.definitions.queues
+    queues = server.services.queues
     await queues.ensure(name)
     return name, queues

@@ -47,7 +47,7 @@ async def settled(server: Server, task_queue_id: str) -> None:
                      f"{task_queue_id}", interval=0.1)
     # Covered once every replica has read the ear; then the callers waiting here are rung
     # to look once more (a tip put before that was rung to nobody): past that look.
-    entry = server.services.work.waiting.entry(task_queue_id)
+    entry = server.services.waiting.entry(task_queue_id)
     if entry.waiters:
         await eventually(lambda: (entry.rings, sorted(entry.dirty)),
                          lambda seen: seen[0] > 0 and not seen[1], interval=0.05,

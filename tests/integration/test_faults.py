@@ -440,7 +440,7 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
         http, f"{server.api}/claim-work/prov%2Fhandearly",
         {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
     await callers_waiting(server, task_queue_id)
-    entry = server.services.work.waiting.entry(task_queue_id)
+    entry = server.services.waiting.entry(task_queue_id)
     await eventually(lambda: not entry.dirty, interval=0.05,
                      what="the caller's poller done with its first look at the queues")
     pending = storage.pending_queue(task_queue_id)
@@ -521,7 +521,7 @@ async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim
         http, f"{server.api}/claim-work/prov%2Fhandback",
         {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
     await callers_waiting(server, task_queue_id)
-    entry = server.services.work.waiting.entry(task_queue_id)
+    entry = server.services.waiting.entry(task_queue_id)
     await eventually(lambda: not entry.dirty, interval=0.05,
                      what="the caller's poller done with its first look at the queues")
     task_row = f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'"

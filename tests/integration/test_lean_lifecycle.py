@@ -59,7 +59,7 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
     claiming = asyncio.create_task(sas.claim(http, server.api, message))
     await stays(claiming.done, lambda done: not done, what="the claim waiting for its task",
                 for_=0.5)
-    assert await server.services.changes.tasks.insert(task, tips=(message_id,)) is not None
+    assert await server.services.tasks.insert(task, tips=(message_id,)) is not None
     code, claim = await claiming
     assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0
 
@@ -80,11 +80,11 @@ async def test_a_tip_recorded_as_a_row_by_an_earlier_version_is_still_honoured(
         make_server: ServerFactory, http: aiohttp.ClientSession, azurite: Azurite) -> None:
     server = await make_server()
     task_id, task, message_id = await _stage_tip(server, "prov/legacy")
-    assert await server.services.changes.tasks.insert(task) is not None
+    assert await server.services.tasks.insert(task) is not None
     async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
-        await tables.get_table_client(server.services.changes.tasks.name).create_entity(
+        await tables.get_table_client(server.services.tasks.name).create_entity(
             {"PartitionKey": task_id, "RowKey": TIP + message_id})
-    server.services.changes.cache.drop(task_id)
+    server.services.cache.drop(task_id)
     message, _ = await _poll_one(http, server, "legacy")
     code, claim = await sas.claim(http, server.api, message)
     assert code == 200 and claim["runId"] == 0
@@ -193,7 +193,7 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     is answered and its message settled), not a no-op; a concurrent write of someone else
     that happens to decide the same is not taken for its own."""
     task_id = await create(http, server.api, definition("prov/replay"))
-    tasks = server.services.changes.tasks
+    tasks = server.services.tasks
     rest = tasks._rest
     send = rest.update_entity
 

@@ -49,7 +49,7 @@ async def test_a_stored_reference_url_with_cr_lf_is_answered_cleanly(
     assert code == 200, answer
     # As an earlier release stored it: the same artifact with the URL it did not refuse.
     artifacts = server.services.artifacts
-    task = await server.services.definitions.tasks.get(task_id)
+    task = await server.services.tasks.get(task_id)
     stored = from_request(task, 0, name, _reference("https://example.com/fine"))
     await artifacts.records.delete(stored)
     assert await artifacts.records.insert(replace(stored, url=INJECTED), [])

@@ -94,7 +94,8 @@ class Dependencies:
     """Defining tasks that wait, passing resolutions on to them, and recovering both."""
 
     def __init__(self, tasks: TaskStore, dependents: DependentStore, queues: Queues,
-                 queue_name: str, recovery_delay: timedelta, schedule: Schedule) -> None:
+                 queue_name: str, recovery_delay: timedelta,
+                 schedule: Schedule | None = None) -> None:
         self.tasks = tasks
         self.dependents = dependents
         self.queues = queues
@@ -102,6 +103,12 @@ class Dependencies:
         self.recovery_delay = recovery_delay
         self._schedule = schedule
         self._background: set[asyncio.Task[None]] = set()
+
+    def schedules_with(self, schedule: Schedule) -> None:
+        """How a dependent whose dependencies are all resolved is scheduled: defining's part,
+        which changes tasks, each change watched here (``watch``); so it is given once both
+        exist."""
+        self._schedule = schedule
 
     async def setup(self) -> None:
         await self.dependents.ensure()
@@ -204,6 +211,9 @@ class Dependencies:
             stored, waits = loaded
             task = stored.task
         if not any(t == tag and d in task.dependencies for t, d in waits):
+            if self._schedule is None:
+                raise RuntimeError("dependencies: nothing schedules the dependents "
+                                   "(``schedules_with`` was not called)")
             await self._schedule(dependent_id, stored,
                                  recovering and _scheduled_by(task, dependency))
 
