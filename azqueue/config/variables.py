@@ -207,7 +207,8 @@ SETTINGS: tuple[Setting, ...] = (
             default="none", note="a bearer token /metrics requires",
             meaning="with a token, `GET /metrics` answers 401 unless the request sends it as "
                     "`Authorization: Bearer <token>` (Prometheus: `authorization: "
-                    "{credentials_file: ...}` in the scrape config); without it, whoever "
+                    "{credentials_file: ...}` in the scrape config), and the API's "
+                    "`__metrics__` answers signed-in callers only; without it, whoever "
                     "reaches the listener may read the metrics"),
     Setting("AZQUEUE_CLAIM_TIMEOUT", "timing", field="claim_timeout", parse=_seconds,
             meaning="seconds a claim lasts (`takenUntil − now`)"),

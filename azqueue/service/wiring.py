@@ -445,8 +445,10 @@ def _broker_reachable(outbox: EventOutbox) -> Callable[[], bool] | None:
 
 
 @component
-def health(account: StorageAccount, tasks: TaskStore, outbox: EventOutbox) -> Health:
-    return Health(account=account, tasks=tasks, broker=_broker_reachable(outbox))
+def health(settings: Settings, account: StorageAccount, tasks: TaskStore,
+           outbox: EventOutbox) -> Health:
+    return Health(account=account, tasks=tasks, broker=_broker_reachable(outbox),
+                  private_metrics=bool(settings.metrics_token))
 
 
 # -- what the API and the resolvers hold -----------------------------------------------------

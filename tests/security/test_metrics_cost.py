@@ -97,3 +97,21 @@ async def test_with_a_metrics_token_a_scrape_must_send_it(
             assert r.headers["WWW-Authenticate"].startswith("Bearer")
     text = await _metrics(anonymous, server, headers={"Authorization": f"Bearer {TOKEN}"})
     assert "azqueue_api_requests_total" in text
+
+
+async def test_with_a_metrics_token_the_storage_request_counts_need_a_signed_in_caller(
+        make_server: ServerFactory, anonymous: aiohttp.ClientSession,
+        http: aiohttp.ClientSession) -> None:
+    """``__metrics__`` (this process's storage requests, as JSON) is the API's: with the
+    metrics token set, an anonymous caller gets 401 there too; a signed-in one its
+    counts."""
+    server = await make_server(metrics_token=TOKEN)
+    async with anonymous.get(f"{server.api}/__metrics__") as r:
+        assert r.status == 401, await r.text()
+        assert "AZQUEUE_METRICS_TOKEN" in (await r.json())["message"]
+    async with http.get(f"{server.api}/__metrics__") as r:
+        assert r.status == 200, await r.text()
+        assert "storageRequests" in await r.json()
+    open_ = await make_server()
+    async with anonymous.get(f"{open_.api}/__metrics__") as r:
+        assert r.status == 200, await r.text()

@@ -51,9 +51,15 @@ async def version(call: Call) -> Any:
                 title="Metrics",
                 description=("the Azure Storage requests made by this process, by service and "
                              "method, as JSON (the queue's metrics for Prometheus are at "
-                             "`/metrics`)"))
+                             "`/metrics`); with `AZQUEUE_METRICS_TOKEN` set, to signed-in "
+                             "callers only"))
 async def metrics(call: Call) -> Any:
-    return {"storageRequests": call.services.health.storage_requests()}
+    health = call.services.health
+    if health.private_metrics and call.caller.client_id is None:
+        raise errors.AuthenticationFailed(
+            "this deployment keeps its metrics from anonymous callers "
+            "(AZQUEUE_METRICS_TOKEN is set): sign the request with Taskcluster credentials")
+    return {"storageRequests": health.storage_requests()}
 
 
 @routes.declare("GET", "/schemas/queue/v1/<schema>", "schema",

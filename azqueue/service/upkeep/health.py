@@ -22,11 +22,14 @@ STORAGE_CHECK_TIMEOUT = 5.0
 @dataclass(frozen=True, slots=True)
 class Health:
     """Storage's and the broker's health and storage's use, as this process sees them;
-    ``broker`` says whether the broker is reachable, None with events off."""
+    ``broker`` says whether the broker is reachable, None with events off;
+    ``private_metrics``: whether the deployment keeps its metrics from anonymous callers
+    (it set ``AZQUEUE_METRICS_TOKEN``)."""
 
     account: StorageAccount
     tasks: TaskStore
     broker: Callable[[], bool] | None = None
+    private_metrics: bool = False
 
     async def check_storage(self) -> None:
         """Raise unless the Tasks table answers."""
