@@ -11,6 +11,7 @@ import os
 import xml.etree.ElementTree as ET
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -420,6 +421,43 @@ async def test_shutdown_waits_for_messages_being_settled_and_names_those_left(
     assert len(left) == 1 and f"{task_id}/0" in left[0], left
 
 
+async def _caller_waiting(http: aiohttp.ClientSession, server: Server,
+                          task_queue_id: str) -> asyncio.Task[tuple[int, dict[str, Any]]]:
+    """A claimWork call for ``task_queue_id`` waiting on ``server``, its poller done with
+    its first look at the queues: a task it gets after that was handed to it."""
+    waiting = asyncio.create_task(sas.post(
+        http, f"{server.api}/claim-work/{task_queue_id.replace('/', '%2F')}",
+        {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
+    await callers_waiting(server, task_queue_id)
+    entry = server.services.waiting.entry(task_queue_id)
+    await eventually(lambda: not entry.dirty, interval=0.05,
+                     what="the caller's poller done with its first look at the queues")
+    return waiting
+
+
+@asynccontextmanager
+async def _created_while_handed(
+        http: aiohttp.ClientSession, server: Server, proxy: FaultProxy,
+        storage: StorageInspector, task_queue_id: str, task_id: str
+        ) -> AsyncIterator[asyncio.Task[tuple[int, dict[str, Any]]]]:
+    """createTask of ``task_id``, held while a waiting caller rewrites the tip it was
+    handed: the deadline trigger's put, which the insert waits for, is held back by
+    storage until the caller's rewrite reached it. The body runs then, the insert not
+    yet made; both are let through after it. Yields the createTask under way."""
+    pending = storage.pending_queue(task_queue_id)
+    trigger = proxy.hold("POST", "-deadline-batches/messages")
+    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
+    creating = asyncio.create_task(_put_task(http, server, task_id,
+                                             definition(task_queue_id)))
+    try:
+        await asyncio.wait_for(rewrite.reached.wait(), 30)
+        assert trigger.reached.is_set() and not creating.done()
+        yield creating
+    finally:
+        trigger.release()
+        rewrite.release()
+
+
 @pytest.mark.parametrize("taken", ["free", "by another definition"])
 async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stored(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
@@ -436,27 +474,12 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
     if taken != "free":
         code, body = await _put_task(http, server, task_id, definition("prov/handother"))
         assert code == 200, body
-    waiting = asyncio.create_task(sas.post(
-        http, f"{server.api}/claim-work/prov%2Fhandearly",
-        {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
-    await callers_waiting(server, task_queue_id)
-    entry = server.services.waiting.entry(task_queue_id)
-    await eventually(lambda: not entry.dirty, interval=0.05,
-                     what="the caller's poller done with its first look at the queues")
-    pending = storage.pending_queue(task_queue_id)
-    trigger = proxy.hold("POST", "-deadline-batches/messages")
-    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
-    creating = asyncio.create_task(_put_task(http, server, task_id,
-                                             definition(task_queue_id)))
-    try:
-        await asyncio.wait_for(rewrite.reached.wait(), 30)
-        assert trigger.reached.is_set() and not creating.done()
+    waiting = await _caller_waiting(http, server, task_queue_id)
+    async with _created_while_handed(http, server, proxy, storage, task_queue_id,
+                                     task_id) as creating:
         if taken == "free":
             async with http.get(f"{server.api}/task/{task_id}/status") as r:
                 assert r.status == 404, await r.text()
-    finally:
-        trigger.release()
-        rewrite.release()
     code, created = await creating
     assert code == (200 if taken == "free" else 409), created
     code, answer = await waiting
@@ -470,6 +493,7 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
         assert answer["tasks"] == [], answer
         [run] = (await status(http, server.api, task_id))["runs"]
         assert run["state"] == "pending", run
+    pending = storage.pending_queue(task_queue_id)
     await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
                      what="no message left in the caller's queue")
 
@@ -517,13 +541,7 @@ async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim
     server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=20.0,
                                   tip_repair_delay=600.0)
     task_queue_id, task_id = "prov/handback", slugid()
-    waiting = asyncio.create_task(sas.post(
-        http, f"{server.api}/claim-work/prov%2Fhandback",
-        {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
-    await callers_waiting(server, task_queue_id)
-    entry = server.services.waiting.entry(task_queue_id)
-    await eventually(lambda: not entry.dirty, interval=0.05,
-                     what="the caller's poller done with its first look at the queues")
+    waiting = await _caller_waiting(http, server, task_queue_id)
     task_row = f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'"
     if failing == "the claim's write":
         proxy.once("PUT", task_row, "refused")
@@ -531,18 +549,9 @@ async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim
         proxy.once("POST", "$batch", "timed out")  # the insert, applied
         proxy.once("GET", task_row, "refused")  # the insert's read after its retry's 409
         proxy.once("GET", task_row, "refused")  # the claim's read
-    # The insert waits for the deadline trigger, held back until the caller rewrote the tip.
-    pending = storage.pending_queue(task_queue_id)
-    trigger = proxy.hold("POST", "-deadline-batches/messages")
-    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
-    creating = asyncio.create_task(_put_task(http, server, task_id,
-                                             definition(task_queue_id)))
-    try:
-        await asyncio.wait_for(rewrite.reached.wait(), 30)
-        assert trigger.reached.is_set() and not creating.done()
-    finally:
-        trigger.release()
-        rewrite.release()
+    async with _created_while_handed(http, server, proxy, storage, task_queue_id,
+                                     task_id) as creating:
+        pass
     code, created = await creating
     assert code == (200 if failing == "the claim's write" else 500), created
     code, answer = await waiting
