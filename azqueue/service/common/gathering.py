@@ -1,9 +1,11 @@
 """Many awaitables awaited a few at a time: ``gather_limited``, at most ``MAX_PARALLEL``
-at once, results in order, the first failure stopping the rest."""
+at once, results in order, the first failure stopping the rest; and a component's
+background loops stopped together (``cancel_all``)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 from collections.abc import Awaitable, Iterable
 from typing import TypeVar
@@ -36,3 +38,14 @@ async def gather_limited(calls: Iterable[Awaitable[T]]) -> list[T]:
                 call.close()  # made by the caller, never begun
         raise
     return [results[i] for i in range(len(results))]
+
+
+async def cancel_all(tasks: Iterable[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` (a component's background loops) and wait until each has ended,
+    whatever it raised on the way out."""
+    tasks = list(tasks)
+    for task in tasks:
+        task.cancel()
+    for task in tasks:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task

@@ -36,7 +36,6 @@ for that long are dropped, and the transport forgets what expired of its own.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from typing import Protocol
 
 from azqueue import errors
 from azqueue.model.priority import ORDER, Priority
+from azqueue.service.common.gathering import cancel_all
 from azqueue.service.dispatch.hints import PendingHints
 from azqueue.service.dispatch.waiting import Waiting
 
@@ -207,9 +207,5 @@ class Doorbell:
 
     async def close(self) -> None:
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(self._tasks)
         await self.transport.close()

@@ -26,6 +26,7 @@ from datetime import datetime, timedelta
 
 from azqueue import errors
 from azqueue.model import timeutil
+from azqueue.service.common.gathering import cancel_all
 from azqueue.service.dispatch.doorbell import ALL, RETRY_PAUSE, Heard
 from azqueue.storage.bells import MARGIN, BellTable, Ear
 
@@ -203,11 +204,7 @@ class TableTransport:
 
     async def close(self) -> None:
         self._stopping = True
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_all(self._tasks)
         if self._ears:
             try:
                 await asyncio.wait_for(self.table.forget(list(self._ears), self.replica),
