@@ -321,35 +321,35 @@ def dependencies(settings: Settings, account: StorageAccount, tasks: TaskStore,
 
 @component(stop=Changes.close)
 def changes(settings: Settings, tasks: TaskStore, outbox: EventOutbox,
-            dependencies: Dependencies, cache: TaskCache, queues: Queues, tips: Tips,
+            dependencies: Dependencies, cache: TaskCache, tips: Tips,
             index: ClaimIndex, observers: tuple[ChangeObserver, ...]) -> Changes:
     return Changes(tasks=tasks, outbox=outbox, dependencies=dependencies, cache=cache,
-                   queues=queues, tips=tips, index=index,
+                   tips=tips, index=index,
                    crash_after_commit=settings.crash_after_commit, observers=observers)
 
 
 @component
-def claims(settings: Settings, tasks: TaskStore, queues: Queues, pending: PendingQueues,
-           signer: TipSigner, cache: TaskCache, changes: Changes, tips: Tips,
+def claims(settings: Settings, tasks: TaskStore, signer: TipSigner, cache: TaskCache,
+           changes: Changes, tips: Tips,
            index: ClaimIndex, workerinfo: WorkerInfo) -> Claims:
     root = settings.root
     return Claims(
-        tasks=tasks, queues=queues, pending=pending, signer=signer, cache=cache,
+        tasks=tasks, signer=signer, cache=cache,
         changes=changes, tips=tips, index=index, workerinfo=workerinfo,
         issuer=credentials.Principal(root.client_id, root.access_token, root.scopes),
         claim_timeout=_claim_timeout(settings))
 
 
 @component
-def work(settings: Settings, queues: Queues, pending: PendingQueues, claims: Claims,
+def work(settings: Settings, tips: Tips, claims: Claims,
          workerinfo: WorkerInfo, waiting: Waiting, doorbell: Doorbell) -> WorkClaimer:
-    return WorkClaimer(queues=queues, pending=pending, claims=claims, workerinfo=workerinfo,
+    return WorkClaimer(tips=tips, claims=claims, workerinfo=workerinfo,
                        waiting=waiting, doorbell=doorbell, wait=settings.claim_work_wait,
                        poll_interval=settings.claim_work_poll_interval,
                        fallback_interval=settings.claim_work_fallback_interval)
 
 
-@component
+@component(start=Resolution.setup)
 def resolution(settings: Settings, account: StorageAccount, tasks: TaskStore, queues: Queues,
                cache: TaskCache, changes: Changes, claim_store: ClaimStore,
                triggers: DeadlineTriggers, tips: Tips) -> Resolution:
@@ -380,13 +380,12 @@ def owners(tasks: TaskStore, group_store: GroupStore) -> GroupOwners:
 
 
 @component(start=Definitions.setup)
-def definitions(settings: Settings, account: StorageAccount, tasks: TaskStore,
-                group_store: GroupStore, owners: GroupOwners, queues: Queues,
+def definitions(settings: Settings, tasks: TaskStore,
+                group_store: GroupStore, owners: GroupOwners,
                 triggers: DeadlineTriggers, dependencies: Dependencies, tips: Tips,
                 changes: Changes, outbox: EventOutbox, workerinfo: WorkerInfo) -> Definitions:
     return Definitions(
-        tasks=tasks, groups=group_store, owners=owners, queues=queues, triggers=triggers,
-        legacy_deadline_queue=_legacy_deadline_queue(account),
+        tasks=tasks, groups=group_store, owners=owners, triggers=triggers,
         repair_delay=_repair_delay(settings), dependencies=dependencies, tips=tips,
         changes=changes, outbox=outbox, workerinfo=workerinfo)
 

@@ -120,6 +120,18 @@ class LiveTip(HeldMessage):
 
 
 @dataclass(frozen=True, slots=True)
+class MessageRecords:
+    """What a task's entity records of its messages: the message its running run holds,
+    the messageIds put carrying its tips, and its pending run's live tip. Which of them a
+    change keeps is decided by the owner of tips (``azqueue.service.dispatch.tips``);
+    the store writes what it is given."""
+
+    held: HeldMessage | None
+    tips: frozenset[str]
+    live_tip: LiveTip | None
+
+
+@dataclass(frozen=True, slots=True)
 class Stored:
     """A task as read (or just written): with the ETag to write it conditionally, the
     message its running run holds, and the recorded tip messages that were read with it

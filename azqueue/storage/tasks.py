@@ -14,7 +14,7 @@ from azure.data.tables import UpdateMode
 
 from azqueue.errors import NotFound, StorageError
 from azqueue.model.events import Event
-from azqueue.model.task import RunState, Task
+from azqueue.model.task import Task
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.errors import (
     EntityExists,
@@ -27,7 +27,7 @@ from azqueue.storage.errors import (
 from azqueue.storage.rows import delete_rows
 from azqueue.storage.tables import TableStore
 from azqueue.storage.taskrows import (LIVE_TIP, MEMBERS, OUTBOX, ROW, TIP, WAIT, HeldMessage,
-                                      LiveTip, Stored, event_from_row, from_entity, outbox_row,
+                                      LiveTip, MessageRecords, Stored, event_from_row, from_entity, outbox_row,
                                       stored_from_entity, tip_property, to_entity)
 
 EventsFor = Callable[[Task | None, Task], list[Event]]
@@ -52,11 +52,9 @@ class Change:
         return self.after is not self.before
 
 
-class Keep:
-    """``modify(hold=KEEP)``: the held message stays while its run is running."""
-
-
-KEEP = Keep()
+# What a change keeps of the task's records of its messages, given the task as stored
+# and as changed (``modify``): decided by the owner of tips, not here.
+RecordsAfter = Callable[[Stored, Task], MessageRecords]
 
 
 class TaskStore(TableStore):
@@ -300,8 +298,8 @@ class TaskStore(TableStore):
                      loaded: Stored | None = None,
                      events: EventsFor | None = None,
                      before_write: BeforeWrite | None = None,
-                     hold: HeldMessage | None | Keep = KEEP,
-                     speculative: bool = False) -> Change:
+                     speculative: bool = False, *,
+                     records: RecordsAfter) -> Change:
         """Apply the pure ``fn`` to the stored task and write its result conditionally.
 
         Loads with the ETag, writes ``IfNotModified``, and on a lost race (412) loads again
@@ -311,9 +309,8 @@ class TaskStore(TableStore):
         that succeeds is trusted: an error or a no-change decision is made again on a fresh
         read. ``events`` gives the messages the change publishes, written as outbox rows in
         the same transaction. ``before_write(before, after)`` is awaited before each
-        attempt to write. ``hold`` is the message the run now holds (a claim or reclaim);
-        by default the held message stays while its run is running and is cleared when it
-        is not.
+        attempt to write. ``records(stored, after)`` says what the written entity records
+        of the task's messages (the held message, the tips, the live tip) each attempt.
         """
         # An attempt refused with 412 may have been our own write, stored by an earlier
         # attempt of the same request whose answer was lost: each write names itself.
@@ -336,23 +333,11 @@ class TaskStore(TableStore):
                 if guess:
                     continue
                 return Change(before, after, stored.held, stored)
-            held = stored.held if isinstance(hold, Keep) else hold
-            if held is not None and (held.run_id >= len(after.runs) or
-                                     after.runs[held.run_id].state is not RunState.RUNNING):
-                held = None  # a message is held only by a running run
+            kept = records(stored, after)
+            held, tips, live = kept.held, kept.tips, kept.live_tip
             written = tuple(events(before, after)) if events else ()
             outbox = [outbox_row(task_id, e) for e in written]
             write_id = secrets.token_hex(8)
-            # Every recorded tip was put in the queue of the priority the task had: with
-            # a new priority they are all stale, and forgetting them makes a claim of one
-            # a claim of a message that is not the task's tip (refused, then deleted).
-            tips = stored.tips if after.priority == before.priority else frozenset[str]()
-            live = stored.live_tip
-            last = after.last_run
-            if live is not None and (after.priority != before.priority or last is None or
-                                     last.run_id != live.run_id or
-                                     last.state is not RunState.PENDING):
-                live = None  # it is the tip of a run that is pending no more
             entity = to_entity(after, held, tips, write_id, live)
             if before_write is not None:
                 await before_write(before, after)

@@ -17,6 +17,7 @@ from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
+from azqueue.service.dispatch.tips import records_after
 from azqueue.storage.taskrows import TIP
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
@@ -209,13 +210,13 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     first = await tasks.load(task_id)
     rest.update_entity = answer_lost_once  # type: ignore[method-assign]
     try:
-        replayed = await tasks.modify(task_id, claim, first)
+        replayed = await tasks.modify(task_id, claim, first, records=records_after)
     finally:
         rest.update_entity = send  # type: ignore[method-assign]
     assert replayed.changed and replayed.before == first.task
     assert replayed.after.runs[0].state is model.RunState.RUNNING
     # The same decision again, from the same old read, is another request: no change.
-    again = await tasks.modify(task_id, claim, first)
+    again = await tasks.modify(task_id, claim, first, records=records_after)
     assert not again.changed
 
 

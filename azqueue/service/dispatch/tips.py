@@ -1,11 +1,17 @@
 """Tips: the signed messages in a task queue's pending queues that say a run is pending.
 
-``Tips`` signs a tip for a task queue, taskId and runId, puts it in the pending queue of
-the task's priority, records its messageId on the task and offers it to a claimWork
-caller waiting in this process (``waiting``); a tip nobody here takes, or one made
-visible again, rings the doorbell for the waiters of every replica (``doorbell``). What must exist for which task state, and
-why extra tips are harmless, is kept by this module together with ``changes`` (the
-writes and ``settle``), ``claims`` and ``repair``:
+``Tips`` is the one owner of tips: every transition of one goes through it. It signs a
+tip for a task queue, taskId and runId, puts it in the pending queue of the task's
+priority, records its messageId on the task and offers it to a claimWork caller waiting
+in this process (``waiting``); a tip nobody here takes, or one made visible again, rings
+the doorbell for the waiters of every replica (``doorbell``). It receives tips for
+claimWork's poller, rewrites a claimed tip for its claim, pushes a held message's
+invisibility out on reclaim, gives tips back, releases a resolved run's message for its
+retry and deletes tips that serve nobody; and ``records_after`` decides what a task's
+change keeps of its records of messages (the store writes what it is told). The others
+decide *when*: createTask (``definitions``), a claim (``claims``, ``workclaimer``), a
+resolution (``changes.settle``) and the tip repair (``repair``) call it. What must exist
+for which task state, and why extra tips are harmless:
 
 Azure queue invariants (what must exist for which state, and why extra is harmless):
 
@@ -79,22 +85,71 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Protocol
 
-from azqueue.model.task import Task
+from azqueue import errors
+from azqueue.model.priority import ORDER, Priority
+from azqueue.model.task import RunState, Task
 from azqueue.model.tip import TipSigner
 from azqueue.service.dispatch.doorbell import Doorbell
 from azqueue.service.dispatch.waiting import Waiting
 from azqueue.storage.errors import MessageGone, ReceiptLost
-from azqueue.storage.queues import Message, PendingQueues, Queues
-from azqueue.storage.taskrows import MAX_TIPS, HeldMessage, LiveTip, Stored
+from azqueue.storage.queues import Message, PendingQueues, Queues, Received
+from azqueue.storage.taskrows import MAX_TIPS, HeldMessage, LiveTip, MessageRecords, Stored
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
 
+class Keep:
+    """``records_after(hold=KEEP)``: the held message stays while its run is running."""
+
+
+KEEP = Keep()
+
+
+def records_after(stored: Stored, after: Task, hold: HeldMessage | None | Keep = KEEP
+                  ) -> MessageRecords:
+    """What a change of ``stored`` into ``after`` keeps of the task's records of its
+    messages. ``hold`` is the message the run now holds (a claim or reclaim); by default
+    the held message stays. A message is held only by a running run. Every recorded tip
+    was put in the queue of the priority the task had: with a new priority they are all
+    stale, and forgetting them makes a claim of one a claim of a message that is not the
+    task's tip (refused, then deleted). The live tip is kept only while it is the tip of
+    the pending last run, in the queue of the task's priority."""
+    before = stored.task
+    held = stored.held if isinstance(hold, Keep) else hold
+    if held is not None and (held.run_id >= len(after.runs) or
+                             after.runs[held.run_id].state is not RunState.RUNNING):
+        held = None
+    same_priority = after.priority == before.priority
+    tips = stored.tips if same_priority else frozenset[str]()
+    live_tip = stored.live_tip
+    last = after.last_run
+    if live_tip is not None and (not same_priority or last is None or
+                                 last.run_id != live_tip.run_id or
+                                 last.state is not RunState.PENDING):
+        live_tip = None
+    return MessageRecords(held, tips, live_tip)
+
+
+class Tip(Protocol):
+    """A message carrying a tip, as put, received or held: where it is and its receipt."""
+
+    @property
+    def queue_name(self) -> str: ...
+
+    @property
+    def message_id(self) -> str: ...
+
+    @property
+    def pop_receipt(self) -> str: ...
+
+
 @dataclass(frozen=True, slots=True)
 class Tips:
-    """Putting, recording and handing over the tips of pending runs."""
+    """Every transition of the tips of runs: put, recorded, handed over, received,
+    rewritten for a claim, extended, given back, released for a retry, deleted."""
 
     signer: TipSigner
     queues: Queues
@@ -171,13 +226,122 @@ class Tips:
         return held.queue_name == self.pending.name(task.task_queue_id, task.priority)
 
     async def release(self, task: Task, held: HeldMessage) -> bool:
-        """Make the message a resolved run held visible at once, as the tip of the retry
-        (its text says the retry's runId already); False if it was gone or not ours."""
+        """Make the message a run held visible at once, as the tip it says (a resolved
+        run's retry, or a reclaim refused after it pushed the message out); False if it
+        was gone or not ours."""
         released = await self.queues.release(held.queue_name, held.message_id,
                                              held.pop_receipt)
         if released:
             self.visible(task)
         return released
+
+    async def settle_resolved(self, task: Task, held: HeldMessage, retry_pending: bool) -> bool:
+        """The message run ``held.run_id`` held, the run now resolved: released as the tip
+        of its pending retry (its text says the retry's runId already), else deleted. A
+        message in another priority's queue than the task's (changeTaskPriority) cannot
+        serve the retry: it goes. Whether the retry has its tip now."""
+        if retry_pending and self.in_own_queue(task, held):
+            return await self.release(task, held)
+        await self.drop(held)
+        return False
+
+    async def drop(self, message: Tip) -> None:
+        """Delete a tip that serves nobody (its claim was refused, its createTask refused,
+        its run resolved with no retry); one already gone is no error."""
+        await self.queues.drop(message.queue_name, message.message_id, message.pop_receipt)
+
+    # -- claimWork's poller ----------------------------------------------------------
+
+    async def receive(self, task_queue_id: str, priority: Priority, hold: timedelta,
+                      limit: int) -> Received:
+        """Up to ``limit`` tips from a pending queue, hidden for ``hold`` (until their
+        claims rewrite or give them back); none from a queue never made."""
+        try:
+            return await self.queues.receive_batch(self.pending.name(task_queue_id, priority),
+                                                   hold, limit=limit)
+        except errors.EntityNotFound:  # no task was ever put there: empty
+            return Received([], False)
+
+    async def give_back(self, task_queue_id: str, message: Message) -> None:
+        """A tip received for claimWork that nobody here claims: visible at once, and
+        rung. A failure is logged: it becomes visible by itself when its hold ends."""
+        try:
+            await self.queues.release(message.queue_name, message.message_id,
+                                      message.pop_receipt)
+        except errors.StorageError as e:
+            log.warning("could not release message %s of %s: %s", message.message_id,
+                        message.queue_name, e)
+            return
+        priority = next((p for p in ORDER
+                         if self.pending.name(task_queue_id, p) == message.queue_name), None)
+        self.doorbell.visible(task_queue_id, priority)
+
+    # -- claims ----------------------------------------------------------------------
+
+    async def rewrite(self, task: Task, run_id: int, message_id: str, receipt: str,
+                      claim_timeout: timedelta) -> HeldMessage:
+        """Rewrite the tip of run ``run_id`` that a claim presents (in the pending queue of
+        the task's priority) to ``{taskId, runId + 1}``, invisible for the claim's time:
+        the message the claim will hold."""
+        task_id = task.task_id
+        queue_name = self.pending.name(task.task_queue_id, task.priority)
+        try:
+            receipt = await self.queues.update(
+                queue_name, message_id, receipt, visible_in=claim_timeout,
+                text=self.signer.tip(task.task_queue_id, task_id, run_id + 1).encode())
+        except ReceiptLost:
+            # Rewritten as asked, most likely, by an attempt whose answer was lost: the
+            # claim holds no message (it reappears at takenUntil and is refused then).
+            receipt = ""
+        except MessageGone:
+            # The receipt is stale: this claim was sent before and its first attempt
+            # rewrote the message and died before storing the claim (the retry of an
+            # in-flight claim), or the message's visibility from its poll ended (a
+            # claimWork hold is seconds) and another poll took it. The task decides,
+            # as for a claim without a tip: the run is claimed holding no message (and
+            # the other poll's claim is refused and deletes it; the claim index expires
+            # the run), or the other poll's claim was stored first and this one is
+            # refused; the rewritten message, when it reappears, is a tip like any other.
+            log.info("task %s run %d: claiming without the message, whose receipt is stale",
+                     task_id, run_id)
+            receipt = ""
+        # Without its receipt the claim cannot move the message, but it records which
+        # message it took: a second tip of the run presented by the same worker is then
+        # told apart from a retry of this claim (``Claims._repeated_claim``).
+        return HeldMessage(run_id, queue_name, message_id, receipt)
+
+    async def restore(self, task: Task, hold: HeldMessage) -> None:
+        """Give a rewritten tip back as run ``hold.run_id``'s, visible at once: its claim
+        wrote nothing. A failure is logged: the tip reappears at takenUntil regardless."""
+        text = self.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
+        try:
+            await self.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
+                                      text=text)
+            self.visible(task)
+        except errors.StorageError as e:
+            log.warning("could not give task %s run %d its tip back: %s", task.task_id,
+                        hold.run_id, e)
+        except Exception:
+            log.exception("could not give task %s run %d its tip back", task.task_id, hold.run_id)
+
+    async def return_presented(self, task: Task, message_id: str, receipt: str) -> None:
+        """Make a tip of ``task`` a worker presented and may not claim (quarantined)
+        visible again at once, for other workers. A failure is logged: it reappears when
+        its poll's hold ends."""
+        try:
+            await self.queues.release(self.pending.name(task.task_queue_id, task.priority),
+                                      message_id, receipt)
+        except errors.StorageError as e:
+            log.warning("could not give back the tip of %s that a quarantined worker "
+                        "presented: %s", task.task_id, e)
+        else:
+            self.visible(task)
+
+    async def extend(self, held: HeldMessage, claim_timeout: timedelta) -> str:
+        """Push a held message's invisibility out by ``claim_timeout`` (reclaimTask); its
+        new receipt. ReceiptLost or MessageGone as the update raises them."""
+        return await self.queues.update(held.queue_name, held.message_id, held.pop_receipt,
+                                        claim_timeout)
 
 
 def live(message: Message, run_id: int) -> LiveTip:

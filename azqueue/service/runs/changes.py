@@ -7,8 +7,10 @@ conditionally on the ETag), with the change's events written to the outbox in th
 transaction and published after, a resolution passed on to the tasks that depend on the
 task (``dependencies``), this process's copy of the task kept (``cache``), the
 metrics counted, and the change told to the ``observers`` the server was built with (the
-dashboard's recent changes). A path that may resolve a run calls ``settle`` after it, which keeps
-the Azure queue invariants written in ``tips`` for the run's message.
+dashboard's recent changes); what the written entity keeps of its records of messages
+is ``tips.records_after``'s to say. A path that may resolve a run calls ``settle`` after
+it, which has ``tips`` bring the run's message in line with the Azure queue invariants
+written there.
 """
 
 from __future__ import annotations
@@ -18,19 +20,19 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from datetime import timedelta
 
 from azqueue import errors, metrics
 from azqueue.events.outbox import EventOutbox
 from azqueue.model import events
 from azqueue.model.task import RunState, Task
-from azqueue.service.dispatch.tips import Tips
+from azqueue.service.dispatch.tips import KEEP, Keep, Tips, records_after
 from azqueue.service.runs.cache import TaskCache
 from azqueue.service.runs.claimindex import ClaimIndex
 from azqueue.service.runs.dependencies import Dependencies
-from azqueue.storage.queues import Queues
 from azqueue.storage.taskrows import HeldMessage, Stored
-from azqueue.storage.tasks import KEEP, Change, Keep, TaskStore
+from azqueue.storage.tasks import Change, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +69,6 @@ class Changes:
     outbox: EventOutbox
     dependencies: Dependencies
     cache: TaskCache
-    queues: Queues
     tips: Tips
     index: ClaimIndex
     crash_after_commit: bool = False
@@ -83,9 +84,9 @@ class Changes:
         watch = self.dependencies.watch(task_id)
         try:
             async with self.outbox.writing(task_id) as out:
-                change = await self.tasks.modify(task_id, fn, loaded,
-                                                 out.events_for(events.for_change),
-                                                 watch.before_write, hold, speculative)
+                change = await self.tasks.modify(
+                    task_id, fn, loaded, out.events_for(events.for_change), watch.before_write,
+                    speculative, records=partial(records_after, hold=hold))
                 if change.changed:
                     self._fault_point()
                 # The events are a function of the change: published as written, from
@@ -127,12 +128,7 @@ class Changes:
             held = None  # its receipt was lost: the message reappears at takenUntil
         tip_ready = False
         if held is not None and held.run_id == run_id:
-            # A message in another priority's queue than the task's (changeTaskPriority)
-            # cannot serve the retry: it goes, and the retry gets a fresh tip.
-            if retry_pending and self.tips.in_own_queue(task, held):
-                tip_ready = await self.tips.release(task, held)
-            else:
-                await self.queues.drop(held.queue_name, held.message_id, held.pop_receipt)
+            tip_ready = await self.tips.settle_resolved(task, held, retry_pending)
         if retry_pending and not tip_ready and not (
                 held is not None and held.run_id == run_id
                 and await self._claimed_soon(task.task_id, run_id + 1)):

@@ -24,15 +24,14 @@ from azqueue.model import task as model
 from azqueue.model import credentials, taskcreds, timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.model.tip import TipSigner
-from azqueue.service.dispatch.tips import Tips
+from azqueue.service.dispatch.tips import KEEP, Keep, Tips
 from azqueue.service.runs.cache import TaskCache
 from azqueue.service.runs.changes import Changes
 from azqueue.service.runs.claimindex import ClaimIndex
 from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.errors import MessageGone, ReceiptLost
-from azqueue.storage.queues import PendingQueues, Queues
 from azqueue.storage.taskrows import HeldMessage, Stored
-from azqueue.storage.tasks import KEEP, Change, Keep, TaskStore
+from azqueue.storage.tasks import Change, TaskStore
 
 log = logging.getLogger(__name__)
 
@@ -89,8 +88,6 @@ class Claims:
     ``claim_timeout`` how long a claim lasts before it must be reclaimed."""
 
     tasks: TaskStore
-    queues: Queues
-    pending: PendingQueues
     signer: TipSigner
     cache: TaskCache
     changes: Changes
@@ -165,8 +162,7 @@ class Claims:
                 self._decide(request, stored.task)
         except errors.QueueError:
             if movable:  # no such task, or not this caller's to claim: the tip goes
-                await self.queues.drop(movable.queue_name, movable.message_id,
-                                       movable.pop_receipt)
+                await self.tips.drop(movable)
             raise
         except BaseException:
             # The task could not be read (an insert that failed may have been applied):
@@ -175,7 +171,7 @@ class Claims:
             # that is safe: the run's tip if the task is there and pending, else a tip of
             # no task or a stale one, which a claim refuses and its worker deletes.
             if movable:
-                await self._restore_tip(movable, task)
+                await self.tips.restore(task, movable)
             raise
         change = await self._write_claim(request, stored, hold, True)
         return await self._answer_written(request, change, hold)
@@ -237,35 +233,10 @@ class Claims:
                 stored, guess = None, False
 
     async def _rewrite_tip(self, request: _Request, task: Task) -> HeldMessage:
-        """Rewrite the presented tip to ``{taskId, runId + 1}``, invisible for the claim's
-        time: the message the claim will hold."""
+        """The presented tip rewritten for this claim (``Tips.rewrite``)."""
         assert request.tip is not None
-        tip, task_id, run_id = request.tip, request.task_id, request.run_id
-        queue_name = self.pending.name(task.task_queue_id, task.priority)
-        try:
-            receipt = await self.queues.update(
-                queue_name, tip.message_id, tip.receipt, visible_in=self.claim_timeout,
-                text=self.signer.tip(task.task_queue_id, task_id, run_id + 1).encode())
-        except ReceiptLost:
-            # Rewritten as asked, most likely, by an attempt whose answer was lost: the
-            # claim holds no message (it reappears at takenUntil and is refused then).
-            receipt = ""
-        except MessageGone:
-            # The receipt is stale: this claim was sent before and its first attempt
-            # rewrote the message and died before storing the claim (the retry of an
-            # in-flight claim), or the message's visibility from its poll ended (a
-            # claimWork hold is seconds) and another poll took it. The task decides,
-            # as for a claim without a tip: the run is claimed holding no message (and
-            # the other poll's claim is refused and deletes it; the claim index expires
-            # the run), or the other poll's claim was stored first and this one is
-            # refused; the rewritten message, when it reappears, is a tip like any other.
-            log.info("task %s run %d: claiming without the message, whose receipt is stale",
-                     task_id, run_id)
-            receipt = ""
-        # Without its receipt the claim cannot move the message, but it records which
-        # message it took: a second tip of the run presented by the same worker is then
-        # told apart from a retry of this claim (``_repeated_claim``).
-        return HeldMessage(run_id, queue_name, tip.message_id, receipt)
+        return await self.tips.rewrite(task, request.run_id, request.tip.message_id,
+                                       request.tip.receipt, self.claim_timeout)
 
     async def _write_claim(self, request: _Request, stored: Stored, hold: HeldMessage | None,
                            guess: bool) -> Change:
@@ -278,8 +249,7 @@ class Claims:
                                              stored, hold=hold, speculative=guess)
         except errors.Conflict:
             if movable:
-                await self.queues.drop(movable.queue_name, movable.message_id,
-                                       movable.pop_receipt)
+                await self.tips.drop(movable)
             raise
         except BaseException as e:
             if movable:
@@ -298,14 +268,12 @@ class Claims:
             # there first: answer as to a repeated claim.
             held = change.stored.held
             if movable and (held is None or held.message_id != movable.message_id):
-                await self.queues.drop(movable.queue_name, movable.message_id,
-                                       movable.pop_receipt)
+                await self.tips.drop(movable)
             return await self._repeated_claim(change.stored, run_id, request.tip)
         if not model.is_claimed_by(after, run_id, request.worker_group, request.worker_id):
             # The claim expired run run_id - 1 and no retries were left: the task is resolved.
             if movable:
-                await self.queues.drop(movable.queue_name, movable.message_id,
-                                       movable.pop_receipt)
+                await self.tips.drop(movable)
             await self.changes.settle(change, run_id - 1)
             raise errors.Conflict(f"run {run_id - 1} of task {task_id} expired and no retries "
                                   "are left: the task is resolved exception")
@@ -327,15 +295,7 @@ class Claims:
             await self.workerinfo.refuse_quarantined(task.task_queue_id, worker_group, worker_id)
         except errors.Quarantined:
             if tip is not None:
-                try:
-                    await self.queues.release(self.pending.name(task.task_queue_id,
-                                                                task.priority),
-                                              tip.message_id, tip.receipt)
-                except errors.StorageError as e:  # it reappears when its poll's hold ends
-                    log.warning("could not give back the tip of %s that a quarantined worker "
-                                "presented: %s", task.task_id, e)
-                else:
-                    self.tips.visible(task)
+                await self.tips.return_presented(task, tip.message_id, tip.receipt)
             raise
 
     async def _load_for_tip(self, task_id: str, tip: TipClaim, need_record: bool,
@@ -415,25 +375,13 @@ class Claims:
                 fresh = None
             if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
                                                              worker_group, worker_id):
-                await self._restore_tip(hold, task)
+                await self.tips.restore(task, hold)
                 return
         elif not isinstance(error, asyncio.CancelledError):
-            await self._restore_tip(hold, task)  # refused before anything was written
+            await self.tips.restore(task, hold)  # refused before anything was written
             return
         self.index.claimed(task_id, hold.run_id, now + self.claim_timeout, task.task_queue_id,
                            hold.queue_name)
-
-    async def _restore_tip(self, hold: HeldMessage, task: Task) -> None:
-        text = self.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
-        try:
-            await self.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
-                                      text=text)
-            self.tips.visible(task)
-        except errors.StorageError as e:  # the tip reappears at takenUntil regardless
-            log.warning("could not give task %s run %d its tip back: %s", task.task_id,
-                        hold.run_id, e)
-        except Exception:
-            log.exception("could not give task %s run %d its tip back", task.task_id, hold.run_id)
 
     async def _repair_orphaned_tip(self, stored: Stored, run_id: int) -> None:
         """A tip for ``r + 1`` while run ``r`` is still pending was rewritten by a claim that
@@ -483,8 +431,7 @@ class Claims:
         if held is not None:
             for _ in range(RECLAIM_RECEIPT_ATTEMPTS):
                 try:
-                    receipt = await self.queues.update(held.queue_name, held.message_id,
-                                                       held.pop_receipt, self.claim_timeout)
+                    receipt = await self.tips.extend(held, self.claim_timeout)
                     break
                 except ReceiptLost:
                     # Pushed out as asked, most likely, by an attempt whose answer was lost:
@@ -514,8 +461,7 @@ class Claims:
                                                speculative=guess)
         except errors.Conflict:
             if held is not None and receipt:
-                await self.queues.release(held.queue_name, held.message_id, receipt)
-                self.tips.visible(stored.task)
+                await self.tips.release(stored.task, replace(held, pop_receipt=receipt))
             raise
         run = change.after.runs[run_id]
         assert run.taken_until is not None

@@ -65,6 +65,11 @@ class Resolution:
     legacy_deadline_queue: str
     repair: Repair
 
+    async def setup(self) -> None:
+        """Create the deadline queues (idempotent)."""
+        await self.queues.ensure(self.deadline_queue)
+        await self.queues.ensure(self.legacy_deadline_queue)
+
     async def report(self, task_id: str, run_id: int, state: RunState,
                      reason: ReasonResolved) -> dict[str, Any]:
         """reportCompleted, reportFailed, reportException."""

@@ -42,10 +42,11 @@ from azqueue import errors
 from azqueue.model.priority import ORDER
 from azqueue.model.tip import Tip
 from azqueue.service.dispatch.doorbell import Doorbell
+from azqueue.service.dispatch.tips import Tips
 from azqueue.service.dispatch.waiting import Waiter, Waiting, WaitingQueue
 from azqueue.service.runs.claims import Claims, TipClaim
 from azqueue.service.workers.workers import WorkerInfo
-from azqueue.storage.queues import Message, PendingQueues, Queues, Received
+from azqueue.storage.queues import Message
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +73,7 @@ class WorkClaimer:
     doorbell does not cover it (``claim_work_poll_interval``); ``fallback_interval``:
     how often while it does (``claim_work_fallback_interval``)."""
 
-    queues: Queues
-    pending: PendingQueues
+    tips: Tips
     claims: Claims
     workerinfo: WorkerInfo
     waiting: Waiting
@@ -139,19 +139,7 @@ class WorkClaimer:
     async def _pass_on(self, task_queue_id: str, tq: WaitingQueue, message: Message) -> None:
         """A tip handed to a caller that no longer needs it: to another caller, or back."""
         if not tq.hand(message):
-            await self._release(task_queue_id, message)
-
-    async def _release(self, task_queue_id: str, message: Message) -> None:
-        try:
-            await self.queues.release(message.queue_name, message.message_id,
-                                      message.pop_receipt)
-        except errors.StorageError as e:  # it becomes visible by itself when its hold ends
-            log.warning("could not release message %s of %s: %s", message.message_id,
-                        message.queue_name, e)
-            return
-        priority = next((p for p in ORDER
-                         if self.pending.name(task_queue_id, p) == message.queue_name), None)
-        self.doorbell.visible(task_queue_id, priority)
+            await self.tips.give_back(task_queue_id, message)
 
     # -- polling ---------------------------------------------------------------------
 
@@ -218,15 +206,11 @@ class WorkClaimer:
         found: list[Message] = []
         try:
             for rank in sorted(tq.dirty):
-                priority = ORDER[rank]
-                name = self.pending.name(task_queue_id, priority)
                 rings = tq.rings
                 sent = asyncio.get_running_loop().time()
                 wanted = min(demand - len(found), 32)
-                try:
-                    got = await self.queues.receive_batch(name, CLAIM_WORK_HOLD, limit=wanted)
-                except errors.EntityNotFound:  # no task was ever put there: empty
-                    got = Received([], False)
+                got = await self.tips.receive(task_queue_id, ORDER[rank], CLAIM_WORK_HOLD,
+                                              wanted)
                 if got.others_hidden:
                     tq.hidden_until = max(tq.hidden_until, sent + HIDDEN_MARGIN +
                                           CLAIM_WORK_HOLD.total_seconds())
@@ -245,13 +229,12 @@ class WorkClaimer:
         """Claim the tip ``message`` carries, received from ``task_queue_id``'s pending
         queues: only a task of that task queue (the caller is authorized for it, no other);
         None (and the tip deleted or released) if not."""
-        queues = self.queues
         try:
             tip = Tip.decode(message.text)
         except ValueError:
             log.warning("deleting message %s from %s: not a tip", message.message_id,
                         message.queue_name)
-            await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
+            await self.tips.drop(message)
             return None
         try:
             return await self.claims.claim(
@@ -259,13 +242,13 @@ class WorkClaimer:
                 TipClaim(message.message_id, message.pop_receipt, tip.signature),
                 polled_from=task_queue_id)
         except (errors.Conflict, errors.InputError, errors.NotFound):
-            await queues.drop(message.queue_name, message.message_id, message.pop_receipt)
+            await self.tips.drop(message)
         except errors.StorageError as e:
             # Not this caller's fault, and the claims already made are its own: give this
             # tip back and go on with the others.
             log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
-            await self._release(task_queue_id, message)
+            await self.tips.give_back(task_queue_id, message)
         except Exception:
             log.exception("claimWork could not claim %s/%d", tip.task_id, tip.run_id)
-            await self._release(task_queue_id, message)
+            await self.tips.give_back(task_queue_id, message)
         return None

@@ -44,7 +44,7 @@ from azqueue.service.runs.triggers import DeadlineTriggers, Trigger
 from azqueue.service.tasks.groupowner import GroupOwners
 from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
-from azqueue.storage.queues import Message, Queues
+from azqueue.storage.queues import Message
 from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, definition_size
 from azqueue.storage.tasks import TaskStore
 
@@ -59,15 +59,12 @@ class Definitions:
     """Defining and scheduling tasks, and reading their definitions and statuses.
 
     ``triggers`` stores the tasks' deadline triggers, each to surface first
-    ``repair_delay`` after createTask (the tip repair's look) or at the deadline;
-    ``legacy_deadline_queue`` is where earlier releases put theirs."""
+    ``repair_delay`` after createTask (the tip repair's look) or at the deadline."""
 
     tasks: TaskStore
     groups: GroupStore
     owners: GroupOwners
-    queues: Queues
     triggers: DeadlineTriggers
-    legacy_deadline_queue: str
     repair_delay: timedelta
     dependencies: Dependencies
     tips: Tips
@@ -76,11 +73,9 @@ class Definitions:
     workerinfo: WorkerInfo
 
     async def setup(self) -> None:
-        """Create the tasks and groups tables and the deadline queues (idempotent)."""
+        """Create the tasks and groups tables (idempotent)."""
         await self.tasks.ensure()
         await self.groups.ensure()
-        await self.queues.ensure(self.triggers.queue_name)
-        await self.queues.ensure(self.legacy_deadline_queue)
 
     async def create_task(self, task_id: str, body: dict[str, Any],
                           authorize: Callable[[dict[str, Any]], None] = lambda d: None
@@ -271,7 +266,7 @@ class Definitions:
             tip = None
         if dict(existing.definition) != definition:
             if tip is not None:
-                await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
+                await self.tips.drop(tip)
             raise errors.Conflict(
                 f"task {existing.task_id} already exists with a different definition; "
                 "createTask is idempotent only for an identical definition: use a new taskId")
@@ -283,7 +278,7 @@ class Definitions:
             await self.tips.record(existing, tip, 0)
             return existing.status()
         if tip is not None:
-            await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
+            await self.tips.drop(tip)
         if pending and last is not None:
             try:
                 await self.tips.queue(stored, last.run_id)
@@ -388,7 +383,7 @@ class Definitions:
         except errors.Conflict:
             await self.triggers.withdraw(deadline)
             if tip is not None:
-                await self.queues.drop(tip.queue_name, tip.message_id, tip.pop_receipt)
+                await self.tips.drop(tip)
             raise
         return await self.tasks.insert(replace(task, group_members=True), written, tips=tips,
                                        live_tip=live_tip)
