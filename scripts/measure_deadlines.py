@@ -17,15 +17,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import tempfile
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import aiohttp
-from benchlib import signed_session, start_server
+from benchlib import signed_session
+from measuring import serving
 
-from azqueue.devstorage import Azurite
 from azqueue.model import timeutil
 from azqueue.testing import tasks
 
@@ -62,33 +61,21 @@ async def _flood(http: aiohttp.ClientSession, api: str, queue: str, deadline: da
 
 
 async def main(flood: int, clients: int, lead: float, source: Path | None) -> None:
-    azurite = await Azurite.start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="azqueue-measure-") as logs:
-            server = await start_server(azurite.connection_string, Path(logs) / "server.log",
-                                        source, AZQUEUE_DEADLINE_RESOLVER_INTERVAL="1")
-            try:
-                async with signed_session() as http:
-                    deadline = (datetime.now(UTC) + timedelta(seconds=lead)).replace(
-                        microsecond=0)
-                    started = time.monotonic()
-                    ids = await _flood(http, server.api, f"flood/q{secrets.token_hex(4)}",
-                                       deadline, flood, clients)
-                    made = time.monotonic() - started
-                    if datetime.now(UTC) >= deadline:
-                        raise SystemExit(f"creating {flood} tasks took {made:.0f} s, past "
-                                         f"their deadline: give a longer --lead")
-                    theirs = deadline + timedelta(seconds=1)
-                    victim = await _create(http, server.api, f"other/q{secrets.token_hex(4)}",
-                                           theirs)
-                    give_up = theirs.timestamp() + 600
-                    seen, last = await asyncio.gather(
-                        _resolved_at(http, server.api, victim, give_up),
-                        _resolved_at(http, server.api, ids[-1], give_up))
-            finally:
-                await server.stop()
-    finally:
-        await azurite.stop()
+    async with serving(source, AZQUEUE_DEADLINE_RESOLVER_INTERVAL="1") as (_, server), \
+            signed_session() as http:
+        deadline = (datetime.now(UTC) + timedelta(seconds=lead)).replace(microsecond=0)
+        started = time.monotonic()
+        ids = await _flood(http, server.api, f"flood/q{secrets.token_hex(4)}", deadline,
+                           flood, clients)
+        made = time.monotonic() - started
+        if datetime.now(UTC) >= deadline:
+            raise SystemExit(f"creating {flood} tasks took {made:.0f} s, past their "
+                             f"deadline: give a longer --lead")
+        theirs = deadline + timedelta(seconds=1)
+        victim = await _create(http, server.api, f"other/q{secrets.token_hex(4)}", theirs)
+        give_up = theirs.timestamp() + 600
+        seen, last = await asyncio.gather(_resolved_at(http, server.api, victim, give_up),
+                                          _resolved_at(http, server.api, ids[-1], give_up))
 
     def late(at: float | None, due: datetime) -> str:
         return "not within 600 s" if at is None else f"{at - due.timestamp():.1f} s"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -33,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchlib import create_task, signed_session, start_server
+from benchlib import create_task, signed_session
+from measuring import serving
 
 from azqueue.devstorage import Azurite
 from azqueue.testing import sas
@@ -148,43 +148,34 @@ async def phase(name: str, sampler: Sampler, work: Callable[[], Awaitable[Any]],
 
 
 async def main(args: argparse.Namespace) -> None:
-    azurite = await Azurite.start()
     settings = {} if args.no_events else {"AZQUEUE_AMQP_URL": args.amqp}
-    try:
-        with tempfile.TemporaryDirectory(prefix="azqueue-memory-") as logs:
-            server = await start_server(azurite.connection_string, Path(logs) / "server.log",
-                                        AZQUEUE_CLAIM_WORK_WAIT="20", **settings)
-            pid, port = server.process.pid, server.port
-            assert "azqueue" in Path(f"/proc/{pid}/cmdline").read_text()
-            sampler = Sampler(pid)
-            try:
-                print(f"azqueue serve, pid {pid}, events {'off' if args.no_events else 'on'}")
-                async with signed_session(args.waiting + args.concurrent + 10) as http:
-                    await asyncio.sleep(10)
-                    report("started", sampler, pid, port, azurite)
-                    await warm_up(http, server.api, args.warmup)
-                    await asyncio.sleep(10)
-                    report("at rest", sampler, pid, port, azurite,
-                           f"(after {args.warmup} tasks' lifecycles)")
-                    await phase("waiting", sampler, lambda: wait_for_work(
-                        http, server.api, args.waiting, args.queues, "a"), pid, port, azurite,
-                        lambda n: f"{n} of {args.waiting} claimWork callers over "
-                                  f"{args.queues} task queues waited out 20 s")
-                    await phase("busy", sampler, lambda: keep_creating(
-                        http, server.api, args.concurrent, args.seconds), pid, port, azurite,
-                        lambda n: f"{args.concurrent} callers made {n} createTasks in "
-                                  f"{args.seconds:g} s")
+    async with serving(AZQUEUE_CLAIM_WORK_WAIT="20", **settings) as (azurite, server):
+        pid, port = server.process.pid, server.port
+        assert "azqueue" in Path(f"/proc/{pid}/cmdline").read_text()
+        sampler = Sampler(pid)
+        print(f"azqueue serve, pid {pid}, events {'off' if args.no_events else 'on'}")
+        async with signed_session(args.waiting + args.concurrent + 10) as http:
+            await asyncio.sleep(10)
+            report("started", sampler, pid, port, azurite)
+            await warm_up(http, server.api, args.warmup)
+            await asyncio.sleep(10)
+            report("at rest", sampler, pid, port, azurite,
+                   f"(after {args.warmup} tasks' lifecycles)")
+            await phase("waiting", sampler, lambda: wait_for_work(
+                http, server.api, args.waiting, args.queues, "a"), pid, port, azurite,
+                lambda n: f"{n} of {args.waiting} claimWork callers over "
+                          f"{args.queues} task queues waited out 20 s")
+            await phase("busy", sampler, lambda: keep_creating(
+                http, server.api, args.concurrent, args.seconds), pid, port, azurite,
+                lambda n: f"{args.concurrent} callers made {n} createTasks in "
+                          f"{args.seconds:g} s")
 
-                    async def both() -> tuple[int, int]:
-                        return tuple(await asyncio.gather(  # type: ignore[return-value]
-                            wait_for_work(http, server.api, args.waiting, args.queues, "b"),
-                            keep_creating(http, server.api, args.concurrent, args.seconds)))
-                    await phase("both", sampler, both, pid, port, azurite,
-                                lambda r: f"{r[0]} waited out, {r[1]} createTasks")
-            finally:
-                await server.stop()
-    finally:
-        await azurite.stop()
+            async def both() -> tuple[int, int]:
+                return tuple(await asyncio.gather(  # type: ignore[return-value]
+                    wait_for_work(http, server.api, args.waiting, args.queues, "b"),
+                    keep_creating(http, server.api, args.concurrent, args.seconds)))
+            await phase("both", sampler, both, pid, port, azurite,
+                        lambda r: f"{r[0]} waited out, {r[1]} createTasks")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
@@ -48,13 +47,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from benchlib import QUIET_RESOLVERS, cpu_seconds, signed_session, start_server
+from benchlib import QUIET_RESOLVERS, cpu_seconds, signed_session
+from measuring import serving
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from azqueue import metrics
 from azqueue.config import StorageSettings
-from azqueue.devstorage import Azurite
 from azqueue.service.upkeep.idlequeues import IdleQueues
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.queues import PendingQueues, Queues
@@ -190,48 +189,39 @@ def metrics_alone(names: int, renderings: int) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
-    azurite = await Azurite.start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="azqueue-names-") as logs:
-            server = await start_server(azurite.connection_string, Path(logs) / "server.log",
-                                        **QUIET_RESOLVERS,
-                                        AZQUEUE_TASK_QUEUE_IDLE_EXPIRY=str(args.expiry))
-            try:
-                async with signed_session() as http, StorageInspector(StorageSettings(
-                        azurite.connection_string, PREFIX)) as storage:
-                    show("before", await figures(server, http, storage, args.scrapes), True)
-                    for again in ("", " again"):  # the second round: is memory reused?
-                        started = time.monotonic()
-                        await _limited([lambda i=i: name(http, server.api, i, again)
-                                        for i in range(args.names)])
-                        named = await figures(server, http, storage, args.scrapes)
-                        took = time.monotonic() - started
-                        show(f"{args.names} named{again} ({took:.0f} s)", named)
-                        await asyncio.sleep(args.expiry + args.expiry / 2 * 1.2 + SWEEP_MARGIN + 5)
-                        show(f"expired{again}", await figures(server, http, storage,
-                                                              args.scrapes))
-                    if args.claimed:
-                        started = time.monotonic()
-                        await _limited([lambda i=i: claim(http, server.api, i)
-                                        for i in range(args.claimed)])
-                        took = time.monotonic() - started
-                        show(f"{args.claimed} claimed ({took:.0f} s)",
-                             await figures(server, http, storage, args.scrapes))
-                        # Azurite's listing of more than 5,000 queues leaves some
-                        # out: the passes after the first delete those.
-                        for n in range(1, EXPIRY_PASSES + 1):
-                            started = time.monotonic()
-                            deleted = await expire_task_queues(azurite.connection_string)
-                            took = time.monotonic() - started
-                            show(f"claimed, expired: pass {n} ({deleted} deleted in "
-                                 f"{took:.0f} s)",
-                                 await figures(server, http, storage, args.scrapes))
-                            if not deleted:
-                                break
-            finally:
-                await server.stop()
-    finally:
-        await azurite.stop()
+    async with serving(**QUIET_RESOLVERS,
+                       AZQUEUE_TASK_QUEUE_IDLE_EXPIRY=str(args.expiry)) as (azurite, server):
+        async with signed_session() as http, StorageInspector(StorageSettings(
+                azurite.connection_string, PREFIX)) as storage:
+            show("before", await figures(server, http, storage, args.scrapes), True)
+            for again in ("", " again"):  # the second round: is memory reused?
+                started = time.monotonic()
+                await _limited([lambda i=i: name(http, server.api, i, again)
+                                for i in range(args.names)])
+                named = await figures(server, http, storage, args.scrapes)
+                took = time.monotonic() - started
+                show(f"{args.names} named{again} ({took:.0f} s)", named)
+                await asyncio.sleep(args.expiry + args.expiry / 2 * 1.2 + SWEEP_MARGIN + 5)
+                show(f"expired{again}", await figures(server, http, storage,
+                                                      args.scrapes))
+            if args.claimed:
+                started = time.monotonic()
+                await _limited([lambda i=i: claim(http, server.api, i)
+                                for i in range(args.claimed)])
+                took = time.monotonic() - started
+                show(f"{args.claimed} claimed ({took:.0f} s)",
+                     await figures(server, http, storage, args.scrapes))
+                # Azurite's listing of more than 5,000 queues leaves some
+                # out: the passes after the first delete those.
+                for n in range(1, EXPIRY_PASSES + 1):
+                    started = time.monotonic()
+                    deleted = await expire_task_queues(azurite.connection_string)
+                    took = time.monotonic() - started
+                    show(f"claimed, expired: pass {n} ({deleted} deleted in "
+                         f"{took:.0f} s)",
+                         await figures(server, http, storage, args.scrapes))
+                    if not deleted:
+                        break
 
 
 if __name__ == "__main__":

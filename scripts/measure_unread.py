@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import tempfile
 import time
-from pathlib import Path
 
 import aiohttp
-from benchlib import signed_session, start_server
+from benchlib import signed_session
+from measuring import serving
 
-from azqueue.devstorage import Azurite
 from azqueue.testing.processes import ServeProcess
 from azqueue.testing.tasks import definition, slugid
 
@@ -90,26 +88,17 @@ async def _attack(server: ServeProcess, request: bytes, clients: int, watch: flo
 
 
 async def main(tasks: int, clients: int, cap: int, pipelined: int, watch: float) -> None:
-    azurite = await Azurite.start()
-    try:
-        with tempfile.TemporaryDirectory(prefix="azqueue-measure-") as logs:
-            server = await start_server(azurite.connection_string, Path(logs) / "server.log",
-                                        AZQUEUE_MAX_CONNECTIONS=str(cap))
-            try:
-                async with signed_session() as http:
-                    group = await _group(http, server.api, tasks)
-                host = f"Host: 127.0.0.1:{server.port}\r\n\r\n"
-                listing = f"GET /api/queue/v1/task-group/{group}/list HTTP/1.1\r\n{host}"
-                print(f"{clients} unread listTaskGroup of {tasks} tasks of 390 KB: "
-                      + await _attack(server, listing.encode(), clients, watch))
-                assets = f"GET /dashboard/app.js HTTP/1.1\r\n{host}" * pipelined
-                print(f"{cap} connections of {pipelined} pipelined GET /dashboard/app.js "
-                      f"never read (cap {cap}): "
-                      + await _attack(server, assets.encode(), cap, watch))
-            finally:
-                await server.stop()
-    finally:
-        await azurite.stop()
+    async with serving(AZQUEUE_MAX_CONNECTIONS=str(cap)) as (_, server):
+        async with signed_session() as http:
+            group = await _group(http, server.api, tasks)
+        host = f"Host: 127.0.0.1:{server.port}\r\n\r\n"
+        listing = f"GET /api/queue/v1/task-group/{group}/list HTTP/1.1\r\n{host}"
+        print(f"{clients} unread listTaskGroup of {tasks} tasks of 390 KB: "
+              + await _attack(server, listing.encode(), clients, watch))
+        assets = f"GET /dashboard/app.js HTTP/1.1\r\n{host}" * pipelined
+        print(f"{cap} connections of {pipelined} pipelined GET /dashboard/app.js "
+              f"never read (cap {cap}): "
+              + await _attack(server, assets.encode(), cap, watch))
 
 
 if __name__ == "__main__":
