@@ -28,16 +28,14 @@ from azure.storage.queue.aio import QueueClient
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
-from azqueue.devstorage import Azurite, free_port  # noqa: E402
+from measuring import ROOT, in_process  # noqa: E402
+
+from azqueue.config import StorageSettings  # noqa: E402
 from azqueue.model import timeutil  # noqa: E402
 from azqueue.model.priority import Priority  # noqa: E402
 from azqueue.service.tasks import counts  # noqa: E402
 from azqueue.storage.account import StorageAccount  # noqa: E402
 from azqueue.storage.queues import PendingQueues, Queues  # noqa: E402
-from azqueue.testing.inprocess import InProcessServer  # noqa: E402
-
-ROOT = Client("root", "root-access-token-for-measuring-0123", ("*",))
 TASK_QUEUE = "measure/backlog"
 
 
@@ -49,21 +47,23 @@ def definition() -> dict[str, Any]:
                          "source": "https://example.com"}}
 
 
+async def pending_queue(storage: StorageSettings) -> str:
+    """The name of TASK_QUEUE's Azure queue at priority lowest."""
+    account = StorageAccount(storage)
+    try:
+        return PendingQueues(account, Queues(account)).name(TASK_QUEUE, Priority.LOWEST)
+    finally:
+        await account.close()
+
+
 async def main(n: int, delay: float, delays: int) -> None:
     counts.COUNTS_TTL = 0.0  # every look uncached
-    azurite = await Azurite.start()
-    port = free_port()
-    storage = StorageSettings(azurite.connection_string, "measure")
-    settings = Settings(storage=storage, tip_secrets=("measure-secret-0123456789",), root=ROOT,
-                        host="127.0.0.1", port=port, tip_repair_delay=delay,
-                        deadline_resolver_interval=min(1.0, delay / 4))
-    server = await InProcessServer.start(settings)
-    account = StorageAccount(storage)
-    name = PendingQueues(account, Queues(account)).name(TASK_QUEUE, Priority.LOWEST)
-    try:
+    async with in_process(tip_repair_delay=delay,
+                          deadline_resolver_interval=min(1.0, delay / 4)) as (azurite, server):
+        name = await pending_queue(server.settings.storage)
         async with taskcluster.aio.createSession() as session, \
                 QueueClient.from_connection_string(azurite.connection_string, name) as client:
-            queue = taskcluster.aio.Queue({"rootUrl": settings.public_root_url, "credentials": {
+            queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "credentials": {
                 "clientId": ROOT.client_id, "accessToken": ROOT.access_token}}, session=session)
             limit = asyncio.Semaphore(16)
 
@@ -94,10 +94,6 @@ async def main(n: int, delay: float, delays: int) -> None:
                     break
                 await asyncio.sleep(min(max(delay, end - time.monotonic()), (end - created) / 5))
             print(f"largest difference from the true number: {worst:.1%}")
-    finally:
-        await account.close()
-        await server.stop()
-        await azurite.stop()
 
 
 if __name__ == "__main__":

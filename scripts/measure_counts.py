@@ -25,14 +25,11 @@ import taskcluster.aio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
-from azqueue.devstorage import Azurite, free_port  # noqa: E402
+from measuring import ROOT, in_process  # noqa: E402
+
 from azqueue.model import timeutil  # noqa: E402
 from azqueue.model.priority import ORDER  # noqa: E402
 from azqueue.service.tasks import counts  # noqa: E402
-from azqueue.testing.inprocess import InProcessServer  # noqa: E402
-
-ROOT = Client("root", "root-access-token-for-measuring-0123", ("*",))
 
 
 def definition(task_queue_id: str, priority: str) -> dict[str, Any]:
@@ -56,37 +53,28 @@ async def _cost(http: aiohttp.ClientSession, api: str,
 
 async def main(backlogs: list[int]) -> None:
     counts.COUNTS_TTL = 0.0  # every call uncached
-    azurite = await Azurite.start()
-    port = free_port()
-    settings = Settings(storage=StorageSettings(azurite.connection_string, "measure"),
-                        tip_secrets=("measure-secret-0123456789",), root=ROOT,
-                        host="127.0.0.1", port=port, run_resolvers=False)
-    server = await InProcessServer.start(settings)
-    try:
-        api = f"{settings.public_root_url}/api/queue/v1"
-        async with taskcluster.aio.createSession() as session, aiohttp.ClientSession() as http:
-            queue = taskcluster.aio.Queue({"rootUrl": settings.public_root_url, "credentials": {
-                "clientId": ROOT.client_id, "accessToken": ROOT.access_token}}, session=session)
-            print("| tasks per priority (7 priorities) | pendingTasks: requests (answer) "
-                  "| taskQueueCounts: requests | listPendingTasks limit 100: requests (tasks) |")
-            print("| ---: | ---: | ---: | ---: |")
-            for n in backlogs:
-                tq = f"measure/backlog-{n}"
-                limit = asyncio.Semaphore(8)
+    async with in_process(run_resolvers=False) as (_, server), \
+            taskcluster.aio.createSession() as session, aiohttp.ClientSession() as http:
+        api = server.api
+        queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "credentials": {
+            "clientId": ROOT.client_id, "accessToken": ROOT.access_token}}, session=session)
+        print("| tasks per priority (7 priorities) | pendingTasks: requests (answer) "
+              "| taskQueueCounts: requests | listPendingTasks limit 100: requests (tasks) |")
+        print("| ---: | ---: | ---: | ---: |")
+        for n in backlogs:
+            tq = f"measure/backlog-{n}"
+            limit = asyncio.Semaphore(8)
 
-                async def create(priority: str) -> None:
-                    async with limit:
-                        await queue.createTask(slugid.nice(), definition(tq, priority))
-                await asyncio.gather(*(create(str(p)) for p in ORDER for _ in range(n)))
-                pending_cost, pending = await _cost(http, api, lambda: queue.pendingTasks(tq))
-                counts_cost, _ = await _cost(http, api, lambda: queue.taskQueueCounts(tq))
-                list_cost, listed = await _cost(
-                    http, api, lambda: queue.listPendingTasks(tq, query={"limit": 100}))
-                print(f"| {n} | {pending_cost} ({pending['pendingTasks']}) | {counts_cost} "
-                      f"| {list_cost} ({len(listed['tasks'])}) |")
-    finally:
-        await server.stop()
-        await azurite.stop()
+            async def create(priority: str) -> None:
+                async with limit:
+                    await queue.createTask(slugid.nice(), definition(tq, priority))
+            await asyncio.gather(*(create(str(p)) for p in ORDER for _ in range(n)))
+            pending_cost, pending = await _cost(http, api, lambda: queue.pendingTasks(tq))
+            counts_cost, _ = await _cost(http, api, lambda: queue.taskQueueCounts(tq))
+            list_cost, listed = await _cost(
+                http, api, lambda: queue.listPendingTasks(tq, query={"limit": 100}))
+            print(f"| {n} | {pending_cost} ({pending['pendingTasks']}) | {counts_cost} "
+                  f"| {list_cost} ({len(listed['tasks'])}) |")
 
 
 if __name__ == "__main__":

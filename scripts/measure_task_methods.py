@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import secrets
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -26,12 +25,9 @@ import taskcluster
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from azqueue.config import Client, Settings, StorageSettings  # noqa: E402
-from azqueue.devstorage import Azurite, free_port  # noqa: E402
-from azqueue.service.tasks import groups  # noqa: E402
-from azqueue.testing.inprocess import InProcessServer  # noqa: E402
+from measuring import ROOT, in_process  # noqa: E402
 
-ROOT = Client("root", secrets.token_urlsafe(24), ("*",))
+from azqueue.service.tasks import groups  # noqa: E402
 
 
 def _definition(group: str | None = None) -> dict[str, Any]:
@@ -105,24 +101,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=250)
     args = parser.parse_args()
-    azurite = await Azurite.start()
-    port = free_port()
-    settings = Settings(storage=StorageSettings(azurite.connection_string, "measure"),
-                        tip_secrets=(secrets.token_hex(16),), root=ROOT, host="127.0.0.1",
-                        port=port).with_(run_resolvers=False)
-    server: InProcessServer | None = None
-    try:
-        server = await InProcessServer.start(settings)
+    async with in_process(run_resolvers=False) as (_, server):
         health = server.services.health
 
         def count() -> int:
             return sum(health.storage_requests().values())
 
-        rows = await asyncio.to_thread(_measure, settings.public_root_url, count, args.members)
-    finally:
-        if server is not None:
-            await server.stop()
-        await azurite.stop()
+        rows = await asyncio.to_thread(_measure, server.root_url, count, args.members)
     print("| call | server storage requests |\n| --- | ---: |")
     for name, value in rows:
         print(f"| {name} | {value:.2f} |")

@@ -1,6 +1,6 @@
-"""What the measuring scripts share: ``azqueue serve`` as a process on an Azurite of its
-own, started and stopped around what a script measures (``serving``; ``dev_server`` adds
-a session signed with its root client)."""
+"""What the measuring scripts share: a server on an Azurite of its own, started and
+stopped around what a script measures, as ``azqueue serve`` (``serving``; ``dev_server``
+adds a session signed with its root client) or in this process (``in_process``)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,19 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import aiohttp
-from benchlib import ROOT_ID, ROOT_TOKEN, signed_session, start_server
+from benchlib import ROOT_ID, ROOT_TOKEN, TIP_SECRET, signed_session, start_server
 
-from azqueue.devstorage import Azurite
+from azqueue.config import Client, Settings, StorageSettings
+from azqueue.devstorage import Azurite, free_port
+from azqueue.testing.inprocess import InProcessServer
 from azqueue.testing.processes import ServeProcess
 
-__all__ = ["ROOT_ID", "ROOT_TOKEN", "dev_server", "serving"]
+__all__ = ["ROOT", "ROOT_ID", "ROOT_TOKEN", "dev_server", "in_process", "serving"]
+
+ROOT = Client(ROOT_ID, ROOT_TOKEN, ("*",))
 
 
 @asynccontextmanager
@@ -41,3 +46,19 @@ async def dev_server(**settings: str) -> AsyncIterator[tuple[str, aiohttp.Client
     async with serving(**settings) as (_, server), signed_session() as http:
         yield server.api, http
 
+
+@asynccontextmanager
+async def in_process(**settings: Any) -> AsyncIterator[tuple[Azurite, InProcessServer]]:
+    """The server in this process (extra ``Settings`` fields in ``settings``) on an
+    Azurite of its own, its tables and queues prefixed ``measure``, its root client ROOT,
+    both stopped on exit: the Azurite and the server (its ``settings``, ``root_url``,
+    ``api`` and ``services``)."""
+    async with AsyncExitStack() as stack:
+        azurite = await Azurite.start()
+        stack.push_async_callback(azurite.stop)
+        server = await InProcessServer.start(Settings(
+            storage=StorageSettings(azurite.connection_string, "measure"),
+            tip_secrets=(TIP_SECRET,), root=ROOT, host="127.0.0.1", port=free_port(),
+            **settings))
+        stack.push_async_callback(server.stop)
+        yield azurite, server
