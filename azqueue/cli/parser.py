@@ -22,7 +22,7 @@ from azqueue.config import ConfigError, variables_help
 from azqueue.model.identifiers import SLUGID, TASK_QUEUE_ID
 from azqueue.model.priority import IN_DEFINITION, Priority
 
-__all__ = ["parser"]
+__all__ = ["Parser", "parser"]
 
 # The background resolvers `azqueue resolve` runs (azqueue.background.resolvers.NAMES).
 RESOLVERS = ("claims", "deadlines", "dependencies", "expiry", "events", "groups")
@@ -125,13 +125,19 @@ def _default_worker_id() -> str:
     return f"{name}-{os.getpid()}"[:38]
 
 
-class _Parser(argparse.ArgumentParser):
-    """Argument mistakes in one line (not argparse's usage block), pointing to --help;
-    ``arguments`` holds what its ``add_argument`` added, in order (``-h`` first; not
-    what a group's added)."""
+class Parser(argparse.ArgumentParser):
+    """Argument mistakes in one line (not argparse's usage block), pointing to --help.
+
+    What it offers is kept as it is added: ``arguments`` holds its arguments in order
+    (``-h`` first), whether added by ``add_argument``, ``add_commands`` (the one that
+    names the command under it) or an ``add_exclusive`` group; ``commands`` holds the
+    commands under it by name. ``add_commands`` and ``add_exclusive`` stand for argparse's
+    ``add_subparsers`` and ``add_mutually_exclusive_group``, which would keep nothing (and
+    are refused); an ``add_argument_group``'s options would not be kept either."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.arguments: list[argparse.Action] = []
+        self.commands: dict[str, Parser] = {}
         super().__init__(*args, **kwargs)
 
     def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
@@ -139,14 +145,64 @@ class _Parser(argparse.ArgumentParser):
         self.arguments.append(action)
         return action
 
+    def add_commands(self, **kwargs: Any) -> _Commands:
+        """The commands under this one (``add_subparsers``' keywords)."""
+        under = super().add_subparsers(**kwargs)
+        self.arguments.append(under)
+        return _Commands(self, under)
+
+    def add_exclusive(self, required: bool = False) -> _Exclusive:
+        """Options of which one at most is given (``required``: exactly one)."""
+        return _Exclusive(self, super().add_mutually_exclusive_group(required=required))
+
+    def add_subparsers(self, **kwargs: Any) -> NoReturn:
+        raise TypeError("Parser.add_commands adds commands (and keeps them in commands)")
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> NoReturn:
+        raise TypeError("Parser.add_exclusive adds such a group (and keeps its options in "
+                        "arguments)")
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (`{self.prog} --help` explains)\n")
 
 
-class _Commands(Protocol):
-    """The commands under a command (what ``add_subparsers`` returns)."""
+class _AddsParsers(Protocol):
+    """What ``add_subparsers`` returns, as ``_Commands`` uses it."""
 
-    def add_parser(self, name: str, **kwargs: Any) -> _Parser: ...
+    def add_parser(self, name: str, **kwargs: Any) -> Parser: ...
+
+
+class _AddsArguments(Protocol):
+    """What ``add_mutually_exclusive_group`` returns, as ``_Exclusive`` uses it."""
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action: ...
+
+
+class _Commands:
+    """The commands under a command: each that ``add_parser`` adds is kept in the
+    command's ``commands`` too (under its aliases as well)."""
+
+    def __init__(self, command: Parser, under: _AddsParsers) -> None:
+        self._command, self._under = command, under
+
+    def add_parser(self, name: str, **kwargs: Any) -> Parser:
+        added = self._under.add_parser(name, **kwargs)
+        for each in (name, *kwargs.get("aliases", ())):
+            self._command.commands[each] = added
+        return added
+
+
+class _Exclusive:
+    """A group of options of which one at most is given: each that ``add_argument`` adds
+    is kept in its command's ``arguments`` too."""
+
+    def __init__(self, command: Parser, group: _AddsArguments) -> None:
+        self._command, self._group = command, group
+
+    def add_argument(self, *args: Any, **kwargs: Any) -> argparse.Action:
+        action = self._group.add_argument(*args, **kwargs)
+        self._command.arguments.append(action)
+        return action
 
 
 def _formatter(prog: str) -> argparse.HelpFormatter:
@@ -154,8 +210,8 @@ def _formatter(prog: str) -> argparse.HelpFormatter:
     return argparse.RawDescriptionHelpFormatter(prog, max_help_position=30)
 
 
-def parser() -> argparse.ArgumentParser:
-    top = _Parser(
+def parser() -> Parser:
+    top = Parser(
         prog="azqueue", formatter_class=_formatter,
         description="A Taskcluster-compatible task queue whose state lives in Azure Storage.",
         epilog="`azqueue COMMAND --help` explains each command.")
@@ -168,7 +224,7 @@ def parser() -> argparse.ArgumentParser:
                      default=os.environ.get("AZQUEUE_LOG_FORMAT") or "text",
                      help="text, or json: one JSON object per line (default: "
                           "AZQUEUE_LOG_FORMAT, else text)")
-    sub = top.add_subparsers(dest="command", required=True, metavar="COMMAND",
+    sub = top.add_commands(dest="command", required=True, metavar="COMMAND",
                              help="what to do (each command has its own --help)")
 
     sub.add_parser("serve", formatter_class=_formatter, epilog=SERVE_VARIABLES,
@@ -258,7 +314,7 @@ def _task_parsers(sub: _Commands) -> None:
     task = sub.add_parser("task", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                           help="create, follow, list, cancel and rerun tasks",
                           description="Create, follow, list, cancel and rerun tasks.")
-    tsub = task.add_subparsers(dest="task_command", required=True, metavar="TASK_COMMAND",
+    tsub = task.add_commands(dest="task_command", required=True, metavar="TASK_COMMAND",
                                help="what to do with tasks")
     _task_create_parser(tsub)
     _one_task_parsers(tsub)
@@ -330,7 +386,7 @@ def _task_create_parser(tsub: _Commands) -> None:
 def _one_task_parsers(tsub: _Commands) -> None:
     """The commands about one task, named by its taskId."""
 
-    def one_task(name: str, text: str, json_too: bool = True) -> argparse.ArgumentParser:
+    def one_task(name: str, text: str, json_too: bool = True) -> Parser:
         p = tsub.add_parser(name, formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                             help=text, description=text[0].upper() + text[1:] + ".")
         p.add_argument("task_id", metavar="TASK_ID", type=_task_id, help="the task's taskId")
@@ -367,7 +423,7 @@ def _task_list_parser(tsub: _Commands) -> None:
                     "(listClaimedTasks), or "
                     "unscheduled or resolved lately (the server's recent changes, "
                     "as the dashboard lists them).")
-    which = listing.add_mutually_exclusive_group(required=True)
+    which = listing.add_exclusive(required=True)
     which.add_argument("--group", metavar="TASK_GROUP_ID", type=_task_id, help="a taskGroupId")
     which.add_argument("--task-queue", metavar="PROV/TYPE", type=_task_queue,
                        help="a task queue (provisionerId/workerType)")
@@ -381,7 +437,7 @@ def _task_list_parser(tsub: _Commands) -> None:
 _WITH_DEFINITION = {"help", "definition", "deadline", "expires"}
 
 
-def _check_create(create: _Parser, args: argparse.Namespace) -> None:
+def _check_create(create: Parser, args: argparse.Namespace) -> None:
     """What `task create` needs beyond each option's own check: CMD, --payload or
     --definition, and NAME=VALUE in each --env."""
     if args.definition is not None:
@@ -406,7 +462,7 @@ def _check_create(create: _Parser, args: argparse.Namespace) -> None:
             create.error(f"--env {pair} is not NAME=VALUE; write e.g. --env DEBUG=1")
 
 
-def _check_list(listing: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_list(listing: Parser, args: argparse.Namespace) -> None:
     if args.group is not None and args.state is not None:
         listing.error("--state lists a task queue's tasks: give it with --task-queue, not "
                       "--group (which lists every task of the group, whatever its state)")
@@ -417,7 +473,7 @@ def _queue_parsers(sub: _Commands) -> None:
                            help="list task queues",
                            description="List task queues (needs a queue that offers "
                                        "listTaskQueues).")
-    qsub = queue.add_subparsers(dest="queue_command", required=True, metavar="QUEUE_COMMAND",
+    qsub = queue.add_commands(dest="queue_command", required=True, metavar="QUEUE_COMMAND",
                                 help="what to do with task queues")
     qlist = qsub.add_parser("list", formatter_class=_formatter, epilog=CLIENT_VARIABLES,
                             help="list the task queues", description="List the task queues.")

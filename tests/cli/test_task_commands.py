@@ -17,7 +17,7 @@ import pytest
 
 from azqueue import __version__
 from azqueue.cli.exitcodes import WAIT_EXIT_CODES
-from azqueue.cli.parser import parser
+from azqueue.cli.parser import Parser, parser
 from azqueue.testing import sas
 from azqueue.testing.tasks import create, definition
 from tests.cli.helpers import as_root, azqueue
@@ -58,15 +58,13 @@ async def test_help_version_and_task_status_do_not_import_the_server_stack(
 
 def test_every_option_says_what_it_is_and_serve_help_names_the_variables() -> None:
     """`--help` explains every option, with its unit and default where it has them."""
-    def commands(p: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    def commands(p: Parser) -> Iterator[Parser]:
         yield p
-        for action in p._actions:
-            if isinstance(action, argparse._SubParsersAction):
-                for sub in action.choices.values():
-                    yield from commands(sub)
+        for sub in p.commands.values():
+            yield from commands(sub)
 
     for command in commands(parser()):
-        for action in command._actions:
+        for action in command.arguments:
             if action.dest == "help":
                 continue
             assert action.help, f"{command.prog} {action.option_strings or action.dest}: no help"
@@ -199,21 +197,32 @@ async def test_listings_of_queues_workers_and_pending_tasks(
     assert [json.loads(line) for line in as_json.stdout.splitlines()]
 
 
-def _commands(p: argparse.ArgumentParser) -> set[str]:
-    return {name for action in p._actions if isinstance(action, argparse._SubParsersAction)
-            for name in action.choices}
-
-
 def test_each_command_the_parser_offers_has_its_handler_and_no_other() -> None:
     """The command line runs a command by the handler its table names: a command the
     parser offers without one, or a handler of no command, is caught here."""
     from azqueue.cli import client
 
     top = parser()
-    assert _commands(top) - {"serve", "dev", "resolve"} == set(client.COMMANDS)
-    task = next(action.choices["task"] for action in top._actions
-                if isinstance(action, argparse._SubParsersAction))
-    assert _commands(task) == set(client.TASK_COMMANDS)
+    assert set(top.commands) - {"serve", "dev", "resolve"} == set(client.COMMANDS)
+    assert set(top.commands["task"].commands) == set(client.TASK_COMMANDS)
+
+
+def test_the_parser_keeps_every_command_and_option_it_offers() -> None:
+    """The two tests above read the commands and options from what the parser keeps as
+    they are added: argparse's own ways to add commands and option groups, which would
+    keep nothing, are refused."""
+    p = Parser(prog="p")
+    commands = p.add_commands(dest="command")
+    one = commands.add_parser("one", aliases=["1"])
+    which = one.add_exclusive(required=True)
+    a, b = which.add_argument("--a"), which.add_argument("--b")
+    assert p.commands == {"one": one, "1": one}
+    assert [action.dest for action in p.arguments] == ["help", "command"]
+    assert one.arguments[1:] == [a, b]
+    with pytest.raises(TypeError, match="add_commands"):
+        p.add_subparsers()
+    with pytest.raises(TypeError, match="add_exclusive"):
+        p.add_mutually_exclusive_group()
 
 
 def test_a_command_without_a_handler_is_one_line_naming_it(

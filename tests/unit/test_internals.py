@@ -20,7 +20,7 @@ import pytest
 from aiohttp import web
 
 from azqueue.api.connections import ListeningSite, _Counted
-from azqueue.cli.parser import _Parser
+from azqueue.cli.parser import Parser
 from azqueue.internals.aiohttp import (awaiting_request, listen, requests_parsed,
                                        without_hidden_retries)
 from azqueue.storage.account import CountingTransport
@@ -198,7 +198,7 @@ def _library_attributes(cls: type) -> set[str]:
 
 
 @pytest.mark.parametrize(("cls", "meant"), [
-    (_Counted, set()), (ListeningSite, set()), (_Parser, set()),
+    (_Counted, set()), (ListeningSite, set()), (Parser, set()),
     (CountingTransport, {"session"}),  # the SDK's public attribute, set to the shared session
 ], ids=lambda value: getattr(value, "__name__", ""))
 def test_our_subclasses_of_library_classes_take_no_name_the_library_uses(
