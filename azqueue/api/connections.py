@@ -240,9 +240,12 @@ class ListeningSite(web.TCPSite):
     learns of a connection only later, after the others accepted with it."""
 
     def __init__(self, runner: web.AppRunner, host: str, port: int,
-                 settings: Settings) -> None:
+                 settings: Settings, sock: socket.socket | None = None) -> None:
+        """With ``sock``, a socket bound to ``host`` and ``port`` already, it listens on
+        that one (and closes it when stopped)."""
         super().__init__(runner, host, port)
         self._app_runner = runner
+        self._bound_socket = sock
         self.max_connections = settings.max_connections
         self._options = _options(settings)
         self._header_timeout = settings.header_timeout
@@ -269,4 +272,4 @@ class ListeningSite(web.TCPSite):
         return _Refused()
 
     async def start(self) -> None:
-        await listen(self, self._protocol)
+        await listen(self, self._protocol, self._bound_socket)

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import inspect
 import re
+import socket
 import textwrap
 from collections.abc import AsyncIterator
 
@@ -39,10 +40,12 @@ class _Recorded(web.RequestHandler):
 
 
 @contextlib.asynccontextmanager
-async def _served(handled: asyncio.Event, release: asyncio.Event
+async def _served(handled: asyncio.Event, release: asyncio.Event,
+                  sock: socket.socket | None = None
                   ) -> AsyncIterator[tuple[web.AppRunner, web.TCPSite, list[_Recorded]]]:
-    """A site started by ``listen`` on a free port, whose connections are ``_Recorded``:
-    each request sets ``handled`` and is answered once ``release`` is set."""
+    """A site started by ``listen`` on a free port (or on ``sock``), whose connections
+    are ``_Recorded``: each request sets ``handled`` and is answered once ``release`` is
+    set."""
     async def answer(request: web.Request) -> web.Response:
         handled.set()
         await release.wait()
@@ -62,7 +65,7 @@ async def _served(handled: asyncio.Event, release: asyncio.Event
         handlers.append(handler)
         return handler
 
-    await listen(site, protocol)
+    await listen(site, protocol, sock)
     try:
         yield runner, site, handlers
     finally:
@@ -122,6 +125,26 @@ async def test_listen_starts_a_site_its_runner_knows_and_stops() -> None:
         assert await _answer(reader) == b"ok"
         assert len(handlers) == 1
         writer.close()
+    with pytest.raises(OSError):
+        await asyncio.open_connection("127.0.0.1", port)
+
+
+async def test_listen_on_a_bound_socket_serves_there_and_closes_it() -> None:
+    """Given a socket bound already (``dev --port 0`` binds one before anything else
+    starts), ``listen`` serves on it, and the runner's cleanup closes it."""
+    handled, release = asyncio.Event(), asyncio.Event()
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    async with _served(handled, release, sock) as (runner, site, handlers):
+        assert runner.sites == {site}
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        release.set()
+        assert await _answer(reader) == b"ok"
+        assert len(handlers) == 1
+        writer.close()
+    assert sock.fileno() == -1
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
 
