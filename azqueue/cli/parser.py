@@ -243,8 +243,9 @@ def parser() -> Parser:
                           "DIR (created if missing), so a restart keeps tasks and pending tips "
                           "valid (default: a temporary directory removed on exit, fresh "
                           "credentials each start)")
-    dev.add_argument("--port", type=_number(int, 1, 65535, "port number"),
-                     help="HTTP port (default: AZQUEUE_PORT, else 8080)")
+    dev.add_argument("--port", type=_number(int, 0, 65535, "port number"),
+                     help="HTTP port, or 0 for any free one, which the rootUrl printed "
+                          "names (one replica only) (default: AZQUEUE_PORT, else 8080)")
     dev.add_argument("--replicas", type=_number(int, 1, 16, "number of replicas"), default=1,
                      help="serve N replicas of one deployment on the one Azurite, on "
                           "consecutive ports from --port (the first in this process, the "

@@ -17,6 +17,8 @@ second one says so and exits. Azurite's pid is kept in ``AZURITE_PID``: an Azuri
 killed ``dev`` left running on DIR is stopped by the next one before it starts its own.
 
 ``dev --replicas N`` serves N replicas on its one Azurite (``azqueue.cli.replicas``).
+``dev --port 0`` binds a free port before anything starts and serves on that socket
+(``_any_port``), so no other process can take the port in between.
 
 ``dev`` logs no line per request unless asked (``--access-log``, or ``--log-level
 DEBUG``): its terminal is for what the developer is doing.
@@ -144,7 +146,10 @@ async def wait_for_storage(settings: Settings) -> None:
 
 
 async def _serve(settings: Settings, stop: asyncio.Event,
-                 banner: Callable[[Settings], None] | None = None) -> None:
+                 banner: Callable[[Settings], None] | None = None,
+                 sock: socket.socket | None = None) -> None:
+    """Serve ``settings`` until ``stop``; with ``sock``, on that socket (bound already to
+    ``settings.host`` and ``settings.port``)."""
     await _unless(stop, wait_for_storage(settings))
     if stop.is_set():
         return
@@ -160,7 +165,7 @@ async def _serve(settings: Settings, stop: asyncio.Event,
             log.debug("start-up failed", exc_info=True)
             raise StartupError(f"could not start: {type(e).__name__}: {_first_line(e)} "
                                "(--log-level DEBUG shows the traceback)") from None
-        site = ListeningSite(runner, settings.host, settings.port, settings)
+        site = ListeningSite(runner, settings.host, settings.port, settings, sock)
         try:
             await site.start()
         except OSError as e:
@@ -189,6 +194,28 @@ def _check_can_listen(settings: Settings) -> None:
                 probe.bind(address)
             except OSError as e:
                 raise StartupError(_listen_error(settings, e)) from None
+
+
+def _any_port(settings: Settings, count: int) -> socket.socket:
+    """A socket bound to a port of ``settings.host`` that no one uses (``dev --port 0``),
+    held until the server listens on it: no other process can take the port meanwhile.
+    ConfigError for more than one replica (``count``): theirs are consecutive ports."""
+    if count > 1:
+        raise ConfigError(f"--port 0 (or AZQUEUE_PORT=0), any free port, serves one replica, "
+                          f"not {count}: give the port the replicas start from")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            settings.host, 0, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as e:
+        raise StartupError(f"cannot listen on {settings.host}: {e.strerror or e}; check "
+                           "AZQUEUE_HOST") from None
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise StartupError(_listen_error(settings, e)) from None
+    return sock
 
 
 def _listen_error(settings: Settings, e: OSError) -> str:
@@ -388,8 +415,25 @@ async def _dev_locked(args: argparse.Namespace, data_dir: Path | None,
     env.pop("AZQUEUE_STORAGE_ACCOUNT_URL", None)
     env["AZQUEUE_STORAGE_CONNECTION_STRING"] = "AccountName=checked-later"
     group = replicas(Settings.from_env(env), args.replicas)
-    for replica in group:
-        _check_can_listen(replica)
+    held = _any_port(group[0], len(group)) if group[0].port == 0 else None
+    try:
+        if held is None:
+            for replica in group:
+                _check_can_listen(replica)
+        else:  # the port it got is the port of every setting from here on
+            env["AZQUEUE_PORT"] = str(held.getsockname()[1])
+        await _dev_on_azurite(args, data_dir, env, stop, held)
+    finally:
+        if held is not None:
+            held.close()
+
+
+async def _dev_on_azurite(args: argparse.Namespace, data_dir: Path | None,
+                          env: dict[str, str], stop: asyncio.Event,
+                          sock: socket.socket | None) -> None:
+    """Start Azurite (stopping one a killed ``dev`` left on ``data_dir`` first), then
+    serve the replicas on it, with ``env``'s settings, until ``stop``; the first on
+    ``sock`` if given."""
     if data_dir:
         await _stop_left_behind(data_dir)
     azurite = await _unless(stop, Azurite.start(data_dir=str(data_dir) if data_dir else None))
@@ -401,10 +445,11 @@ async def _dev_locked(args: argparse.Namespace, data_dir: Path | None,
         env["AZQUEUE_STORAGE_CONNECTION_STRING"] = azurite.connection_string
         if not env.get("AZQUEUE_BLOB_CORS_ORIGINS"):  # its Azurite: the dashboards read logs
             env["AZQUEUE_BLOB_CORS_ORIGINS"] = ",".join(
-                origin for replica in group for origin in _dev_origins(replica.public_root_url))
+                origin for replica in replicas(Settings.from_env(env), args.replicas)
+                for origin in _dev_origins(replica.public_root_url))
         group = replicas(Settings.from_env(env), args.replicas)
         async with serving({**env, "AZQUEUE_LOG_LEVEL": _replicas_log_level(args)}, group[1:]):
-            await _serve(group[0], stop, lambda settings: _dev_banner(group))
+            await _serve(group[0], stop, lambda settings: _dev_banner(group), sock)
     finally:
         await azurite.stop()
         if data_dir:

@@ -30,16 +30,19 @@ BANNER_TIMEOUT = 120.0
 
 
 class Dev:
-    """A running `azqueue dev --data DIR --port PORT` and what its banner said."""
+    """A running `azqueue dev --data DIR --port PORT` and what its banner said: by
+    default on port 0, any free port, which its rootUrl names (a port picked here could
+    be taken by another process before dev listens on it)."""
 
-    def __init__(self, data: Path, port: int, options: tuple[str, ...] = (),
+    def __init__(self, data: Path, port: int = 0, options: tuple[str, ...] = (),
                  dev_options: tuple[str, ...] = ()) -> None:
         env = {k: v for k, v in checkout_env().items() if not k.startswith("AZQUEUE_")}
         self.process = subprocess.Popen(
             [AZQUEUE, *options, "dev", "--data", str(data), "--port", str(port), *dev_options],
             env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self.root_url = f"http://127.0.0.1:{port}"
+        self.port = port
+        self.root_url = ""
         self.token = ""
         self.banner: list[str] = []
 
@@ -48,12 +51,16 @@ class Dev:
             assert self.process.stdout is not None
             for line in self.process.stdout:
                 self.banner.append(line)
+                if m := re.search(r"export TASKCLUSTER_ROOT_URL=(\S+)", line):
+                    self.root_url = m[1]
                 if m := re.search(r"export TASKCLUSTER_ACCESS_TOKEN=(\S+)", line):
                     return m[1]
             return ""
 
         self.token = await asyncio.wait_for(asyncio.to_thread(read_banner), BANNER_TIMEOUT)
         assert self.token, f"no banner; stderr: {self.stop(signal.SIGKILL)}"
+        port = str(self.port) if self.port else "[1-9][0-9]*"
+        assert re.fullmatch(rf"http://127\.0\.0\.1:{port}", self.root_url), self.banner
         return self
 
     def children(self) -> list[int]:
@@ -82,8 +89,7 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
     the root credentials printed are the same. SIGHUP (a closed terminal) stops dev and
     its Azurite."""
     data = tmp_path / "not" / "yet"
-    port = free_port()
-    first = await Dev(data, port).started()
+    first = await Dev(data).started()
     try:
         state = data / DEV_STATE
         assert stat.S_IMODE(state.stat().st_mode) == 0o600
@@ -101,7 +107,7 @@ async def test_dev_restarted_on_its_data_dir_keeps_credentials_and_pending_tips(
         if first.process.poll() is None:
             first.stop(signal.SIGKILL)
 
-    second = await Dev(data, port).started()
+    second = await Dev(data).started()
     try:
         assert second.token == first.token
         worker = Worker(WorkerConfig(
@@ -128,8 +134,8 @@ async def test_the_banner_names_the_dashboard_and_requests_are_logged_only_when_
     `--log-level DEBUG`."""
     for options, dev_options, logged in (((), (), False), ((), ("--access-log",), True),
                                          (("--log-level", "DEBUG"), (), True)):
-        dev = await Dev(tmp_path / f"data-{logged}-{len(options)}", free_port(),
-                        options=options, dev_options=dev_options).started()
+        dev = await Dev(tmp_path / f"data-{logged}-{len(options)}", options=options,
+                        dev_options=dev_options).started()
         try:
             assert any(re.fullmatch(rf"\s*dashboard:\s+{re.escape(dev.root_url)}/\s*", line)
                        for line in dev.banner), dev.banner
@@ -143,9 +149,9 @@ async def test_the_banner_names_the_dashboard_and_requests_are_logged_only_when_
 
 
 async def test_a_second_dev_on_the_same_data_dir_says_it_is_taken(tmp_path: Path) -> None:
-    first = await Dev(tmp_path, free_port()).started()
+    first = await Dev(tmp_path).started()
     try:
-        second = Dev(tmp_path, free_port())
+        second = Dev(tmp_path)
         try:
             _, err = await asyncio.to_thread(second.process.communicate, timeout=60)
         finally:
@@ -165,14 +171,14 @@ async def test_a_second_dev_on_the_same_data_dir_says_it_is_taken(tmp_path: Path
 @pytest.mark.crash
 async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
         tmp_path: Path) -> None:
-    first = await Dev(tmp_path, free_port()).started()
+    first = await Dev(tmp_path).started()
     orphan = first.child("azurite/")
     second: Dev | None = None
     try:
         os.kill(first.child("reaper.py"), signal.SIGKILL)  # as if it had been killed too
         await asyncio.to_thread(first.stop, signal.SIGKILL)
         assert alive(orphan)  # nothing stopped it: it runs in a session of its own
-        second = await Dev(tmp_path, free_port()).started()
+        second = await Dev(tmp_path).started()
         assert not alive(orphan), "the Azurite left behind still runs"
     finally:
         if alive(orphan):
@@ -184,7 +190,7 @@ async def test_an_azurite_left_behind_by_a_killed_dev_is_stopped_by_the_next(
 
 async def test_a_killed_devs_azurite_is_stopped_by_its_reaper_and_its_data_kept(
         tmp_path: Path) -> None:
-    first = await Dev(tmp_path, free_port()).started()
+    first = await Dev(tmp_path).started()
     azurite_pid = first.child("azurite/")
     try:
         await asyncio.to_thread(first.stop, signal.SIGKILL)
@@ -195,15 +201,22 @@ async def test_a_killed_devs_azurite_is_stopped_by_its_reaper_and_its_data_kept(
             os.kill(azurite_pid, signal.SIGKILL)
 
 
-async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Path) -> None:
-    """`azqueue dev --port P` with P taken: one line naming the port and exit status 1,
-    and no Azurite started for nothing (the Azurite given here only records that it ran)."""
+def _recording_azurite(tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """The environment of a dev whose Azurite only records that it ran (in the file
+    returned)."""
     ran = tmp_path / "azurite-ran"
     fake = tmp_path / "azurite"
     fake.write_text(f"#!/bin/sh\ntouch {ran}\nexec sleep 600\n")
     fake.chmod(0o755)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("AZQUEUE_")},
            "AZQUEUE_AZURITE_BIN": str(fake), "AZQUEUE_STORAGE_WAIT": "5"}
+    return env, ran
+
+
+async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Path) -> None:
+    """`azqueue dev --port P` with P taken: one line naming the port and exit status 1,
+    and no Azurite started for nothing (the Azurite given here only records that it ran)."""
+    env, ran = _recording_azurite(tmp_path)
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -212,6 +225,19 @@ async def test_dev_on_a_port_in_use_says_so_before_starting_azurite(tmp_path: Pa
     assert done.returncode == 1, (done.stdout, done.stderr)
     assert f"127.0.0.1:{port}" in one_line_error(done) and "in use" in one_line_error(done)
     assert not ran.exists(), "Azurite was started before the port was checked"
+
+
+async def test_dev_on_any_free_port_serves_one_replica(tmp_path: Path) -> None:
+    """`--port 0` with `--replicas 2`: the replicas take consecutive ports from the one
+    given, so there is none to count from; one line saying so, exit status 2, before
+    Azurite starts."""
+    env, ran = _recording_azurite(tmp_path)
+    done = await azqueue("dev", "--port", "0", "--replicas", "2", env=env, timeout=120)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert one_line_error(done) == ("azqueue: --port 0 (or AZQUEUE_PORT=0), any free port, "
+                                    "serves one replica, not 2: give the port the replicas "
+                                    "start from")
+    assert not ran.exists()
 
 
 @pytest.mark.slow

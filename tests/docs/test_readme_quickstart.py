@@ -30,7 +30,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from azqueue.devstorage import free_port
 from tests.worker.helpers import AZQUEUE, CHECKOUT, checkout_env, ctrl_c_reaches_it
 
 README = Path(CHECKOUT) / "README.md"
@@ -66,14 +65,15 @@ def test_readme_marks_a_server_a_worker_a_python_file_and_commands_to_run() -> N
 
 
 class Dev:
-    """`azqueue dev` as terminal 1 runs it (scripts/dev passes its arguments on)."""
+    """`azqueue dev` as terminal 1 runs it (scripts/dev passes its arguments on), but on
+    any free port (its banner names it)."""
 
-    def __init__(self, data: Path, port: int) -> None:
+    def __init__(self, data: Path) -> None:
         # As on a newcomer's machine: no AZQUEUE_* settings, but the tests' Azurite.
         env = {k: v for k, v in checkout_env().items()
                if not k.startswith("AZQUEUE_") or k == "AZQUEUE_AZURITE_BIN"}
         self.process = subprocess.Popen(
-            [AZQUEUE, "dev", "--data", str(data), "--port", str(port)], env=env,
+            [AZQUEUE, "dev", "--data", str(data), "--port", "0"], env=env,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             preexec_fn=ctrl_c_reaches_it)
         self.exports: dict[str, str] = {}
@@ -112,7 +112,7 @@ async def test_readme_quickstart_completes_its_tasks_and_shows_their_logs(
     work.mkdir()
     # The reader's checkout: its .venv is the one running these tests.
     (work / ".venv").symlink_to(Path(sys.executable).parent.parent)
-    dev = await Dev(tmp_path / "data", free_port()).started()
+    dev = await Dev(tmp_path / "data").started()
     env = {**checkout_env(), **dev.exports}
     background: list[subprocess.Popen[str]] = []
     outputs: list[str] = []

@@ -11,7 +11,6 @@ import stat
 import subprocess
 from pathlib import Path
 
-from azqueue.devstorage import free_port
 from tests.cli.helpers import azqueue, one_line_error
 from tests.worker.helpers import AZQUEUE
 
@@ -30,7 +29,7 @@ async def test_dev_makes_an_open_data_dir_private_and_says_so(tmp_path: Path) ->
     data = tmp_path / "data"
     data.mkdir(mode=0o755)
     data.chmod(0o755)
-    process = subprocess.Popen([AZQUEUE, "dev", "--data", str(data), "--port", str(free_port())],
+    process = subprocess.Popen([AZQUEUE, "dev", "--data", str(data), "--port", "0"],
                                env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True)
 
