@@ -21,7 +21,6 @@ import pytest
 from aiohttp import web
 
 from azqueue.config.variables import SETTINGS
-from azqueue.devstorage import free_port
 from tests.browser import browser  # noqa: F401 - the fixture
 from tests.docs.test_readme_quickstart import README, quickstart_blocks
 from tests.waiting import eventually
@@ -122,10 +121,9 @@ async def served(site: Path) -> AsyncIterator[str]:
     app.router.add_get("/{path:.*}", index)
     runner = web.AppRunner(app)
     await runner.setup()
-    port = free_port()
-    await web.TCPSite(runner, "127.0.0.1", port).start()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
     try:
-        yield f"http://127.0.0.1:{port}/"
+        yield f"http://127.0.0.1:{runner.addresses[0][1]}/"
     finally:
         await runner.cleanup()
 

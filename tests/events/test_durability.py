@@ -54,11 +54,12 @@ async def test_event_of_a_change_stored_just_before_a_crash_is_delivered_after_r
 
 class Proxy:
     """A TCP proxy to RabbitMQ that the test can cut and restore, or freeze: the
-    connections stay open and nothing goes through, as in a network partition."""
+    connections stay open and nothing goes through, as in a network partition. It
+    listens on any free port, ``port`` once started."""
 
     def __init__(self, target_port: int = 5672) -> None:
         self.target_port = target_port
-        self.port = free_port()
+        self.port = 0
         self.open = True
         self._flowing = asyncio.Event()
         self._flowing.set()
@@ -66,7 +67,8 @@ class Proxy:
         self._server: asyncio.Server | None = None
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
 
     async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
