@@ -70,7 +70,10 @@ async def backlog(http: Any, api: str, queue: str, tasks: int, seconds: float = 
 async def idle(api: str, queue: str, seconds: float, **overrides: Any) -> float:
     """Azure requests per second of a worker finding nothing, over ``seconds`` that follow
     ``IDLE_WARM_UP`` seconds of finding nothing (its sleeps have grown to their longest)."""
-    worker = Worker(config(api, queue, **overrides), lambda run: asyncio.sleep(0))
+    async def nothing(run: Any) -> None:
+        return None
+
+    worker = Worker(config(api, queue, **overrides), nothing)
     running = asyncio.ensure_future(worker.start())
     await asyncio.sleep(IDLE_WARM_UP)
     before = worker.requests[POLL]
