@@ -20,6 +20,8 @@ from azqueue.api.app import create_app
 from azqueue.config import Settings, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.queues import Queues
+from azqueue.storage.tasks import TaskStore
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.hawk import hawk_signer
 from azqueue.testing.storage import StorageInspector
@@ -128,6 +130,28 @@ async def storage(azurite: Azurite, storage_prefix: str) -> AsyncIterator[Storag
     async with StorageInspector(StorageSettings(azurite.connection_string,
                                                 storage_prefix)) as inspector:
         yield inspector
+
+
+@pytest.fixture
+async def account(azurite: Azurite, storage_prefix: str) -> AsyncIterator[StorageAccount]:
+    """A storage account of the test's own on its servers' prefix, straight to Azurite
+    (not counted by the servers): for a test that writes what the API would not (a row
+    of an earlier release, a message of its own) through the stores built on it."""
+    account = StorageAccount(StorageSettings(azurite.connection_string, storage_prefix))
+    yield account
+    await account.close()
+
+
+@pytest.fixture
+def task_store(account: StorageAccount) -> TaskStore:
+    """The test's own ``TaskStore`` on its servers' task table (``account``)."""
+    return TaskStore(account)
+
+
+@pytest.fixture
+def queues(account: StorageAccount) -> Queues:
+    """The test's own ``Queues`` on its servers' queues (``account``)."""
+    return Queues(account)
 
 
 @pytest.fixture

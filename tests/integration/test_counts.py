@@ -56,7 +56,6 @@ async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_
     task_queue_id = f"prov/backlog{slugid()[:6].replace('-', 'x').replace('_', 'y').lower()}"
     ids = await _backlog(queue, task_queue_id, BACKLOG)
     repair = server.services.resolution.repair
-    tasks = server.services.tasks
     for look in range(1, LOOKS + 1):
         # As the deadline resolver would, each look later than the one before.
         now = timeutil.utcnow() + timedelta(seconds=look * repair.delay.total_seconds() * 2)
@@ -64,7 +63,7 @@ async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_
 
         async def one(task_id: str) -> None:
             async with limit:
-                await repair.look(await tasks.load(task_id), now)
+                await repair.look(await storage.stored(task_id), now)
 
         await asyncio.gather(*(one(t) for t in ids))
     # The pending queue's own length, as a KEDA azure-queue scaler reads it.
@@ -75,7 +74,8 @@ async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_
 
 
 async def test_a_tip_a_worker_took_and_lost_is_replaced_at_the_next_look(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
     task_id = slugid()
     await _queue(server).createTask(task_id, definition("prov/losttip"))
@@ -84,7 +84,7 @@ async def test_a_tip_a_worker_took_and_lost_is_replaced_at_the_next_look(
     assert await sas.delete_message(http, queue["signedDeleteUrl"], message) == 204  # lost
     repair = server.services.resolution.repair
     now = timeutil.utcnow() + timedelta(seconds=2)
-    await repair.look(await server.services.tasks.load(task_id), now)
+    await repair.look(await storage.stored(task_id), now)
     [again] = await sas.get_messages(http, queue["signedPollUrl"])
     assert again.tip["taskId"] == task_id and again.tip["runId"] == 0
     code, claim = await sas.claim(http, server.api, again)

@@ -17,7 +17,7 @@ from azqueue.storage.queues import Queues, encode_json
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
-from tests.servers import Server, ServerFactory
+from tests.servers import ServerFactory
 from tests.waiting import eventually
 
 BATCHES = "deadline-batches"
@@ -45,10 +45,10 @@ async def test_createTasks_at_once_each_store_their_own_trigger(
 
 
 async def test_triggers_asked_for_together_share_a_message_that_a_withdrawn_one_leaves(
-        make_server: ServerFactory, storage: StorageInspector) -> None:
-    server = await make_server(run_resolvers=False)
+        make_server: ServerFactory, storage: StorageInspector, queues: Queues) -> None:
+    await make_server(run_resolvers=False)
     name = storage.queue_name(BATCHES)
-    triggers = DeadlineTriggers(server.services.queues, name, budget=10.0, puts=1)
+    triggers = DeadlineTriggers(queues, name, budget=10.0, puts=1)
     now = timeutil.utcnow()
     deadline = timeutil.parse(timeutil.fmt(now + timedelta(hours=1)))  # as tasks have it
     # Asked for in one turn of the event loop: all wait for the one put.
@@ -69,7 +69,7 @@ async def test_triggers_asked_for_together_share_a_message_that_a_withdrawn_one_
 
 async def test_the_resolver_keeps_of_a_message_only_the_tasks_still_to_look_at(
         make_server: ServerFactory, http: aiohttp.ClientSession,
-        storage: StorageInspector) -> None:
+        storage: StorageInspector, queues: Queues) -> None:
     """A message's tasks: one pending (looked at again once the repair delay has passed),
     one resolved, one never stored and a trigger whose deadline is not its task's (a
     refused createTask's): the message comes back holding the pending task alone."""
@@ -81,7 +81,7 @@ async def test_the_resolver_keeps_of_a_message_only_the_tasks_still_to_look_at(
     deadlines = {t: timeutil.parse((await status(http, server.api, t))["deadline"])
                  for t in (pending, canceled)}
     now = timeutil.utcnow()
-    name, queues = await _queue(server, storage, "mixed-triggers")
+    name = await _queue(queues, storage, "mixed-triggers")
     await queues.put(name, encode([
         Entry(pending, deadlines[pending], now), Entry(canceled, deadlines[canceled], now),
         Entry(slugid(), deadlines[pending], now),
@@ -99,7 +99,7 @@ async def test_the_resolver_keeps_of_a_message_only_the_tasks_still_to_look_at(
 
 async def test_a_task_is_looked_at_when_its_own_look_is_due_and_one_not_stored_yet_is_kept(
         make_server: ServerFactory, http: aiohttp.ClientSession,
-        storage: StorageInspector) -> None:
+        storage: StorageInspector, queues: Queues) -> None:
     """A message surfaces when its first task is due: the others wait for their own time
     (a task past its deadline whose look is not due is not resolved yet), and a task not
     stored yet is looked for again until ``STORE_GRACE`` after the message was put (the
@@ -111,7 +111,7 @@ async def test_a_task_is_looked_at_when_its_own_look_is_due_and_one_not_stored_y
     await eventually(timeutil.utcnow, lambda now: now > deadline, what="the deadline passing")
     now = timeutil.utcnow()
     coming = slugid()
-    name, queues = await _queue(server, storage, "own-time-triggers")
+    name = await _queue(queues, storage, "own-time-triggers")
     await queues.put(name, encode([Entry(late, deadline, now + timedelta(hours=1)),
                                    Entry(coming, deadline, now)],
                                   put=now - STORE_GRACE + timedelta(seconds=2)))
@@ -131,12 +131,11 @@ async def test_a_task_is_looked_at_when_its_own_look_is_due_and_one_not_stored_y
 
 async def test_an_earlier_releases_one_task_messages_are_handled_and_keep_their_form(
         make_server: ServerFactory, http: aiohttp.ClientSession,
-        storage: StorageInspector) -> None:
+        storage: StorageInspector, queues: Queues) -> None:
     server = await make_server(run_resolvers=False, tip_repair_delay=1.0)
     late = await create(http, server.api, definition("prov/legacy", deadline=timedelta(seconds=2)))
     waiting = await create(http, server.api, definition("prov/legacy"))
     legacy = storage.queue_name("deadline")
-    queues = server.services.queues
     for task_id in (late, waiting):
         await queues.put(legacy, encode_json({"taskId": task_id}))
     deadline = timeutil.parse((await status(http, server.api, late))["deadline"])
@@ -153,8 +152,7 @@ async def test_an_earlier_releases_one_task_messages_are_handled_and_keep_their_
     assert parse(message.text).put is None
 
 
-async def _queue(server: Server, storage: StorageInspector, suffix: str) -> tuple[str, Queues]:
+async def _queue(queues: Queues, storage: StorageInspector, suffix: str) -> str:
     name = storage.queue_name(suffix)
-    queues = server.services.queues
     await queues.ensure(name)
-    return name, queues
+    return name

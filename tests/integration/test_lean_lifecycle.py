@@ -9,16 +9,16 @@ from typing import Any
 
 import aiohttp
 import pytest
-from azure.data.tables.aio import TableServiceClient
 
 from azqueue.config import StorageSettings
-from azqueue.devstorage import Azurite
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.service.dispatch.tips import records_after
+from azqueue.storage.account import StorageAccount
 from azqueue.storage.taskrows import TIP
+from azqueue.storage.tasks import TaskStore
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
@@ -49,7 +49,8 @@ async def _poll_one(http: aiohttp.ClientSession, server: Server,
 
 
 async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        task_store: TaskStore) -> None:
     """createTask puts the tip, then stores the task with the tip's record. A worker that
     polls the tip in between must not be told to delete it ('if ... claimTask fails with
     a 4xx error, the worker must delete the messages', docs/workers/sas.md): its claim waits for the task."""
@@ -60,7 +61,7 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
     claiming = asyncio.create_task(sas.claim(http, server.api, message))
     await stays(claiming.done, lambda done: not done, what="the claim waiting for its task",
                 for_=0.5)
-    assert await server.services.tasks.insert(task, tips=(message_id,)) is not None
+    assert await task_store.insert(task, tips=(message_id,)) is not None
     code, claim = await claiming
     assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0
 
@@ -78,14 +79,13 @@ async def test_a_tip_whose_task_is_never_stored_answers_404_and_is_deleted(
 
 
 async def test_a_tip_recorded_as_a_row_by_an_earlier_version_is_still_honoured(
-        make_server: ServerFactory, http: aiohttp.ClientSession, azurite: Azurite) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession, account: StorageAccount,
+        task_store: TaskStore) -> None:
     server = await make_server()
     task_id, task, message_id = await _stage_tip(server, "prov/legacy")
-    assert await server.services.tasks.insert(task) is not None
-    async with TableServiceClient.from_connection_string(azurite.connection_string) as tables:
-        await tables.get_table_client(server.services.tasks.name).create_entity(
-            {"PartitionKey": task_id, "RowKey": TIP + message_id})
-    server.services.cache.drop(task_id)
+    assert await task_store.insert(task) is not None
+    await account.tables.get_table_client(task_store.name).create_entity(
+        {"PartitionKey": task_id, "RowKey": TIP + message_id})
     message, _ = await _poll_one(http, server, "legacy")
     code, claim = await sas.claim(http, server.api, message)
     assert code == 200 and claim["runId"] == 0
@@ -187,15 +187,14 @@ async def test_waiting_claim_work_calls_share_one_poller_and_get_distinct_tasks(
 
 
 async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_change_it_was(
-        server: Server, http: aiohttp.ClientSession) -> None:
+        server: Server, http: aiohttp.ClientSession, task_store: TaskStore) -> None:
     """A storage request whose answer is lost is sent again (``storage.rest``); a
     conditional write that was stored the first time then finds its own ETag moved (412).
     ``modify`` must recognise its own write and report the change it made (so the claim
     is answered and its message settled), not a no-op; a concurrent write of someone else
     that happens to decide the same is not taken for its own."""
     task_id = await create(http, server.api, definition("prov/replay"))
-    tasks = server.services.tasks
-    rest = tasks._rest
+    rest = task_store._rest
     send = rest.update_entity
 
     async def answer_lost_once(*args: Any, **kwargs: Any) -> dict[str, Any]:
@@ -207,16 +206,16 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     def claim(task: model.Task) -> model.Task:
         return model.claim(task, 0, "wg", "w", now, server.services.claims.claim_timeout)
 
-    first = await tasks.load(task_id)
+    first = await task_store.load(task_id)
     rest.update_entity = answer_lost_once  # type: ignore[method-assign]
     try:
-        replayed = await tasks.modify(task_id, claim, first, records=records_after)
+        replayed = await task_store.modify(task_id, claim, first, records=records_after)
     finally:
         rest.update_entity = send  # type: ignore[method-assign]
     assert replayed.changed and replayed.before == first.task
     assert replayed.after.runs[0].state is model.RunState.RUNNING
     # The same decision again, from the same old read, is another request: no change.
-    again = await tasks.modify(task_id, claim, first, records=records_after)
+    again = await task_store.modify(task_id, claim, first, records=records_after)
     assert not again.changed
 
 

@@ -14,6 +14,7 @@ import pytest
 
 from azqueue.model.artifact import from_request
 from azqueue.testing import sas
+from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import iso
 from tests.integration.test_artifacts import _running_task
 from tests.servers import Server
@@ -40,7 +41,7 @@ async def test_a_reference_url_with_control_characters_is_refused_at_creation(
 
 async def test_a_stored_reference_url_with_cr_lf_is_answered_cleanly(
         server: Server, http: aiohttp.ClientSession, anonymous: aiohttp.ClientSession,
-        caplog: pytest.LogCaptureFixture) -> None:
+        storage: StorageInspector, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING)
     task_id = await _running_task(http, server)
     name = "public/old-ref"
@@ -49,7 +50,7 @@ async def test_a_stored_reference_url_with_cr_lf_is_answered_cleanly(
     assert code == 200, answer
     # As an earlier release stored it: the same artifact with the URL it did not refuse.
     artifacts = server.services.artifacts
-    task = await server.services.tasks.get(task_id)
+    task = await storage.task(task_id)
     stored = from_request(task, 0, name, _reference("https://example.com/fine"))
     await artifacts.records.delete(stored)
     assert await artifacts.records.insert(replace(stored, url=INJECTED), [])
