@@ -40,7 +40,7 @@ async def test_without_the_broker_the_pollers_look_as_often_as_without_a_doorbel
     dead = "amqp://guest:guest@127.0.0.1:1/"
     a = await make_server(**quiet(amqp_url=dead, claim_work_poll_interval=0.3))
     b = await make_server(**quiet(amqp_url=dead, claim_work_poll_interval=0.3))
-    assert not b.services.doorbell.covers("prov/nobroker")
+    assert not b.services.work.doorbell.covers("prov/nobroker")
     waiting = asyncio.create_task(claim_work(http, b, "prov/nobroker"))
     await callers_waiting(b, "prov/nobroker")
     task_id = await create(http, a.api, definition("prov/nobroker"))

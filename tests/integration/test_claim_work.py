@@ -51,7 +51,7 @@ async def claim_work(http: aiohttp.ClientSession, server: Server, task_queue_id:
 async def callers_waiting(server: Server, task_queue_id: str, count: int = 1) -> None:
     """Until ``count`` claimWork callers wait on ``server`` for work of ``task_queue_id``
     (connected ones: a caller that left may still be on the list)."""
-    entry = server.services.waiting.entry(task_queue_id)
+    entry = server.services.work.waiting.entry(task_queue_id)
     await eventually(lambda: sum(w.connected() for w in entry.waiters), lambda n: n >= count,
                      interval=0.05,
                      what=f"{count} claimWork caller(s) waiting on {task_queue_id}")

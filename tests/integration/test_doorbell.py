@@ -42,12 +42,12 @@ def quiet(**overrides: Any) -> dict[str, Any]:
 async def settled(server: Server, task_queue_id: str) -> None:
     """Until the doorbell covers ``task_queue_id`` on ``server`` (every replica knows it
     waits there), and the look that follows has been made."""
-    doorbell = server.services.doorbell
+    doorbell = server.services.work.doorbell
     await eventually(lambda: doorbell.covers(task_queue_id), what="the doorbell to cover "
                      f"{task_queue_id}", interval=0.1)
     # Covered once every replica has read the ear; then the callers waiting here are rung
     # to look once more (a tip put before that was rung to nobody): past that look.
-    entry = server.services.waiting.entry(task_queue_id)
+    entry = server.services.work.waiting.entry(task_queue_id)
     if entry.waiters:
         await eventually(lambda: (entry.rings, sorted(entry.dirty)),
                          lambda seen: seen[0] > 0 and not seen[1], interval=0.05,

@@ -376,7 +376,7 @@ async def test_a_burst_of_reports_settles_every_message_with_a_bounded_number_af
                for t in task_ids]
     try:
         await asyncio.wait_for(asyncio.gather(*(d.reached.wait() for d in deletes)), 30)
-        assert server.services.changes.settling == 2
+        assert server.services.resolution.changes.settling == 2
         answered = await eventually(lambda: _done(reports), lambda n: n == 2,
                                     what="the reports whose delete is left to after them")
         assert answered == 2
@@ -387,7 +387,7 @@ async def test_a_burst_of_reports_settles_every_message_with_a_bounded_number_af
         assert code == 200 and done["status"]["state"] == "completed", done
     await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
                      what="every run's message deleted")
-    assert server.services.changes.settling == 0
+    assert server.services.resolution.changes.settling == 0
 
 
 async def _done(tasks: list[asyncio.Task[Any]]) -> int:
@@ -429,7 +429,7 @@ async def _caller_waiting(http: aiohttp.ClientSession, server: Server,
         http, f"{server.api}/claim-work/{task_queue_id.replace('/', '%2F')}",
         {"workerGroup": "wg", "workerId": "cw", "tasks": 1}))
     await callers_waiting(server, task_queue_id)
-    entry = server.services.waiting.entry(task_queue_id)
+    entry = server.services.work.waiting.entry(task_queue_id)
     await eventually(lambda: not entry.dirty, interval=0.05,
                      what="the caller's poller done with its first look at the queues")
     return waiting

@@ -132,7 +132,7 @@ async def test_the_official_client_through_the_proxy(nginx: Proxy) -> None:
     queue, task_id = nginx.queue(), slugid()
     claiming = asyncio.create_task(asyncio.to_thread(
         queue.claimWork, task_queue_id, {"workerGroup": "wg", "workerId": "w1", "tasks": 1}))
-    waiting = nginx.server.services.waiting
+    waiting = nginx.server.services.work.waiting
     await eventually(lambda: waiting.entry(task_queue_id).demand() == 1,
                      what="claimWork waiting on the server")
     await asyncio.to_thread(queue.createTask, task_id, definition(task_queue_id))
