@@ -72,7 +72,8 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class Services:
     """The components of one process, each built once (see their modules): what the
-    handlers and the resolvers use, and the few parts the tests look at."""
+    handlers and the resolvers use. A test drives a server through its API and its own
+    storage clients, and through one of these only where neither can."""
 
     definitions: Definitions  # createTask, scheduleTask, task, status, listDependentTasks
     claims: Claims  # claimTask, reclaimTask
@@ -90,14 +91,8 @@ class Services:
     health: Health  # __heartbeat__, __metrics__
     dependencies: Dependencies
     index: ClaimIndex
-    changes: Changes
     tips: Tips
-    doorbell: Doorbell
     outbox: EventOutbox  # with events off, a NullOutbox
-    tasks: TaskStore
-    queues: Queues
-    cache: TaskCache
-    waiting: Waiting  # the claimWork callers waiting in this process
 
 
 # What a process is given: its settings, where its events go (None: the broker of
@@ -458,16 +453,13 @@ def services(definitions: Definitions, claims: Claims, work: WorkClaimer,
              rerun: Rerun, batch: BatchReads, counts: TaskQueueCounts,
              workerinfo: WorkerInfo, task_urls: TaskUrls, artifacts: ArtifactService,
              expiry: Expiry, health: Health, dependency_passing: Dependencies,
-             index: ClaimIndex, changes: Changes, tips: Tips, doorbell: Doorbell,
-             outbox: EventOutbox, tasks: TaskStore, queues: Queues, cache: TaskCache,
-             waiting: Waiting) -> Services:
+             index: ClaimIndex, tips: Tips, outbox: EventOutbox) -> Services:
     return Services(
         definitions=definitions, claims=claims, work=work, resolution=resolution,
         groups=task_groups, priority=priority, rerun=rerun, batch=batch, counts=counts,
         workers=workerinfo, task_urls=task_urls, artifacts=artifacts, expiry=expiry,
-        health=health, dependencies=dependency_passing, index=index, changes=changes,
-        tips=tips, doorbell=doorbell, outbox=outbox, tasks=tasks, queues=queues,
-        cache=cache, waiting=waiting)
+        health=health, dependencies=dependency_passing, index=index, tips=tips,
+        outbox=outbox)
 
 
 EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"
