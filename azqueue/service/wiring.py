@@ -234,7 +234,7 @@ def doorbell(settings: Settings, account: StorageAccount, waiting: Waiting,
     return Doorbell(waiting=waiting, hints=hints, transport=transport, idle_expiry=idle_expiry)
 
 
-@component
+@component(stop=Tips.close)
 def tips(signer: TipSigner, queues: Queues, pending: PendingQueues, tasks: TaskStore,
          waiting: Waiting, doorbell: Doorbell) -> Tips:
     return Tips(signer=signer, queues=queues, pending=pending, tasks=tasks, waiting=waiting,

@@ -234,6 +234,23 @@ class TaskStore(TableStore):
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
 
+    async def record_tip_at(self, stored: Stored, message_id: str, live_tip: LiveTip | None
+                            ) -> Stored | None:
+        """``record_tip`` (with ``live_tip``, if any), if the task is still as ``stored``:
+        the task as it is now stored (with its new ETag), or None if it changed or is gone
+        (nothing written then)."""
+        live = {LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}
+        try:
+            with translate(f"recording a tip of task {stored.task.task_id}"):
+                answer = await self._rest.update_entity(
+                    self.name, {"PartitionKey": stored.task.task_id, "RowKey": ROW,
+                                tip_property(message_id): message_id, **live},
+                    stored.etag, merge=True)
+        except (ETagMismatch, EntityNotFound):
+            return None
+        return replace(stored, etag=str(answer["etag"]), tips=stored.tips | {message_id},
+                       live_tip=live_tip or stored.live_tip)
+
     async def renew_live_tip(self, task_id: str, live_tip: LiveTip) -> None:
         """The live tip's new pop receipt, after a look at it changed it (a merge)."""
         try:

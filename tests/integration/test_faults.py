@@ -441,20 +441,20 @@ async def _created_while_handed(
         storage: StorageInspector, task_queue_id: str, task_id: str
         ) -> AsyncIterator[asyncio.Task[tuple[int, dict[str, Any]]]]:
     """createTask of ``task_id``, held while a waiting caller rewrites the tip it was
-    handed: the deadline trigger's put, which the insert waits for, is held back by
-    storage until the caller's rewrite reached it. The body runs then, the insert not
-    yet made; both are let through after it. Yields the createTask under way."""
+    handed: the task's insert is held back by storage until the caller's rewrite reached
+    it. The body runs then, the insert not yet made; both are let through after it.
+    Yields the createTask under way."""
     pending = storage.pending_queue(task_queue_id)
-    trigger = proxy.hold("POST", "-deadline-batches/messages")
+    insert = proxy.hold("POST", "/$batch")
     rewrite = proxy.hold("PUT", f"/{pending}/messages/")
     creating = asyncio.create_task(_put_task(http, server, task_id,
                                              definition(task_queue_id)))
     try:
         await asyncio.wait_for(rewrite.reached.wait(), 30)
-        assert trigger.reached.is_set() and not creating.done()
+        assert insert.reached.is_set() and not creating.done()
         yield creating
     finally:
-        trigger.release()
+        insert.release()
         rewrite.release()
 
 
@@ -464,8 +464,8 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
         http: aiohttp.ClientSession, storage: StorageInspector, taken: str) -> None:
     """On the replica that creates a task, a claimWork caller waiting for its task queue
     is handed the tip as soon as its put is answered and rewrites it before the task is
-    stored (here the deadline trigger's put, which the insert waits for, is held back by
-    storage); the claim is written once the insert is. Meanwhile the task is not there
+    stored (here the task's insert is held back by storage); the claim is written once
+    the insert is. Meanwhile the task is not there
     for readers (404: createTask has not answered). If the insert stores nothing because
     the taskId belongs to another task (createTask answers 409), the rewritten tip is
     deleted, the caller gets no task, and the other task is untouched."""
@@ -735,3 +735,50 @@ async def test_trigger_puts_that_stall_hold_up_the_create_tasks_after_them_only_
     created = await asyncio.gather(first, second, third)
     for task_id in created:
         assert (await status(http, server.api, task_id))["state"] == "pending"
+
+
+async def test_a_task_stored_while_its_deadline_trigger_failed_gets_one_after(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """createTask of a task that is its own group inserts it while its deadline trigger
+    and its tip are put: when storage refuses the trigger, the task is stored without it
+    and createTask answers 500, as for any createTask that failed part-way. The replica
+    puts the trigger again by itself, so the task is resolved at its deadline even if
+    its client never repeats the call."""
+    server = await faulty_servers()
+    task_id, body = slugid(), definition("prov/no-trigger", deadline=timedelta(seconds=3))
+    proxy.once("POST", "-deadline-batches/messages", "refused")
+    async with http.put(f"{server.api}/task/{task_id}", json=body) as r:
+        assert r.status == 500, await r.text()
+    assert (await storage.task(task_id)).task_id == task_id  # stored all the same
+    resolved = await eventually(lambda: status(http, server.api, task_id),
+                                lambda s: s["state"] == "exception", timeout=60,
+                                what="the task resolved at its deadline")
+    assert resolved["runs"][0]["reasonResolved"] == "deadline-exceeded", resolved
+    assert proxy.counts["queue refused"] == 1
+
+
+async def test_a_tip_put_with_its_task_whose_record_failed_is_replaced_by_a_recorded_one(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """The tip of a task inserted at once with it is recorded after createTask answered.
+    A worker that polls the tip before the record is stored waits for it; when storage
+    refuses the record, the worker's claim is refused (it deletes the tip) and the
+    pending run gets a recorded tip at once, which it claims."""
+    server = await faulty_servers()
+    task_id = slugid()
+    task_row = f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'"
+    proxy.once("PATCH", task_row, "refused")
+    async with http.put(f"{server.api}/task/{task_id}", json=definition("prov/no-record")) as r:
+        assert r.status == 200, await r.text()
+    await eventually(lambda: proxy.counts["table refused"], lambda n: n == 1,
+                     what="the record of the tip refused")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "no-record")
+    queue = urls["queues"][6]
+    [unrecorded] = await sas.get_messages(http, queue["signedPollUrl"])
+    code, err = await sas.claim(http, server.api, unrecorded)
+    assert code == 400 and "does not carry a tip" in err["message"], err
+    assert await sas.delete_message(http, queue["signedDeleteUrl"], unrecorded) == 204
+    [fresh] = await sas.get_messages(http, queue["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, fresh)
+    assert code == 200 and claim["status"]["taskId"] == task_id, claim

@@ -1,30 +1,36 @@
-"""What makes a lifecycle cheap must keep the claim protocol's rules: the tip put before
-its task, this process's copies of tasks, the claim index written late, the claimWork
+"""What makes a lifecycle cheap must keep the claim protocol's rules: the tip put with
+its task and recorded after, this process's copies of tasks, the claim index written late, the claimWork
 poller shared by every waiting call."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
 import pytest
 
-from azqueue.config import StorageSettings
+from azqueue.api.app import create_app
+from azqueue.config import Settings, StorageSettings
+from azqueue.devstorage import Azurite, free_port
 from azqueue.model import definition as definitions
 from azqueue.model import task as model
 from azqueue.model import timeutil
+from azqueue.model.events import Event
 from azqueue.model.priority import Priority
 from azqueue.service.dispatch.tips import records_after
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.taskrows import TIP
 from azqueue.storage.tasks import TaskStore
 from azqueue.testing import sas
-from azqueue.testing.faultproxy import FaultProxy
+from azqueue.testing.events import RecordedEvents
+from azqueue.testing.faultproxy import FaultProxy, round_trips
+from azqueue.testing.inprocess import InProcessServer
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import callers_waiting, claim_work
-from tests.servers import Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory
 from tests.waiting import eventually, stays
 
 
@@ -219,27 +225,120 @@ async def test_a_write_replayed_after_its_answer_was_lost_is_reported_as_the_cha
     assert not again.changed
 
 
-async def test_create_task_of_a_group_of_one_costs_three_storage_requests(
+async def test_create_task_of_a_group_of_one_costs_three_storage_requests_and_a_record(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
-        http: aiohttp.ClientSession) -> None:
+        storage: StorageInspector, http: aiohttp.ClientSession) -> None:
     """A task that is its own group (Taskcluster's default) costs createTask its deadline
     trigger, its tip and its insert, nothing for the group (docs/capacity.md): the insert
     writes the group's ``members`` row, which a task joining the group first would have
-    written, so no record of the group is asked or written."""
-    storage = StorageSettings(proxy.connection_string(), storage_prefix)
-    server = await make_server(storage=storage, run_resolvers=False,
-                               doorbell_interval=3600.0)
-    await create(http, server.api, definition("prov/alone"))  # the task queue is recorded
-
-    def sent() -> int:
-        return proxy.counts["queue forwarded"] + proxy.counts["table forwarded"]
+    written, so no record of the group is asked or written. The record of its tip, for
+    the claims of SAS workers, follows the answer: a fourth request."""
+    server = await make_server(
+        storage=StorageSettings(proxy.connection_string(), storage_prefix),
+        run_resolvers=False, doorbell_interval=3600.0)
+    first = await create(http, server.api, definition("prov/alone"))
 
     async def recorded() -> bool:
         async with http.get(f"{server.api}/task-queues/prov%2Falone") as r:
             return r.status == 200
 
     await eventually(recorded, what="the task queue recorded (in the background)")
-    before = sent()
+    await eventually(lambda: storage.stored(first), lambda s: s.live_tip is not None,
+                     what="the first task's tip recorded")
+    before = proxy.snapshot()
     task_id = slugid()
     await create(http, server.api, definition("prov/alone", taskGroupId=task_id), task_id)
-    assert sent() - before == 3
+    await eventually(lambda: storage.stored(task_id), lambda s: s.live_tip is not None,
+                     what="the tip recorded")
+    spent = {hit.kind: n for hit, n in (proxy.snapshot() - before).items()
+             if hit.client == "server"}
+    assert spent == {"POST message": 2, "POST $batch": 1, "PATCH entity": 1}, spent
+
+
+async def test_create_task_of_a_group_of_one_waits_for_one_storage_round_trip(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        storage: StorageInspector, http: aiohttp.ClientSession) -> None:
+    """At Azure's latency a caller waits for the storage requests of its call that go one
+    after another: createTask of a task that is its own group sends its deadline trigger,
+    its tip and its insert at once (docs/capacity.md), and records the tip after its
+    answer. Storage here answers half a second late, far more than the server takes to
+    send the three, so requests sent one after another cannot pass for sent together."""
+    server = await make_server(
+        storage=StorageSettings(proxy.connection_string(), storage_prefix),
+        run_resolvers=False, doorbell_interval=3600.0)
+    first = await create(http, server.api, definition("prov/latency"))  # queues, connections
+
+    async def recorded(task_id: str) -> bool:
+        return (await storage.stored(task_id)).live_tip is not None
+
+    await eventually(lambda: recorded(first), what="the first task's tip recorded")
+    proxy.delay, proxy.trips = 0.25, []
+    try:
+        since = time.monotonic()
+        task_id = await create(http, server.api, definition("prov/latency"))
+        until = time.monotonic()
+        chain = round_trips(proxy.trips, since, until, ("server",))
+        assert len(chain) == 1, [t.hit for t in chain]
+        waited = [t.hit.kind for t in proxy.trips if t.hit.client == "server" and
+                  since <= t.sent and t.answered <= until]
+        assert sorted(waited) == ["POST $batch", "POST message", "POST message"], waited
+        # The record of the tip, a merge into the task, is answered after the call was.
+        assert not await recorded(task_id)
+        await eventually(lambda: recorded(task_id), what="the tip recorded after the answer")
+    finally:
+        proxy.delay, proxy.trips = 0.0, None
+    assert (await status(http, server.api, task_id))["state"] == "pending"
+
+
+async def test_a_sas_claim_on_the_replica_that_created_the_task_costs_two_requests(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        storage: StorageInspector, http: aiohttp.ClientSession) -> None:
+    """The record of a new task's tip, written after createTask answered, keeps the
+    replica's copy of the task (with the ETag the record left): a worker's claim there
+    is decided on it, and costs the tip's rewrite and the claim's write, no read of the
+    task."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix),
+                               run_resolvers=False, doorbell_interval=3600.0)
+    task_id = await create(http, server.api, definition("prov/copykept"))
+    await eventually(lambda: storage.stored(task_id), lambda s: s.live_tip is not None,
+                     what="the tip recorded")
+    urls = await sas.poll_task_urls(http, server.api, "prov", "copykept")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    before = proxy.snapshot()
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200 and claim["status"]["taskId"] == task_id, claim
+    spent = {hit.kind: n for hit, n in (proxy.snapshot() - before).items()
+             if hit.client == "server" and (hit.service == "queue" or hit.kind.endswith("entity"))}
+    # (The worker's first claim here also reads whether it is quarantined: a query.)
+    assert spent == {"PUT message (update)": 1, "PUT entity": 1}, spent
+
+
+class _SlowBroker(RecordedEvents):
+    """A broker that takes its time to confirm each event."""
+
+    async def publish(self, event: Event) -> None:
+        await asyncio.sleep(1.5)
+        await super().publish(event)
+
+
+async def test_a_broker_slow_to_confirm_the_new_tasks_events_queues_no_second_tip(
+        azurite: Azurite, storage_prefix: str, storage: StorageInspector,
+        http: aiohttp.ClientSession) -> None:
+    """A task stored long after its tip gets another (a claim of the tip waits only so
+    long for the task); the time its events then take to be published is not the
+    task's: one tip, however slow the broker."""
+    settings = Settings(storage=StorageSettings(azurite.connection_string, storage_prefix),
+                        tip_secrets=("test-secret-0123456789abcdef",), root=ROOT,
+                        host="127.0.0.1", port=free_port()).with_(run_resolvers=False)
+    broker = _SlowBroker()
+    server = await InProcessServer.start(settings, create_app(settings, events=broker))
+    try:
+        task_id = await create(http, server.api, definition("prov/slow-broker"))
+        assert broker.messages  # published before the answer, slowly
+        stored = await eventually(lambda: storage.stored(task_id),
+                                  lambda s: s.live_tip is not None, what="the tip recorded")
+        assert len(stored.tips) == 1, stored.tips
+        assert await storage.pending_count("prov/slow-broker") == 1
+    finally:
+        await server.stop()

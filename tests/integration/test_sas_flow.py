@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from datetime import timedelta
 
 import aiohttp
 
+from azqueue.config import StorageSettings
 from azqueue.model import timeutil
 from azqueue.model.priority import Priority
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
+from tests.integration.test_claim_work import callers_waiting
 from tests.servers import ServerFactory
 from tests.waiting import eventually
 
@@ -286,3 +290,93 @@ async def test_a_claim_whose_message_id_or_receipt_is_not_azures_is_refused_at_o
 
     code, claim = await sas.post(http, url, genuine)
     assert code == 200, claim
+
+
+async def test_a_tip_handed_to_claim_work_before_its_record_serves_the_retry_of_its_run(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A tip handed to a claimWork caller waiting on the replica that created its task is
+    never recorded on its own: the claim that holds it records it. So when that claim is
+    not reclaimed, the message reappears as the retry's tip, and a SAS worker's claim of
+    it expires the run and claims the retry, as for any tip."""
+    server = await make_server(claim_timeout=2.0, run_resolvers=False)
+    waiting = asyncio.create_task(sas.post(
+        http, f"{server.api}/claim-work/prov%2Fhanded-retry",
+        {"workerGroup": "wg", "workerId": "gone", "tasks": 1}))
+    await callers_waiting(server, "prov/handed-retry")
+    task_id = await create(http, server.api, definition("prov/handed-retry"))
+    code, answer = await waiting
+    assert code == 200 and [c["status"]["taskId"] for c in answer["tasks"]] == [task_id]
+    urls = await sas.poll_task_urls(http, server.api, "prov", "handed-retry")
+    poll_url = urls["queues"][6]["signedPollUrl"]
+    [again] = await eventually(lambda: sas.get_messages(http, poll_url),
+                               what="the tip reappearing once the claim expired")
+    assert again.tip["taskId"] == task_id and again.tip["runId"] == 1
+    code, claim = await sas.claim(http, server.api, again, worker_id="second")
+    assert code == 200, claim
+    runs = claim["status"]["runs"]
+    assert runs[0]["reasonResolved"] == "claim-expired" and runs[1]["workerId"] == "second"
+
+
+async def test_a_worker_that_polls_a_new_tip_before_its_record_waits_for_the_record(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        storage: StorageInspector, http: aiohttp.ClientSession) -> None:
+    """The tip of a task that is its own group is recorded after createTask answered; a
+    worker whose claim comes first waits for the record, and claims once it is stored."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix),
+                               run_resolvers=False)
+    task_id = slugid()
+    record = proxy.hold("PATCH", f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'")
+    try:
+        await create(http, server.api, definition("prov/record-wait"), task_id)
+        await asyncio.wait_for(record.reached.wait(), 30)
+        urls = await sas.poll_task_urls(http, server.api, "prov", "record-wait")
+        [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+        claiming = asyncio.create_task(sas.claim(http, server.api, message))
+        await asyncio.sleep(0.3)
+        assert not claiming.done()  # waiting for the record
+    finally:
+        record.release()
+    code, claim = await claiming
+    assert code == 200 and claim["status"]["taskId"] == task_id, claim
+
+
+async def test_a_record_that_comes_after_a_new_priority_records_nothing_stale(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        storage: StorageInspector, http: aiohttp.ClientSession) -> None:
+    """The record of a new task's tip is written on the task as createTask left it, else
+    on a fresh read by the rules of every change: when changeTaskPriority came first, the
+    tip it recorded in the new priority's queue stays the task's live tip, and the old
+    tip is not recorded (a worker presenting it is refused and deletes it)."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix),
+                               run_resolvers=False)
+    task_id = slugid()
+    record = proxy.hold("PATCH", f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'")
+    try:
+        await create(http, server.api, definition("prov/late-record"), task_id)
+        await asyncio.wait_for(record.reached.wait(), 30)
+        code, _ = await sas.post(http, f"{server.api}/task/{task_id}/priority",
+                                 {"newPriority": "highest"})
+        assert code == 200
+        proxy.trips = []
+    finally:
+        record.release()
+    trips = proxy.trips
+    # The late record is refused (the task changed), and the task read again.
+    await eventually(lambda: [t.hit.kind for t in trips if t.hit.client == "server"],
+                     lambda kinds: "PATCH entity" in kinds and "GET entity" in kinds[
+                         kinds.index("PATCH entity"):],
+                     what="the late record refused and the task read again")
+    proxy.trips = None
+    urls = await sas.poll_task_urls(http, server.api, "prov", "late-record")
+    lowest, highest = urls["queues"][-1], urls["queues"][0]
+    [old] = await sas.get_messages(http, lowest["signedPollUrl"])
+    [new] = await sas.get_messages(http, highest["signedPollUrl"])
+    stored = await storage.stored(task_id)
+    assert stored.live_tip is not None and stored.live_tip.message_id == new.message_id
+    assert old.message_id not in stored.tips and new.message_id in stored.tips
+    code, refused = await sas.claim(http, server.api, old)
+    assert code == 400, refused
+    code, claim = await sas.claim(http, server.api, new)
+    assert code == 200 and claim["task"]["priority"] == "highest", claim

@@ -122,3 +122,14 @@ def test_only_the_parts_that_read_them_know_the_pending_queues() -> None:
                if any(isinstance(node, ast.Name) and node.id == "PendingQueues"
                       for node in ast.walk(tree))}
     assert knowing == set(_READS_PENDING)
+
+
+def test_a_message_a_claim_now_holds_is_recorded_as_one_of_the_tasks_tips() -> None:
+    """A tip handed to a claimWork caller before it was recorded is recorded by the claim
+    that holds it: when the claim is not reclaimed, the message is the retry's tip."""
+    pending = _pending()
+    claimed = model.claim(pending, 0, "wg", "w", NOW, TIMEOUT)
+    took = HeldMessage(0, QUEUE, "handed", "r1")
+    assert records_after(_stored(pending), claimed, took).tips == {"m0", "m1", "handed"}
+    # Kept as it is when the claim holds no new message, or the priority moved.
+    assert records_after(_stored(pending), claimed, None).tips == {"m0", "m1"}

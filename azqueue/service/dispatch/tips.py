@@ -16,12 +16,19 @@ for which task state, and why extra tips are harmless:
 Azure queue invariants (what must exist for which state, and why extra is harmless):
 
 * A **pending** run ``r`` has at least one tip ``{taskId, r}`` in its pending queue,
-  visible now or within a bounded time (a poll's visibility timeout). createTask puts
-  run 0's tip *before* inserting the task, and records its messageId in the same
-  transaction as the task: a createTask that dies in between leaves a tip of no task
-  (a claim answers 404 and the worker deletes it), never a task without a tip. A claim
-  waits up to ``claims.TIP_WAIT`` for the task; a task stored later than half that after
-  its tip gets another tip. A repeated createTask of a pending run 0 adds a tip again.
+  visible now or within a bounded time (a poll's visibility timeout). createTask of a
+  task that is its own group and names no dependencies puts run 0's tip *while* it
+  inserts the task (and its deadline trigger), all at once, and records the tip's
+  messageId after it answered (``record_soon``); any other createTask puts the tip
+  before the insert, which records it. In the window, a reader finds a tip of no task
+  yet (a claim waits up to ``claims.TIP_WAIT`` for the task, then answers 404 and the
+  worker deletes the tip), or a task whose tip is not recorded yet (a worker's claim
+  waits as long for the record; a claimWork caller's needs none). A createTask that
+  fails or dies before it answered may leave the task stored without its tip (or its
+  trigger): its client sends it again, as for any createTask not answered, and the
+  repeat puts them (the deadline trigger, once stored, also repairs a missing tip). A
+  task stored later than half ``TIP_WAIT`` after its tip gets another tip. A repeated
+  createTask of a pending run 0 adds a tip again.
   A claimWork caller waiting in the creating process is handed run 0's tip as soon as
   its put is answered and rewrites it (below) while the task is inserted, writing its
   claim only once the insert stored the task: a process that dies in between leaves a
@@ -82,8 +89,11 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import logging
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Protocol
 
@@ -93,12 +103,20 @@ from azqueue.model.task import RunState, Task
 from azqueue.model.tip import TipSigner
 from azqueue.service.dispatch.doorbell import Doorbell
 from azqueue.service.dispatch.waiting import Waiting
+from azqueue.storage import retry
 from azqueue.storage.errors import MessageGone, ReceiptLost
 from azqueue.storage.queues import Message, PendingQueues, Queues, Received
 from azqueue.storage.taskrows import MAX_TIPS, HeldMessage, LiveTip, MessageRecords, Stored
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
+
+# Tips recorded after their createTask answered, at most, at once per process
+# (``Tips.record_soon``); and the storage budget of each such record, in seconds.
+MAX_RECORDING = 64
+RECORD_BUDGET = 10.0
+# Writes of such a record tried, each on a fresh read after the task changed.
+RECORD_ATTEMPTS = 5
 
 
 class Keep:
@@ -115,8 +133,11 @@ def records_after(stored: Stored, after: Task, hold: HeldMessage | None | Keep =
     the held message stays. A message is held only by a running run. Every recorded tip
     was put in the queue of the priority the task had: with a new priority they are all
     stale, and forgetting them makes a claim of one a claim of a message that is not the
-    task's tip (refused, then deleted). The live tip is kept only while it is the tip of
-    the pending last run, in the queue of the task's priority."""
+    task's tip (refused, then deleted). A message a claim now holds is recorded as one of
+    the task's tips (it was one: a tip handed to a claimWork caller before it was
+    recorded, say), so that the retry's claim of it, once it reappears, is a claim of the
+    task's own message. The live tip is kept only while it is the tip of the pending
+    last run, in the queue of the task's priority."""
     before = stored.task
     held = stored.held if isinstance(hold, Keep) else hold
     if held is not None and (held.run_id >= len(after.runs) or
@@ -124,6 +145,9 @@ def records_after(stored: Stored, after: Task, hold: HeldMessage | None | Keep =
         held = None
     same_priority = after.priority == before.priority
     tips = stored.tips if same_priority else frozenset[str]()
+    if isinstance(hold, HeldMessage) and held is not None and same_priority and \
+            held.message_id not in tips and len(tips) < MAX_TIPS:
+        tips = tips | {held.message_id}
     live_tip = stored.live_tip
     last = after.last_run
     if live_tip is not None and (not same_priority or last is None or
@@ -131,6 +155,17 @@ def records_after(stored: Stored, after: Task, hold: HeldMessage | None | Keep =
                                  last.state is not RunState.PENDING):
         live_tip = None
     return MessageRecords(held, tips, live_tip)
+
+
+def live_record(stored: Stored, message: Message, run_id: int) -> LiveTip | None:
+    """The live tip to record with ``message``, a tip of run ``run_id`` recorded after
+    it was put: none unless that run is still the pending last run and no tip put since
+    was recorded as live (the tip repair's, say)."""
+    last = stored.task.last_run
+    if last is None or last.run_id != run_id or last.state is not RunState.PENDING or \
+            stored.live_tip is not None:
+        return None
+    return live(message, run_id)
 
 
 class Tip(Protocol):
@@ -157,6 +192,7 @@ class Tips:
     tasks: TaskStore
     waiting: Waiting
     doorbell: Doorbell
+    _recording: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def put(self, task: Task, run_id: int) -> Message:
         """Put a tip for run ``run_id`` in the pending queue of the task's priority (made
@@ -198,6 +234,71 @@ class Tips:
         (``TaskCache.inserting``), to a claimWork caller waiting here; whether one took it.
         Nothing is rung if none did: ``hand_over`` does, once the task is stored."""
         return self.waiting.offer(task, message)
+
+    async def hand_over_unrecorded(self, stored: Stored, message: Message, run_id: int,
+                                   recorded: Callable[[Stored, str], None]) -> None:
+        """Hand over a tip of run ``run_id`` put together with the insert that stored
+        ``stored`` (createTask's, all at once), so not recorded yet: a claimWork caller
+        here that takes it claims it as received (no record needed); else it is rung, and
+        recorded after the caller's answer (``record_soon``)."""
+        if self.waiting.offer(stored.task, message):
+            return
+        self.visible(stored.task)
+        await self.record_soon(stored, message, run_id, recorded)
+
+    async def record_soon(self, stored: Stored, message: Message, run_id: int,
+                          recorded: Callable[[Stored, str], None]) -> None:
+        """Record ``message`` as ``record`` does (but not hand it over), after the caller
+        has answered: a claim that presents the tip before waits for the record
+        (``claims``), and one presented after a process died before recording it is
+        refused, and the run given a recorded tip (``Claims._repair_tip``). The record is
+        written conditionally, on ``stored`` and on a fresh read each time the task
+        changed meanwhile, by the rules of ``records_after``: none once the task's
+        priority changed, the live tip only while its run is pending (``live_record``);
+        ``recorded(task as now stored, ETag before)`` is told, so that this process's copy
+        of the task stays good for the next change. At most
+        ``MAX_RECORDING`` at once; beyond them the caller records before it answers, so
+        a burst of createTasks is slowed down to what storage takes. ``close`` waits for
+        them. Never raises: a failure is logged."""
+        if len(self._recording) >= MAX_RECORDING:
+            await self._record_logged(stored, message, run_id, recorded)
+            return
+        job = asyncio.get_running_loop().create_task(
+            self._record_logged(stored, message, run_id, recorded),
+            name=f"{stored.task.task_id}/{run_id}", context=contextvars.Context())
+        self._recording.add(job)
+        job.add_done_callback(self._recording.discard)
+
+    async def _record_logged(self, stored: Stored, message: Message, run_id: int,
+                             recorded: Callable[[Stored, str], None]) -> None:
+        task_id = stored.task.task_id
+        current = stored
+        try:
+            with retry.budget(RECORD_BUDGET):
+                for _ in range(RECORD_ATTEMPTS):
+                    if current.task.priority != stored.task.priority or \
+                            message.message_id in current.tips:
+                        return  # put in the queue of a priority the task has no more
+                    now = await self.tasks.record_tip_at(
+                        current, message.message_id, live_record(current, message, run_id))
+                    if now is not None:
+                        recorded(now, current.etag)
+                        return
+                    current = await self.tasks.load(task_id)  # changed meanwhile
+                log.warning("task %s run %d: its tip %s was not recorded: the task changed "
+                            "%d times meanwhile", task_id, run_id, message.message_id,
+                            RECORD_ATTEMPTS)
+        except (errors.StorageError, errors.QueueError) as e:
+            log.warning("task %s run %d: its tip %s was not recorded (a claim presenting it "
+                        "is refused, and the run given another): %s", task_id, run_id,
+                        message.message_id, e)
+        except Exception:
+            log.exception("task %s run %d: recording its tip failed", task_id, run_id)
+
+    async def close(self) -> None:
+        """Wait for the tips still being recorded (at most ``RECORD_BUDGET`` each)."""
+        if self._recording:
+            await asyncio.gather(*self._recording, return_exceptions=True)
 
     def hand_over(self, task: Task, message: Message) -> None:
         """Offer a tip of ``task`` just put (and recorded) to a claimWork caller waiting

@@ -55,6 +55,14 @@ class TaskCache:
     def drop(self, task_id: str) -> None:
         self._entries.pop(task_id, None)
 
+    def recorded(self, stored: Stored, was: str) -> None:
+        """``stored`` is the task as a write that found it at ETag ``was`` left it (a
+        record of its tip): kept if the copy here is still the one at ``was``; a copy
+        another change put meanwhile is newer."""
+        entry = self._entries.get(stored.task.task_id)
+        if entry is not None and entry[1].etag == was:
+            self.put(stored)
+
     def insert_begins(self, task: Task) -> asyncio.Future[Stored | None]:
         """``task`` is about to be inserted by this process: its tip, once ``tip_put`` names
         it, is what ``inserting`` gives until ``insert_ends`` is called with the future

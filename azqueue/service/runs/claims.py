@@ -48,6 +48,13 @@ TIP_WAIT = timedelta(seconds=2)
 RECORD_WAIT = timedelta(seconds=0.5)
 
 
+def _first_tip_unrecorded(stored: Stored) -> bool:
+    """Whether ``stored`` is a task whose run 0 is pending with no tip recorded yet."""
+    last = stored.task.last_run
+    return last is not None and last.run_id == 0 and last.state is RunState.PENDING and \
+        stored.live_tip is None and not stored.tips
+
+
 @dataclass(frozen=True, slots=True)
 class TipClaim:
     """The message a worker polled, presented with claimTask."""
@@ -308,6 +315,7 @@ class Claims:
         loop = asyncio.get_running_loop()
         give_up = loop.time() + TIP_WAIT.total_seconds()
         record_give_up = loop.time() + RECORD_WAIT.total_seconds()
+        recording = False
         admitted = False
         pause = 0.05  # doubling: a task stored a moment after its tip is found at once, and
         # a claim of a task that never comes costs a handful of reads, not one per 100 ms
@@ -316,13 +324,16 @@ class Claims:
                 stored: Stored | None = await self.tasks.load(
                     task_id, tip=tip.message_id if need_record else None)
             except errors.NotFound:
-                stored = None  # a createTask puts the tip just before the task
+                stored = None  # a createTask puts the tip before or with the task
             if stored is not None and not admitted:
                 admit(stored.task)
                 admitted = True
+                # A new task's first tip is recorded after its createTask answered
+                # (``Tips.record_soon``): give the record the time given the task.
+                recording = _first_tip_unrecorded(stored)
             if stored is not None and (not need_record or tip.message_id in stored.tips):
                 return stored
-            if loop.time() >= (give_up if stored is None else record_give_up):
+            if loop.time() >= (give_up if stored is None or recording else record_give_up):
                 break
             await asyncio.sleep(pause)
             pause = min(pause * 2, 0.4)

@@ -1,14 +1,17 @@
 """Task definitions: createTask and scheduleTask, and what reads definitions and statuses
 (task, status, listTaskGroup's page of tasks, listDependentTasks).
 
-createTask writes, before the task itself and all at once, the task's deadline trigger
-(``triggers``, which also triggers the tip repair, ``repair``), its task group's member
-row (a task whose schedulerId is not its group's, or new to a sealed group, is refused
-with 409 before: ``groupowner``, ``groups``) and run 0's tip (``tips``, where the Azure
-queue invariants are written), so that the tip's record is written in the same
-transaction as the task; a task that waits for dependencies gets its wait rows and
-dependents rows first and no tip (``dependencies``), one whose dependencies are resolved
-its dependents rows with the tip. A claimWork caller waiting in this process is handed
+createTask writes the task's deadline trigger (``triggers``, which also triggers the tip
+repair, ``repair``), its task group's member row (a task whose schedulerId is not its
+group's, or new to a sealed group, is refused with 409 before: ``groupowner``,
+``groups``) and run 0's tip (``tips``, where the Azure queue invariants are written), all
+at once. A task that is its own group and names no dependencies (Taskcluster's default)
+is inserted with them, in one round trip, and its tip recorded after the answer; any
+other is inserted after them, so that a listing of its group or of a dependency's
+dependents misses no stored task, and its insert records its tip. A task that waits for
+dependencies gets its wait rows and dependents rows first and no tip
+(``dependencies``), one whose dependencies are resolved its dependents rows with the
+tip. A claimWork caller waiting in this process is handed
 the tip as soon as its put is answered, and rewrites it while the task is inserted
 (``Claims.claim``). A repeated createTask with the same definition finishes what a first
 attempt that failed may have left undone and answers the same; a different definition is
@@ -52,6 +55,21 @@ log = logging.getLogger(__name__)
 
 # Tips queued after their task was stored, their queue being deleted at createTask.
 _QUEUING: set[asyncio.Task[None]] = set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Written:
+    """What createTask wrote: the task (None if a task of that id was there), when it was
+    stored and when run 0's tip became visible (on the event loop's clock), the tip (None
+    if the task waits for dependencies), its deadline trigger, and whether a claimWork
+    caller here took the tip."""
+
+    stored: Stored | None
+    stored_at: float
+    tip: Message | None
+    tip_visible: float
+    deadline: Trigger | None
+    handed: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,75 +127,162 @@ class Definitions:
         # A claimWork caller waiting here is handed the tip as soon as its put is
         # answered, and claims it while the task is inserted (``Claims.claim``).
         inserting = None if waiting else self.changes.cache.insert_begins(task)
+        at_once = new is None and definition["taskGroupId"] == task_id
         stored = None
         try:
-            tip, tip_visible, deadline, handed = await self._put_before_insert(
-                task, now, waiting, inserting, tracking)
-            stored = await self._insert(task, definition, tip, None if handed else tip_visible,
-                                        deadline)
+            w = await (self._write_at_once(task, definition, now, inserting) if at_once else
+                       self._write_in_order(task, definition, now, waiting, inserting,
+                                            tracking))
+            stored = w.stored
         finally:
             if inserting is not None:
                 self.changes.cache.insert_ends(task_id, inserting, stored)
         if stored is None:
             existing = await self.tasks.load(task_id)
-            if dict(existing.task.definition) != definition:
+            if dict(existing.task.definition) != definition and w.deadline is not None:
                 # Refused: what this attempt wrote for it must not work later. Its
                 # deadline trigger would surface at the refused definition's deadline
                 # (the caller's choice) and make the resolvers read the existing task.
-                await self.triggers.withdraw(deadline)
+                await self.triggers.withdraw(w.deadline)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
                 await self.groups.drop(definition["taskGroupId"], task_id)
-            return await self._defined_before(existing, definition, tip, handed)
+            return await self._defined_before(existing, definition, w.tip, w.handed)
         if defining is not None:
             await self.dependencies.recheck(task)
             await self.dependencies.drop(defining)
             return (await self.tasks.get(task_id)).status()
-        if tip is not None and not handed:
-            self.tips.hand_over(task, tip)
-        elif tip is None and not waiting:
+        if w.tip is not None and not w.handed and not at_once:
+            await self._another_if_late(stored, w)
+            self.tips.hand_over(task, w.tip)
+        elif w.tip is None and not waiting:
             self._queue_soon(stored, 0)
         return task.status()
+
+    async def _write_in_order(self, task: Task, definition: dict[str, Any], now: datetime,
+                              waiting: bool, inserting: asyncio.Future[Stored | None] | None,
+                              tracking: Awaitable[None] | None) -> _Written:
+        """Write what goes with the new task (``_put_before_insert``), then the task,
+        whose insert records its tip."""
+        tip, tip_visible, deadline, handed = await self._put_before_insert(
+            task, now, waiting, inserting, tracking)
+
+        async def take_back() -> None:
+            await self._take_back(deadline, tip)
+
+        stored, stored_at = await self._insert(task, definition, tip, take_back)
+        return _Written(stored, stored_at, tip, tip_visible, deadline, handed)
+
+    async def _write_at_once(self, task: Task, definition: dict[str, Any], now: datetime,
+                             inserting: asyncio.Future[Stored | None] | None) -> _Written:
+        """A task that is its own group and names no dependencies (Taskcluster's default):
+        its deadline trigger, its tip and the task all at once, in one round trip. Once
+        the task and its tip are stored, the tip is handed over, or rung and recorded
+        (``Tips.hand_over_unrecorded``), whatever the trigger still takes. A trigger that
+        failed after the task was stored is put again in the background
+        (``_trigger_soon``), and createTask fails: its client's repeat finishes what is
+        missing, as for any createTask not answered."""
+        trigger = asyncio.ensure_future(
+            self.triggers.add(task.task_id, task.deadline, now + self.repair_delay))
+        tipping = asyncio.ensure_future(self._put_tip(task, inserting))
+
+        async def take_back() -> None:
+            got = await asyncio.gather(trigger, tipping, return_exceptions=True)
+            await self._take_back(got[0] if isinstance(got[0], Trigger) else None,
+                                  got[1][0] if isinstance(got[1], tuple) else None)
+
+        try:
+            stored, stored_at = await self._insert(task, definition, None, take_back)
+            tip, tip_visible, handed = await tipping
+        except BaseException:
+            await asyncio.gather(trigger, tipping, return_exceptions=True)
+            raise
+        w = _Written(stored, stored_at, tip, tip_visible, None, handed)
+        if stored is not None and tip is not None and not handed:
+            await self._another_if_late(stored, w)
+            await self.tips.hand_over_unrecorded(stored, tip, 0, self.changes.cache.recorded)
+        try:
+            return replace(w, deadline=await trigger)
+        except (errors.QueueError, errors.StorageError):
+            if stored is not None:
+                self._trigger_soon(task, now)
+            raise
+
+    async def _another_if_late(self, stored: Stored, w: _Written) -> None:
+        """Another tip if the task was stored long after its tip became visible: a claim
+        of the tip waits only so long for the task, and one that gave up had its worker
+        delete the tip."""
+        late = w.stored_at - w.tip_visible
+        if late > TIP_WAIT.total_seconds() / 2:
+            log.warning("task %s was stored %.1fs after its tip: queuing another",
+                        stored.task.task_id, late)
+            await self.tips.queue(stored, 0)
+
+    async def _take_back(self, deadline: Trigger | None, tip: Message | None) -> None:
+        """What a refused createTask wrote, so that nothing of it works later."""
+        if deadline is not None:
+            await self.triggers.withdraw(deadline)
+        if tip is not None:
+            await self.tips.drop(tip)
 
     async def _put_before_insert(self, task: Task, now: datetime, waiting: bool,
                                  inserting: asyncio.Future[Stored | None] | None,
                                  tracking: Awaitable[None] | None
                                  ) -> tuple[Message | None, float, Trigger, bool]:
-        """Before the task, all at once: the deadline trigger (if we died after the insert
-        without it, nothing would ever resolve the task; without the task, the resolver
-        drops it), the group member, ``tracking`` (the dependents rows of a task whose
-        dependencies are resolved) and the tip (unless the task waits for its
-        dependencies), so that its record is written with the task. What a createTask
-        that dies before the insert leaves is harmless. With ``inserting`` (the insert's
-        future from the cache), the tip is offered to a claimWork caller waiting here as
-        soon as its put is answered.
+        """Before the task's insert (``_write_in_order``), all at once: the deadline
+        trigger (if we died after the insert without it, nothing would ever resolve the
+        task; without the task, the resolver drops it), the group member, ``tracking``
+        (the dependents rows of a task whose dependencies are resolved) and the tip
+        (unless the task waits for its dependencies), so that its record is written with
+        the task. What a createTask that dies before the insert leaves is harmless.
         Returns the tip, when it became visible (on the event loop's clock), the
-        deadline trigger, and whether a caller took the tip."""
-        loop = asyncio.get_running_loop()
-        tip_visible = loop.time()
-        handed = False
-
-        async def put_tip() -> Message | None:
-            nonlocal tip_visible, handed
-            try:
-                message = await self.tips.put(task, 0)
-            except errors.QueueBeingDeleted as e:
-                # Its task queue was idle and its queue deleted moments ago, longer than
-                # this request can wait: the task is stored without a tip, which is
-                # queued once the queue can be made again (``_queue_soon``).
-                log.warning("task %s: %s; storing the task, its tip queued after", task.task_id, e)
-                return None
-            tip_visible = loop.time()  # a worker may poll it from now on
-            if inserting is not None:
-                self.changes.cache.tip_put(task.task_id, inserting, message.message_id)
-                handed = self.tips.offer(task, message)
-            return message
-
-        deadline, _, _, tip = await asyncio.gather(
+        deadline trigger, and whether a caller took the tip (``_put_tip``)."""
+        deadline, _, _, (tip, tip_visible, handed) = await asyncio.gather(
             self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
             self._add_to_group(task), tracking or self._no_tip(),
-            self._no_tip() if waiting else put_tip())
+            self._no_tip_put() if waiting else self._put_tip(task, inserting))
         return tip, tip_visible, deadline, handed
+
+    async def _put_tip(self, task: Task, inserting: asyncio.Future[Stored | None] | None
+                       ) -> tuple[Message | None, float, bool]:
+        """Run 0's tip; when it became visible (on the event loop's clock); whether a
+        claimWork caller here took it: with ``inserting`` (the insert's future from the
+        cache), it is offered to one as soon as its put is answered."""
+        loop = asyncio.get_running_loop()
+        try:
+            message = await self.tips.put(task, 0)
+        except errors.QueueBeingDeleted as e:
+            # Its task queue was idle and its queue deleted moments ago, longer than this
+            # request can wait: the task is stored without a tip, which is queued once the
+            # queue can be made again (``_queue_soon``).
+            log.warning("task %s: %s; storing the task, its tip queued after", task.task_id, e)
+            return None, loop.time(), False
+        visible = loop.time()  # a worker may poll it from now on
+        handed = False
+        if inserting is not None:
+            self.changes.cache.tip_put(task.task_id, inserting, message.message_id)
+            handed = self.tips.offer(task, message)
+        return message, visible, handed
+
+    async def _no_tip_put(self) -> tuple[Message | None, float, bool]:
+        return None, asyncio.get_running_loop().time(), False
+
+    def _trigger_soon(self, task: Task, now: datetime) -> None:
+        """Put again, in the background, the deadline trigger of a task stored while its
+        trigger failed (its createTask fails, and its client's repeat puts another: a
+        duplicate is harmless). Should this fail too, or this process stop first, the
+        task has no trigger until its client repeats the createTask."""
+
+        async def put() -> None:
+            try:
+                await self.triggers.add(task.task_id, task.deadline, now + self.repair_delay)
+            except (errors.QueueError, errors.StorageError) as e:
+                log.warning("task %s: stored without its deadline trigger, which could not be "
+                            "put again (%s): its createTask must be repeated", task.task_id, e)
+
+        job = asyncio.get_running_loop().create_task(put(), context=contextvars.Context())
+        _QUEUING.add(job)
+        job.add_done_callback(_QUEUING.discard)
 
     def _queue_soon(self, stored: Stored, run_id: int) -> None:
         """Queue the tip of ``stored``'s pending run ``run_id``, whose queue Azure was still
@@ -218,38 +323,23 @@ class Definitions:
         return existing
 
     async def _insert(self, task: Task, definition: dict[str, Any], tip: Message | None,
-                      tip_visible: float | None, deadline: Trigger) -> Stored | None:
-        """Insert the task with its events (published from here) and the record of its
-        tip; None if a task of that id is stored already. ``tip_visible``: when the tip
-        became visible to workers' polls (None: a caller here took it at once, and its
-        claim waits for this insert however long it takes)."""
+                      take_back: Callable[[], Awaitable[None]]) -> tuple[Stored | None, float]:
+        """Insert the task with its events (published from here), and the record of
+        ``tip``; None if a task of that id is stored already; and when it was stored (on
+        the event loop's clock, before the events are published)."""
         async with self.outbox.writing(task.task_id) as out:
             # The events of the new task: written with it, published from here.
             written = out.events(lambda: events.for_change(None, task))
-            stored = await self._store(task, definition, written, tip, deadline)
+            stored = await self._store(task, definition, written, tip, take_back)
+            stored_at = asyncio.get_running_loop().time()
             out.wrote(written if stored is not None else [])
             if stored is not None:
-                await self._inserted(stored, tip, tip_visible)
+                self.changes.inserted(stored)
+                self.workerinfo.task_queue_active(task.task_queue_id)
             # Published on leaving, before a worker can claim the task (a claim waits for
             # the task to be stored), so task-defined and task-pending precede its
             # task-running.
-        return stored
-
-    async def _inserted(self, stored: Stored, tip: Message | None,
-                        tip_visible: float | None) -> None:
-        """What follows storing a new task: another tip if its tip waited long for it,
-        this process's copy of it, its task queue's activity."""
-        task = stored.task
-        since_tip = 0.0 if tip_visible is None else \
-            asyncio.get_running_loop().time() - tip_visible
-        if tip is not None and since_tip > TIP_WAIT.total_seconds() / 2:
-            # A claim of the tip waits only so long for the task: one that gave up had its
-            # worker delete the tip, so the run gets another.
-            log.warning("task %s was stored %.1fs after its tip: queuing another",
-                        task.task_id, since_tip)
-            await self.tips.queue(stored, 0)
-        self.changes.inserted(stored)
-        self.workerinfo.task_queue_active(task.task_queue_id)
+        return stored, stored_at
 
     async def _defined_before(self, stored: Stored, definition: dict[str, Any],
                               tip: Message | None, handed: bool = False) -> dict[str, Any]:
@@ -367,12 +457,13 @@ class Definitions:
     # -- task groups -----------------------------------------------------------------
 
     async def _store(self, task: Task, definition: dict[str, Any], written: list[events.Event],
-                     tip: Message | None, deadline: Trigger) -> Stored | None:
-        """Store the new task (``tasks.insert``). A group's own task is inserted assuming
-        that no other task joined its group first, which its insert tells
-        (``GroupJoined``): then the group's records decide, as for any other member, and
-        a task they refuse leaves nothing that works later (its deadline trigger and tip
-        are deleted)."""
+                     tip: Message | None, take_back: Callable[[], Awaitable[None]]
+                     ) -> Stored | None:
+        """Store the new task (``tasks.insert``), with the record of ``tip``. A group's
+        own task is inserted assuming that no other task joined its group first, which
+        its insert tells (``GroupJoined``): then the group's records decide, as for any
+        other member, and a task they refuse leaves nothing that works later
+        (``take_back`` deletes its deadline trigger and tip)."""
         tips, live_tip = ((tip.message_id,), live(tip, 0)) if tip else ((), None)
         try:
             return await self.tasks.insert(task, written, tips=tips, live_tip=live_tip)
@@ -381,9 +472,7 @@ class Definitions:
         try:
             await self._check_group_open(task.task_id, definition, own_first=False)
         except errors.Conflict:
-            await self.triggers.withdraw(deadline)
-            if tip is not None:
-                await self.tips.drop(tip)
+            await take_back()
             raise
         return await self.tasks.insert(replace(task, group_members=True), written, tips=tips,
                                        live_tip=live_tip)
