@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 
 import aiohttp
@@ -17,7 +19,7 @@ from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import callers_waiting
-from tests.servers import ServerFactory
+from tests.servers import Server, ServerFactory
 from tests.waiting import eventually
 
 
@@ -317,6 +319,21 @@ async def test_a_tip_handed_to_claim_work_before_its_record_serves_the_retry_of_
     assert runs[0]["reasonResolved"] == "claim-expired" and runs[1]["workerId"] == "second"
 
 
+@asynccontextmanager
+async def _record_held(proxy: FaultProxy, server: Server, storage: StorageInspector,
+                       http: aiohttp.ClientSession, task_queue_id: str) -> AsyncIterator[str]:
+    """A task created on ``server`` whose tip's record, which follows createTask's
+    answer, storage holds back until the body is done; yields its taskId."""
+    task_id = slugid()
+    record = proxy.hold("PATCH", f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'")
+    try:
+        await create(http, server.api, definition(task_queue_id), task_id)
+        await asyncio.wait_for(record.reached.wait(), 30)
+        yield task_id
+    finally:
+        record.release()
+
+
 async def test_a_worker_that_polls_a_new_tip_before_its_record_waits_for_the_record(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
         storage: StorageInspector, http: aiohttp.ClientSession) -> None:
@@ -325,18 +342,12 @@ async def test_a_worker_that_polls_a_new_tip_before_its_record_waits_for_the_rec
     server = await make_server(storage=StorageSettings(proxy.connection_string(),
                                                        storage_prefix),
                                run_resolvers=False)
-    task_id = slugid()
-    record = proxy.hold("PATCH", f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'")
-    try:
-        await create(http, server.api, definition("prov/record-wait"), task_id)
-        await asyncio.wait_for(record.reached.wait(), 30)
+    async with _record_held(proxy, server, storage, http, "prov/record-wait") as task_id:
         urls = await sas.poll_task_urls(http, server.api, "prov", "record-wait")
         [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
         claiming = asyncio.create_task(sas.claim(http, server.api, message))
         await asyncio.sleep(0.3)
         assert not claiming.done()  # waiting for the record
-    finally:
-        record.release()
     code, claim = await claiming
     assert code == 200 and claim["status"]["taskId"] == task_id, claim
 
@@ -351,17 +362,11 @@ async def test_a_record_that_comes_after_a_new_priority_records_nothing_stale(
     server = await make_server(storage=StorageSettings(proxy.connection_string(),
                                                        storage_prefix),
                                run_resolvers=False)
-    task_id = slugid()
-    record = proxy.hold("PATCH", f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'")
-    try:
-        await create(http, server.api, definition("prov/late-record"), task_id)
-        await asyncio.wait_for(record.reached.wait(), 30)
+    async with _record_held(proxy, server, storage, http, "prov/late-record") as task_id:
         code, _ = await sas.post(http, f"{server.api}/task/{task_id}/priority",
                                  {"newPriority": "highest"})
         assert code == 200
         proxy.trips = []
-    finally:
-        record.release()
     trips = proxy.trips
     # The late record is refused (the task changed), and the task read again.
     await eventually(lambda: [t.hit.kind for t in trips if t.hit.client == "server"],
