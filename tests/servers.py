@@ -6,6 +6,7 @@ import os
 from collections.abc import Awaitable, Callable
 
 from azqueue.config import Client
+from azqueue.model.tip import TipSigner
 from azqueue.testing.inprocess import InProcessServer
 
 # Under CI a missing service (RabbitMQ) fails the tests that need it instead of skipping them.
@@ -19,3 +20,9 @@ Server = InProcessServer
 
 # make_server(**settings overrides) -> a started Server.
 ServerFactory = Callable[..., Awaitable[Server]]
+
+
+def tip_signer(server: Server) -> TipSigner:
+    """A signer of tips as ``server`` signs them: with its tip secrets, in its tip form
+    (the same signatures, so a test can check or forge the tips it puts)."""
+    return TipSigner(secrets=server.settings.tip_secrets, form=server.settings.tip_form)

@@ -20,7 +20,7 @@ from azqueue.model.definition import MAX_SCOPES_JSON
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid
-from tests.servers import ROOT, Server
+from tests.servers import ROOT, Server, tip_signer
 
 
 async def _raw(server: Server, head: bytes, body: bytes = b"") -> tuple[int, bytes]:
@@ -318,12 +318,12 @@ async def _claims_suggesting_a_lost_tip(server: Server, http: aiohttp.ClientSess
     queue = (await sas.poll_task_urls(http, server.api, *task_queue.split("/")))["queues"][6]
     [message] = await sas.get_messages(http, queue["signedPollUrl"])
     run_id = 1 if orphaned else 0
+    signature = tip_signer(server).sign(task_queue, task_id, run_id)
 
     async def claim(i: int) -> int:
         body = {"workerGroup": "wg", "workerId": "w",
                 "messageId": message.message_id if orphaned else str(uuid.UUID(int=i)),
-                "receipt": message.pop_receipt,
-                "signature": server.services.tips.signer.sign(task_queue, task_id, run_id)}
+                "receipt": message.pop_receipt, "signature": signature}
         code, _ = await sas.post(http, f"{server.api}/task/{task_id}/runs/{run_id}/claim", body)
         return code
 

@@ -10,10 +10,11 @@ import aiohttp
 
 from azqueue.model.priority import Priority
 from azqueue.storage.claims import ClaimRecord
+from azqueue.storage.queues import Queues
 from azqueue.testing import sas
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
-from tests.servers import Server, ServerFactory
+from tests.servers import Server, ServerFactory, tip_signer
 from tests.waiting import eventually
 
 
@@ -33,7 +34,8 @@ async def _poll_one(http: aiohttp.ClientSession, server: Server, provisioner: st
 
 
 async def test_a_claim_retried_on_another_replica_after_the_first_died_mid_claim_succeeds(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession, queues: Queues,
+        storage: StorageInspector) -> None:
     """"A claimTask whose replica died mid-request, retried unchanged on another replica,
     got 400 ... the README promises that a repeated claim answers the same claim. Make the
     retry of an in-flight claim succeed when the first attempt's effects are partly
@@ -43,12 +45,12 @@ async def test_a_claim_retried_on_another_replica_after_the_first_died_mid_claim
     provisioner, worker_type = _task_queue()
     task_id = await create(http, first.api, definition(f"{provisioner}/{worker_type}"))
     message, _ = await _poll_one(http, first, provisioner, worker_type)
-    tips = first.services.tips
+    task_queue_id = f"{provisioner}/{worker_type}"
     claim_timeout = first.services.claims.claim_timeout
-    await tips.queues.update(tips.pending.name(f"{provisioner}/{worker_type}", Priority.LOWEST),
-                             message.message_id, message.pop_receipt,
-                             visible_in=timedelta(seconds=claim_timeout.total_seconds()),
-                             text=tips.signer.tip(f"{provisioner}/{worker_type}", task_id, 1).encode())
+    await queues.update(storage.pending_queue(task_queue_id, Priority.LOWEST),
+                        message.message_id, message.pop_receipt,
+                        visible_in=timedelta(seconds=claim_timeout.total_seconds()),
+                        text=tip_signer(first).tip(task_queue_id, task_id, 1).encode())
     for _ in range(2):
         code, claim = await sas.claim(http, second.api, message)
         assert code == 200, claim

@@ -21,6 +21,7 @@ from azqueue.model.events import Event
 from azqueue.model.priority import Priority
 from azqueue.service.dispatch.tips import records_after
 from azqueue.storage.account import StorageAccount
+from azqueue.storage.queues import PendingQueues, Queues
 from azqueue.storage.taskrows import TIP
 from azqueue.storage.tasks import TaskStore
 from azqueue.testing import sas
@@ -30,19 +31,22 @@ from azqueue.testing.inprocess import InProcessServer
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import callers_waiting, claim_work
-from tests.servers import ROOT, Server, ServerFactory
+from tests.servers import ROOT, Server, ServerFactory, tip_signer
 from tests.waiting import eventually, stays
 
 
-async def _stage_tip(server: Server, task_queue_id: str) -> tuple[str, model.Task, str]:
-    """What createTask does first: a task's run-0 tip put in its queue, the task not yet
-    stored. Returns the taskId, the task to store, and the tip's messageId."""
-    tips = server.services.tips
+async def _stage_tip(server: Server, account: StorageAccount,
+                     task_queue_id: str) -> tuple[str, model.Task, str]:
+    """What createTask does first: a task's run-0 tip, signed as ``server`` signs it, put
+    in its queue (through the test's ``account``), the task not yet stored. Returns the
+    taskId, the task to store, and the tip's messageId."""
     task_id = slugid()
     task = model.new_task(task_id, definitions.normalize(
         task_id, definition(task_queue_id), timeutil.utcnow()), timeutil.utcnow())
-    name = await tips.pending.ensure(task_queue_id, Priority.LOWEST)
-    message = await tips.queues.put(name, tips.signer.tip(task_queue_id, task_id, 0).encode())
+    pending = PendingQueues(account=account, queues=Queues(account))
+    name = await pending.ensure(task_queue_id, Priority.LOWEST)
+    message = await pending.queues.put(
+        name, tip_signer(server).tip(task_queue_id, task_id, 0).encode())
     return task_id, task, message.message_id
 
 
@@ -55,13 +59,13 @@ async def _poll_one(http: aiohttp.ClientSession, server: Server,
 
 
 async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
-        make_server: ServerFactory, http: aiohttp.ClientSession,
+        make_server: ServerFactory, http: aiohttp.ClientSession, account: StorageAccount,
         task_store: TaskStore) -> None:
     """createTask puts the tip, then stores the task with the tip's record. A worker that
     polls the tip in between must not be told to delete it ('if ... claimTask fails with
     a 4xx error, the worker must delete the messages', docs/workers/sas.md): its claim waits for the task."""
     server = await make_server()
-    task_id, task, message_id = await _stage_tip(server, "prov/early")
+    task_id, task, message_id = await _stage_tip(server, account, "prov/early")
     message, _ = await _poll_one(http, server, "early")
     assert message.message_id == message_id
     claiming = asyncio.create_task(sas.claim(http, server.api, message))
@@ -73,11 +77,12 @@ async def test_a_tip_polled_before_its_task_is_stored_is_claimed_once_it_is(
 
 
 async def test_a_tip_whose_task_is_never_stored_answers_404_and_is_deleted(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        account: StorageAccount) -> None:
     """A createTask that died between its tip and its task leaves a tip of no task: the
     claim answers 404 and the worker deletes the message."""
     server = await make_server()
-    await _stage_tip(server, "prov/never")
+    await _stage_tip(server, account, "prov/never")
     message, queue = await _poll_one(http, server, "never")
     code, err = await sas.claim(http, server.api, message)
     assert code == 404, err
@@ -88,7 +93,7 @@ async def test_a_tip_recorded_as_a_row_by_an_earlier_version_is_still_honoured(
         make_server: ServerFactory, http: aiohttp.ClientSession, account: StorageAccount,
         task_store: TaskStore) -> None:
     server = await make_server()
-    task_id, task, message_id = await _stage_tip(server, "prov/legacy")
+    task_id, task, message_id = await _stage_tip(server, account, "prov/legacy")
     assert await task_store.insert(task) is not None
     await account.tables.get_table_client(task_store.name).create_entity(
         {"PartitionKey": task_id, "RowKey": TIP + message_id})

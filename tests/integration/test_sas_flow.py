@@ -19,7 +19,7 @@ from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
 from tests.integration.test_claim_work import callers_waiting
-from tests.servers import Server, ServerFactory
+from tests.servers import Server, ServerFactory, tip_signer
 from tests.waiting import eventually
 
 
@@ -90,7 +90,7 @@ async def test_unreclaimed_claim_reappears_as_next_run_and_expires_the_old_one(
     assert again.message_id == message.message_id
     tip = again.tip
     assert tip["taskId"] == task_id and tip["runId"] == 1
-    assert tip["signature"] == server.services.tips.signer.sign("prov/expiry", task_id, 1)
+    assert tip["signature"] == tip_signer(server).sign("prov/expiry", task_id, 1)
 
     code, claim = await sas.claim(http, server.api, again, worker_id="second")
     assert code == 200, claim
@@ -204,7 +204,8 @@ async def test_a_tip_paired_with_another_held_message_is_refused_and_strands_not
 
 
 async def test_a_tip_whose_record_was_lost_is_replaced_by_a_recorded_one(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     """If the queue died between putting a tip and recording it, the tip is refused (and
     deleted by the worker) but the pending run gets a new, recorded tip at once."""
     server = await make_server()
@@ -213,9 +214,9 @@ async def test_a_tip_whose_record_was_lost_is_replaced_by_a_recorded_one(
     queue = urls["queues"][6]
     [recorded] = await sas.get_messages(http, queue["signedPollUrl"])
     assert await sas.delete_message(http, queue["signedDeleteUrl"], recorded) == 204
-    tips = server.services.tips
-    qclient = tips.queues.client(tips.pending.name("prov/unrecorded", Priority.LOWEST))
-    await qclient.send_message(tips.signer.tip("prov/unrecorded", task_id, 0).encode())  # unrecorded
+    qclient = storage.queue(storage.pending_queue("prov/unrecorded", Priority.LOWEST))
+    await qclient.send_message(
+        tip_signer(server).tip("prov/unrecorded", task_id, 0).encode())  # unrecorded
     [orphan] = await sas.get_messages(http, queue["signedPollUrl"])
     code, err = await sas.claim(http, server.api, orphan)
     assert code == 400 and "does not carry a tip" in err["message"]

@@ -18,6 +18,7 @@ import aiohttp
 import pytest
 
 from azqueue.model.priority import Priority
+from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, slugid, status
 from azqueue.worker import TaskRun, Worker
 from azqueue.worker.sas import EMPTY_POLL, POLL, SasSource, idle_delay
@@ -142,15 +143,15 @@ async def test_a_worker_asks_for_exactly_its_free_capacity(
 
 
 async def test_the_messages_of_one_poll_are_claimed_at_once_each_deleted_after_its_4xx(
-        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+        make_server: ServerFactory, http: aiohttp.ClientSession,
+        storage: StorageInspector) -> None:
     """'if the worker received multiple <QueueMessage> entries ... it must also claim these
     tasks' (docs/workers/sas.md) and 'the worker must delete messages if the queue.claimTask operations
     fails with a 4xx error' (docs/workers/sas.md): the claims of one poll are in flight together, and the
     tip that is refused is deleted while the others are claimed."""
     server = await make_server()
     tasks = [await create(http, server.api, definition("prov/batch")) for _ in range(4)]
-    tips = server.services.tips
-    qclient = tips.queues.client(tips.pending.name("prov/batch", Priority.LOWEST))
+    qclient = storage.queue(storage.pending_queue("prov/batch", Priority.LOWEST))
     await qclient.send_message(base64.b64encode(json.dumps(
         {"taskId": slugid(), "runId": 0, "signature": "not-a-signature"}).encode()).decode())
     async with aiohttp.ClientSession() as session:

@@ -204,7 +204,7 @@ async def test_outcomes_malformed_payload_exit_code_and_overrun(
 
 async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_logged(
         make_server: ServerFactory, http: aiohttp.ClientSession,
-        caplog: pytest.LogCaptureFixture) -> None:
+        storage: StorageInspector, caplog: pytest.LogCaptureFixture) -> None:
     """'workers reads the value of the <DequeueCount> and logs messages that alerts the
     operator if a message has been dequeued a significant number of times. For example
     more than 10' and 'workers logs failures to delete messages from Azure queues' (docs/workers/sas.md)."""
@@ -212,8 +212,7 @@ async def test_a_much_dequeued_tip_warns_the_operator_and_failed_deletes_are_log
     task_id = await create(http, server.api, definition("prov/dequeue"))
     urls = await sas.poll_task_urls(http, server.api, "prov", "dequeue")
     poll = urls["queues"][6]["signedPollUrl"]
-    tips = server.services.tips
-    qclient = tips.queues.client(tips.pending.name("prov/dequeue", Priority.LOWEST))
+    qclient = storage.queue(storage.pending_queue("prov/dequeue", Priority.LOWEST))
     for _ in range(11):  # dequeue it 11 times, making it visible again each time
         [m] = await sas.get_messages(http, poll)
         await qclient.update_message(m.message_id, pop_receipt=m.pop_receipt, visibility_timeout=0)
