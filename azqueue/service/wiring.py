@@ -91,7 +91,6 @@ class Services:
     health: Health  # __heartbeat__, __metrics__
     dependencies: Dependencies
     index: ClaimIndex
-    tips: Tips
     outbox: EventOutbox  # with events off, a NullOutbox
 
 
@@ -453,13 +452,12 @@ def services(definitions: Definitions, claims: Claims, work: WorkClaimer,
              rerun: Rerun, batch: BatchReads, counts: TaskQueueCounts,
              workerinfo: WorkerInfo, task_urls: TaskUrls, artifacts: ArtifactService,
              expiry: Expiry, health: Health, dependency_passing: Dependencies,
-             index: ClaimIndex, tips: Tips, outbox: EventOutbox) -> Services:
+             index: ClaimIndex, outbox: EventOutbox) -> Services:
     return Services(
         definitions=definitions, claims=claims, work=work, resolution=resolution,
         groups=task_groups, priority=priority, rerun=rerun, batch=batch, counts=counts,
         workers=workerinfo, task_urls=task_urls, artifacts=artifacts, expiry=expiry,
-        health=health, dependencies=dependency_passing, index=index, tips=tips,
-        outbox=outbox)
+        health=health, dependencies=dependency_passing, index=index, outbox=outbox)
 
 
 EVENTS_OFF = "AZQUEUE_AMQP_URL is not set: task events are off"
