@@ -11,8 +11,10 @@ import aiohttp
 import pytest
 import taskcluster.aio
 
+from azqueue.config import StorageSettings
 from azqueue.model import timeutil
 from azqueue.testing import sas
+from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server, ServerFactory
@@ -116,6 +118,40 @@ async def test_claims_are_counted_and_listed_at_once_and_leave_when_resolved(
                      what="the other replica counting the claims", timeout=15)
     for task_id in claimed:
         await on_first.reportCompleted(task_id, "0")
-    assert await counts(on_first) == (35, 0, [])
+    # The replica that resolved them no longer counts them at once. The runs' messages
+    # are deleted after the reports' answers: the approximate pending count leaves them
+    # out once they are gone.
+    assert (await counts(on_first))[1:] == (0, [])
+    await eventually(lambda: counts(on_first), lambda c: c == (35, 0, []),
+                     what="the resolved runs' messages leaving the pending count", timeout=15)
     await eventually(lambda: counts(on_second), lambda c: c == (35, 0, []),
                      what="the other replica no longer counting them", timeout=15)
+
+
+async def test_a_resolved_run_leaves_its_replicas_claimed_count_before_its_message_is_settled(
+        make_server: ServerFactory, proxy: FaultProxy, storage_prefix: str,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """A report is answered before the message its run held is deleted: from its answer
+    on, the replica that took it no longer counts the run as claimed (nor lists it),
+    however long that delete takes."""
+    server = await make_server(storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix))
+    queue = _queue(server)
+    [task_id] = await _backlog(queue, "prov/settling", 1)
+    urls = await sas.poll_task_urls(http, server.api, "prov", "settling")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200, claim
+    assert (await queue.taskQueueCounts("prov/settling"))["claimedTasks"] == 1
+    pending = storage.pending_queue("prov/settling")
+    delete = proxy.hold("DELETE", f"/{pending}/messages/")
+    try:
+        await queue.reportCompleted(task_id, "0")
+        await asyncio.wait_for(delete.reached.wait(), 30)
+        assert (await queue.taskQueueCounts("prov/settling"))["claimedTasks"] == 0
+        assert (await queue.listClaimedTasks("prov/settling"))["tasks"] == []
+        assert await storage.message_count(pending) == 1  # its delete not yet applied
+    finally:
+        delete.release()
+    await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
+                     what="the run's message deleted after the report's answer")

@@ -116,11 +116,22 @@ class Changes:
     async def settle(self, change: Change, run_id: int) -> None:
         """Bring run ``run_id``'s message and claim index in line with the resolution that
         ``change`` wrote; nothing if the change did not resolve it (whoever did settles)."""
+        if _resolves(change, run_id):
+            await self._settle(change, run_id, self._unclaimed(change, run_id))
+
+    def _unclaimed(self, change: Change, run_id: int) -> bool:
+        """The run ``change`` resolved is no longer counted as claimed here, from now on
+        (if it was running). Whether it may have a claim index row left to delete."""
+        before = change.before.runs
+        if run_id >= len(before) or before[run_id].state is not RunState.RUNNING:
+            return False
+        return self.index.forget(change.after.task_id, run_id,
+                                 change.after.runs[run_id].started)
+
+    async def _settle(self, change: Change, run_id: int, indexed: bool) -> None:
+        """``settle`` once the run is no longer counted as claimed here: its message, then
+        its claim index row if it may have one (``indexed``)."""
         task = change.after
-        if not change.changed or run_id < 0 or run_id >= len(task.runs) or \
-                not task.runs[run_id].state.resolved or \
-                (run_id < len(change.before.runs) and change.before.runs[run_id].state.resolved):
-            return
         retry = task.runs[run_id + 1] if run_id + 1 < len(task.runs) else None
         retry_pending = retry is not None and retry.state is RunState.PENDING
         held = change.held_before
@@ -133,24 +144,30 @@ class Changes:
                 held is not None and held.run_id == run_id
                 and await self._claimed_soon(task.task_id, run_id + 1)):
             await self.tips.queue(change.stored, run_id + 1)
-        if run_id < len(change.before.runs) and \
-                change.before.runs[run_id].state is RunState.RUNNING:
-            await self.index.ended(task.task_id, run_id, task.runs[run_id].started)
+        if indexed:
+            await self.index.unindex(task.task_id, run_id)
 
     async def settle_soon(self, change: Change, run_id: int) -> None:
-        """``settle``, after the caller has answered: the change is stored, and what
-        settling does is only the run's message kept in line with it, which holds without
-        it (a message left behind reappears at ``takenUntil`` and its claim is refused, a
-        retry's tip is repaired; see ``tips``). At most ``MAX_SETTLING`` settle so at
-        once; beyond them the caller settles before it answers, so that a burst of
-        reports is slowed down to what storage takes instead of leaving an unbounded
-        number of requests behind it. ``close`` waits for them. Never raises: a failure
-        is logged."""
+        """``settle``, its requests after the caller has answered. Before the answer, the
+        run leaves this process's claimed counts (its claim note dropped, at no cost), so
+        a count asked after the answer does not count it. The change is stored, and what
+        settling does after is only the run's message (and claim index row, if it is old
+        enough to have one) kept in line with it, which holds without it (a message left
+        behind reappears at ``takenUntil`` and its claim is refused, a retry's tip is
+        repaired, see ``tips``; the claim resolver deletes a resolved run's row). At most
+        ``MAX_SETTLING`` settle so at once; beyond them the caller settles before it
+        answers, so that a burst of reports is slowed down to what storage takes instead
+        of leaving an unbounded number of requests behind it. ``close`` waits for them.
+        Never raises: a failure is logged."""
+        if not _resolves(change, run_id):
+            return
+        indexed = self._unclaimed(change, run_id)
         if len(self._settling) >= MAX_SETTLING:
-            await self._settle_logged(change, run_id)
+            await self._settle_logged(change, run_id, indexed)
             return
         job = asyncio.get_running_loop().create_task(
-            self._settle_logged(change, run_id), name=f"{change.after.task_id}/{run_id}")
+            self._settle_logged(change, run_id, indexed),
+            name=f"{change.after.task_id}/{run_id}")
         self._settling.add(job)
         job.add_done_callback(self._settling.discard)
 
@@ -159,9 +176,9 @@ class Changes:
         """How many resolutions' messages are being settled after their answers."""
         return len(self._settling)
 
-    async def _settle_logged(self, change: Change, run_id: int) -> None:
+    async def _settle_logged(self, change: Change, run_id: int, indexed: bool) -> None:
         try:
-            await self.settle(change, run_id)
+            await self._settle(change, run_id, indexed)
         except (errors.StorageError, errors.QueueError) as e:
             log.warning("task %s run %d: its message was not settled after its resolution, "
                         "and reappears when its claim ends: %s", change.after.task_id, run_id, e)
@@ -207,3 +224,11 @@ class Changes:
         if self.crash_after_commit:
             log.critical("AZQUEUE_TEST_CRASH_AFTER_COMMIT: exiting after a stored change")
             os._exit(70)
+
+
+def _resolves(change: Change, run_id: int) -> bool:
+    """Whether ``change`` resolved run ``run_id`` (it was unresolved before it)."""
+    task, before = change.after, change.before.runs
+    return change.changed and 0 <= run_id < len(task.runs) and \
+        task.runs[run_id].state.resolved and \
+        not (run_id < len(before) and before[run_id].state.resolved)

@@ -105,9 +105,20 @@ class ClaimIndex:
 
     async def ended(self, task_id: str, run_id: int, started: datetime | None) -> None:
         """The run was resolved: forget its note, or delete its row if it may have one."""
+        if self.forget(task_id, run_id, started):
+            await self.unindex(task_id, run_id)
+
+    def forget(self, task_id: str, run_id: int, started: datetime | None) -> bool:
+        """The run was resolved: its note is dropped, so this process no longer counts it
+        as claimed, at once and at no cost. Whether it may have a row instead (no note,
+        and claimed long enough ago), for ``unindex`` to delete."""
         self.generation += 1
-        if self._notes.pop((task_id, run_id), None) is None and self._may_be_indexed(started):
-            await self.store.delete(task_id, run_id)
+        return self._notes.pop((task_id, run_id), None) is None and \
+            self._may_be_indexed(started)
+
+    async def unindex(self, task_id: str, run_id: int) -> None:
+        """Delete the row of a resolved run that ``forget`` says may have one."""
+        await self.store.delete(task_id, run_id)
 
     def _may_be_indexed(self, started: datetime | None) -> bool:
         return started is None or started <= timeutil.utcnow() - self.delay + CLOCK_SLACK
