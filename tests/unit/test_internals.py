@@ -112,6 +112,17 @@ async def test_a_handler_tells_when_a_requests_headers_are_complete() -> None:
             writer.close()
 
 
+async def _asked_once(port: int, release: asyncio.Event, handlers: list[_Recorded]) -> None:
+    """One request to the site on ``port``, answered once ``release`` is set; its handler
+    the only one started."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    release.set()
+    assert await _answer(reader) == b"ok"
+    assert len(handlers) == 1
+    writer.close()
+
+
 async def test_listen_starts_a_site_its_runner_knows_and_stops() -> None:
     """A site started by ``listen`` is registered with its runner (which reports its
     address) and stops listening when the runner is cleaned up."""
@@ -119,12 +130,7 @@ async def test_listen_starts_a_site_its_runner_knows_and_stops() -> None:
     async with _served(handled, release) as (runner, site, handlers):
         assert runner.sites == {site}
         port = runner.addresses[0][1]
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        release.set()
-        assert await _answer(reader) == b"ok"
-        assert len(handlers) == 1
-        writer.close()
+        await _asked_once(port, release, handlers)
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
 
@@ -138,12 +144,7 @@ async def test_listen_on_a_bound_socket_serves_there_and_closes_it() -> None:
     port = sock.getsockname()[1]
     async with _served(handled, release, sock) as (runner, site, handlers):
         assert runner.sites == {site}
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        release.set()
-        assert await _answer(reader) == b"ok"
-        assert len(handlers) == 1
-        writer.close()
+        await _asked_once(port, release, handlers)
     assert sock.fileno() == -1
     with pytest.raises(OSError):
         await asyncio.open_connection("127.0.0.1", port)
