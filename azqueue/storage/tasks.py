@@ -224,13 +224,8 @@ class TaskStore(TableStore):
         """Remember that the message ``message_id`` was put carrying a tip of this task (a
         merge: it moves the ETag, so a concurrent ``modify`` keeps the record), and, with
         ``live_tip``, that it is the pending run's tip to look at (``LiveTip``)."""
-        live = {LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}
         try:
-            with translate(f"recording a tip of task {task_id}"):
-                await self._rest.update_entity(
-                    self.name,
-                    {"PartitionKey": task_id, "RowKey": ROW, tip_property(message_id): message_id,
-                     **live}, "*", merge=True)
+            await self._merge_tip(task_id, message_id, live_tip, "*")
         except EntityNotFound:
             raise NotFound(f"task {task_id} does not exist (or has expired)") from None
 
@@ -239,17 +234,23 @@ class TaskStore(TableStore):
         """``record_tip`` (with ``live_tip``, if any), if the task is still as ``stored``:
         the task as it is now stored (with its new ETag), or None if it changed or is gone
         (nothing written then)."""
-        live = {LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}
         try:
-            with translate(f"recording a tip of task {stored.task.task_id}"):
-                answer = await self._rest.update_entity(
-                    self.name, {"PartitionKey": stored.task.task_id, "RowKey": ROW,
-                                tip_property(message_id): message_id, **live},
-                    stored.etag, merge=True)
+            etag = await self._merge_tip(stored.task.task_id, message_id, live_tip, stored.etag)
         except (ETagMismatch, EntityNotFound):
             return None
-        return replace(stored, etag=str(answer["etag"]), tips=stored.tips | {message_id},
+        return replace(stored, etag=etag, tips=stored.tips | {message_id},
                        live_tip=live_tip or stored.live_tip)
+
+    async def _merge_tip(self, task_id: str, message_id: str, live_tip: LiveTip | None,
+                         etag: str) -> str:
+        """Merge the record of a tip (and ``live_tip``) into the task at ``etag``; the new
+        ETag."""
+        live = {LIVE_TIP: live_tip.to_json()} if live_tip is not None else {}
+        with translate(f"recording a tip of task {task_id}"):
+            answer = await self._rest.update_entity(
+                self.name, {"PartitionKey": task_id, "RowKey": ROW,
+                            tip_property(message_id): message_id, **live}, etag, merge=True)
+        return str(answer["etag"])
 
     async def renew_live_tip(self, task_id: str, live_tip: LiveTip) -> None:
         """The live tip's new pop receipt, after a look at it changed it (a merge)."""

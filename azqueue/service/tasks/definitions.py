@@ -25,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -53,8 +53,16 @@ from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
 
-# Tips queued after their task was stored, their queue being deleted at createTask.
-_QUEUING: set[asyncio.Task[None]] = set()
+# What createTask finishes after its task was stored, in the background: a tip whose queue
+# was being deleted, a deadline trigger that failed (``_queue_soon``, ``_trigger_soon``).
+_FINISHING: set[asyncio.Task[None]] = set()
+
+
+def _finish_later(job: Coroutine[Any, Any, None]) -> None:
+    """Run ``job`` in the background, outside the request's context and time."""
+    task = asyncio.get_running_loop().create_task(job, context=contextvars.Context())
+    _FINISHING.add(task)
+    task.add_done_callback(_FINISHING.discard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -280,9 +288,7 @@ class Definitions:
                 log.warning("task %s: stored without its deadline trigger, which could not be "
                             "put again (%s): its createTask must be repeated", task.task_id, e)
 
-        job = asyncio.get_running_loop().create_task(put(), context=contextvars.Context())
-        _QUEUING.add(job)
-        job.add_done_callback(_QUEUING.discard)
+        _finish_later(put())
 
     def _queue_soon(self, stored: Stored, run_id: int) -> None:
         """Queue the tip of ``stored``'s pending run ``run_id``, whose queue Azure was still
@@ -299,9 +305,7 @@ class Definitions:
                 log.warning("task %s: could not queue the tip of run %d (%s); the tip repair "
                             "will", stored.task.task_id, run_id, e)
 
-        job = asyncio.get_running_loop().create_task(queue(), context=contextvars.Context())
-        _QUEUING.add(job)
-        job.add_done_callback(_QUEUING.discard)
+        _finish_later(queue())
 
     async def _stored_or_new(self, task_id: str, definition: dict[str, Any]
                              ) -> Stored | NewTask:
