@@ -18,7 +18,8 @@ killed ``dev`` left running on DIR is stopped by the next one before it starts i
 
 ``dev --replicas N`` serves N replicas on its one Azurite (``azqueue.cli.replicas``).
 ``dev --port 0`` binds a free port before anything starts and serves on that socket
-(``_any_port``), so no other process can take the port in between.
+(``_any_port``), so no other process can take the port in between; ``serve`` with
+AZQUEUE_PORT=0 does the same, and its log line and default rootUrl name the port.
 
 ``dev`` logs no line per request unless asked (``--access-log``, or ``--log-level
 DEBUG``): its terminal is for what the developer is doing.
@@ -69,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         heap.fix_mmap_threshold()
     try:
         if args.command == "serve":
-            asyncio.run(_stopping(lambda stop: _serve(Settings.from_env(), stop)))
+            asyncio.run(_stopping(lambda stop: _serve_anywhere(Settings.from_env(), stop)))
         elif args.command == "dev":
             asyncio.run(_stopping(lambda stop: _dev(args, stop)))
         else:
@@ -176,6 +177,16 @@ async def _serve(settings: Settings, stop: asyncio.Event,
         await stop.wait()
     finally:
         await runner.cleanup()
+
+
+async def _serve_anywhere(settings: Settings, stop: asyncio.Event) -> None:
+    """``_serve``; with port 0 on a free port bound first (``_any_port``), the port of
+    every setting from there on: the log line and the default rootUrl name it."""
+    if settings.port != 0:
+        await _serve(settings, stop)
+        return
+    with _any_port(settings, 1) as held:
+        await _serve(settings.with_(port=held.getsockname()[1]), stop, sock=held)
 
 
 def _check_can_listen(settings: Settings) -> None:

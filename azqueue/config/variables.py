@@ -192,7 +192,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("AZQUEUE_HOST", "listening", field="host", parse=_text,
             meaning="the address to listen on"),
     Setting("AZQUEUE_PORT", "listening", field="port", parse=_port,
-            meaning="the port to listen on"),
+            meaning="the port to listen on; `0`: any free port, which the start-up log line "
+                    "and the default rootUrl name"),
     Setting("AZQUEUE_ROOT_URL", "listening", field="root_url", parse=_text,
             default="`http://<host>:<port>`",
             meaning="the public rootUrl; its scheme sets the port Hawk assumes when `Host` has "
