@@ -119,9 +119,20 @@ class ClaimStore(TableStore):
 
 
 # Notes of one replica are written in properties of at most this many characters (Azure
-# allows 32K per string property), at most this many notes a replica.
+# allows 32K per string property), at most this many notes a replica, and at most this
+# many runs it resolved that others may have noted (the last ones given: the newest).
 NOTES_CHUNK = 30_000
 MAX_NOTES = 3_000
+MAX_ENDED = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class Noted:
+    """What the other replicas' rows say: the claims they noted, and the runs they
+    resolved that a replica may still hold a note of (``ClaimNotes``)."""
+
+    claims: list[ClaimRecord]
+    ended: set[tuple[str, int]]
 
 
 class ClaimNotes(TableStore):
@@ -130,35 +141,43 @@ class ClaimNotes(TableStore):
     second while its claims change and read by every replica's claimed counts, so a claim
     is counted within seconds wherever it was made. ``freshUntil`` lets readers ignore the
     row of a replica that stopped writing it (it died: its claims are then counted once
-    indexed by the claim resolver's means, as before)."""
+    indexed by the claim resolver's means, as before).
+
+    The row also names the runs its replica resolved but did not claim while they were
+    young (``ended``, ``endedChunks``): another replica may still hold a note of them,
+    which every reader leaves out. A row without them (an earlier release's) names none,
+    and an earlier release reads the notes alone."""
 
     def __init__(self, account: StorageAccount) -> None:
         super().__init__(account, "claimnotes")
 
     async def publish(self, replica: str, notes: list[ClaimRecord],
-                      fresh_until: datetime) -> None:
-        text = json.dumps([n.to_list() for n in notes[:MAX_NOTES]], separators=(",", ":"))
-        chunks = [text[i:i + NOTES_CHUNK] for i in range(0, len(text), NOTES_CHUNK)]
+                      ended: list[tuple[str, int]], fresh_until: datetime) -> None:
         entity: dict[str, Any] = {"PartitionKey": "notes", "RowKey": replica,
-                                  "freshUntil": fresh_until, "chunks": len(chunks)}
-        entity.update({f"notes{i}": chunk for i, chunk in enumerate(chunks)})
+                                  "freshUntil": fresh_until}
+        entity.update(_chunked("notes", "chunks", [n.to_list() for n in notes[:MAX_NOTES]]))
+        entity.update(_chunked("ended", "endedChunks", [list(e) for e in ended[-MAX_ENDED:]]))
         with translate("writing this replica's claim notes"):
             await self._table.upsert_entity(entity, mode=UpdateMode.REPLACE)
 
-    async def read(self, now: datetime, but: str = "") -> list[ClaimRecord]:
+    async def read(self, now: datetime, but: str = "") -> Noted:
         """The notes of every replica whose row is fresh, except ``but``'s."""
-        notes: list[ClaimRecord] = []
+        noted = Noted([], set())
         with translate("reading the replicas' claim notes"):
             async for e in self._table.query_entities(
                     "PartitionKey eq 'notes' and freshUntil ge @now", parameters={"now": now}):
                 if e["RowKey"] == but:
                     continue
-                text = "".join(str(e.get(f"notes{i}", "")) for i in range(int(e["chunks"])))
                 try:
-                    notes += [ClaimRecord.from_list(item) for item in json.loads(text or "[]")]
-                except (ValueError, TypeError, IndexError):
+                    claims = [ClaimRecord.from_list(item)
+                              for item in _joined(e, "notes", "chunks")]
+                    ended = {(str(item[0]), int(item[1]))
+                             for item in _joined(e, "ended", "endedChunks")}
+                except (ValueError, TypeError, IndexError, KeyError):
                     continue  # a row being rewritten by a newer release
-        return notes
+                noted.claims.extend(claims)
+                noted.ended.update(ended)
+        return noted
 
     async def remove(self, replica: str) -> None:
         try:
@@ -166,3 +185,20 @@ class ClaimNotes(TableStore):
                 await self._table.delete_entity("notes", replica)
         except EntityNotFound:
             pass
+
+
+def _chunked(name: str, count: str, items: list[list[Any]]) -> dict[str, Any]:
+    """``items`` as JSON in properties ``name0``, ``name1``, … of at most ``NOTES_CHUNK``
+    characters, and how many there are in ``count``."""
+    text = json.dumps(items, separators=(",", ":"))
+    chunks = [text[i:i + NOTES_CHUNK] for i in range(0, len(text), NOTES_CHUNK)]
+    return {count: len(chunks), **{f"{name}{i}": chunk for i, chunk in enumerate(chunks)}}
+
+
+def _joined(entity: Any, name: str, count: str) -> list[Any]:
+    """What ``_chunked`` wrote; nothing if the row has no ``count``."""
+    text = "".join(str(entity.get(f"{name}{i}", "")) for i in range(int(entity.get(count, 0))))
+    items = json.loads(text or "[]")
+    if not isinstance(items, list):
+        raise ValueError("not a list")
+    return items

@@ -160,3 +160,31 @@ async def test_a_resolved_run_leaves_its_replicas_claimed_count_before_its_messa
         delete.release()
     await eventually(lambda: storage.message_count(pending), lambda n: n == 0,
                      what="the run's message deleted after the report's answer")
+
+
+async def test_a_run_resolved_through_another_replica_leaves_every_claimed_count(
+        make_server: ServerFactory) -> None:
+    """Claimed through one replica and reported through the other: both stop counting the
+    run within seconds of the report, long before the claiming replica would have indexed
+    it (30 s after the claim) and so learned of the resolution by itself."""
+    claiming, reporting = await make_server(), await make_server()
+    task_queue_id = f"prov/across{slugid()[:6].replace('-', 'x').replace('_', 'y').lower()}"
+    on_claiming, on_reporting = _queue(claiming), _queue(reporting)
+    [task_id] = await _backlog(on_claiming, task_queue_id, 1)
+    got = await on_claiming.claimWork(task_queue_id, {"tasks": 1, "workerGroup": "g",
+                                                      "workerId": "w"})
+    assert [c["status"]["taskId"] for c in got["tasks"]] == [task_id]
+
+    async def claimed(queue: taskcluster.aio.Queue) -> tuple[int, list[str]]:
+        counts = await queue.taskQueueCounts(task_queue_id)
+        listed = await queue.listClaimedTasks(task_queue_id)
+        return counts["claimedTasks"], [t["taskId"] for t in listed["tasks"]]
+
+    assert await claimed(on_claiming) == (1, [task_id])
+    await eventually(lambda: claimed(on_reporting), lambda c: c == (1, [task_id]),
+                     what="the other replica counting the claim", timeout=15)
+    await on_reporting.reportCompleted(task_id, "0")
+    for queue, which in ((on_reporting, "reported"), (on_claiming, "claimed")):
+        await eventually(lambda: claimed(queue), lambda c: c == (0, []),
+                         what=f"the replica the run was {which} through no longer counting it",
+                         timeout=15)

@@ -24,6 +24,18 @@ That costs a write per replica per second of changing claims, not a request per 
 a claim is counted within about two seconds wherever it was made (at once in its own
 process). ``generation`` moves whenever this process's notes do, so that its counts
 cached a moment ago are not answered after a claim or a resolution made here.
+
+A run resolved here that this process did not note may still be noted by the replica
+that claimed it, until that one indexes it (or finds it resolved) ``delay`` seconds after
+the claim. So while it may be, this process names it in its own row as ended (``ended``,
+kept until ``ENDED_MARGIN`` past that), and every replica's counts leave out the notes
+and rows of the runs any replica names so: a run resolved through another replica than
+the one that claimed it leaves every count within about two seconds too. That costs no
+request per run: the row is written at most once a second while this process's notes or
+ended runs change, and refreshed every ``NOTES_REFRESH`` while it names any (until
+``delay + ENDED_MARGIN``, 40 s, after the last such run's claim). A run noted by two
+replicas (a repeated claim answered by both) and resolved through one of them stays in
+the other's notes until that one finds it resolved.
 """
 
 from __future__ import annotations
@@ -54,6 +66,10 @@ CLOSE_TIMEOUT = 10.0
 NOTES_INTERVAL = 1.0
 NOTES_REFRESH = timedelta(seconds=5)
 NOTES_FRESH = timedelta(seconds=15)
+# How long past the moment the claiming replica drops its note (``delay`` after the claim,
+# by its clock) a run resolved here stays named as ended: that replica's clock may be
+# behind ours, and its row without the note is written a moment after.
+ENDED_MARGIN = 2 * CLOCK_SLACK
 
 
 class ClaimIndex:
@@ -69,6 +85,9 @@ class ClaimIndex:
         self.generation = 0
         # (taskId, runId) -> when this process claimed it, and the run's claim record
         self._notes: dict[tuple[str, int], tuple[datetime, ClaimRecord]] = {}
+        # (taskId, runId) -> until when: runs resolved here that another replica may still
+        # hold a note of, oldest first
+        self._ended: dict[tuple[str, int], datetime] = {}
         self._published: tuple[int, datetime] | None = None  # generation, when
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
@@ -93,6 +112,10 @@ class ClaimIndex:
         """This process's claims not indexed yet."""
         return [record for _, record in self._notes.values()]
 
+    def ended_here(self) -> set[tuple[str, int]]:
+        """(taskId, runId) of the runs resolved here that another replica may still note."""
+        return set(self._ended)
+
     async def extended(self, task_id: str, run_id: int, started: datetime | None,
                        taken_until: datetime, task_queue_id: str = "", queue: str = "") -> None:
         """The run was reclaimed until ``taken_until``."""
@@ -110,11 +133,16 @@ class ClaimIndex:
 
     def forget(self, task_id: str, run_id: int, started: datetime | None) -> bool:
         """The run was resolved: its note is dropped, so this process no longer counts it
-        as claimed, at once and at no cost. Whether it may have a row instead (no note,
-        and claimed long enough ago), for ``unindex`` to delete."""
+        as claimed, at once and at no cost; without a note here, it is named as ended
+        while another replica may hold one (claimed there lately). Whether it may have a
+        row instead (no note, and claimed long enough ago), for ``unindex`` to delete."""
         self.generation += 1
-        return self._notes.pop((task_id, run_id), None) is None and \
-            self._may_be_indexed(started)
+        if self._notes.pop((task_id, run_id), None) is not None:
+            return False
+        if started is not None and (until := started + self.delay + ENDED_MARGIN) > \
+                timeutil.utcnow():
+            self._ended[(task_id, run_id)] = until
+        return self._may_be_indexed(started)
 
     async def unindex(self, task_id: str, run_id: int) -> None:
         """Delete the row of a resolved run that ``forget`` says may have one."""
@@ -137,19 +165,22 @@ class ClaimIndex:
             self.generation += 1
 
     async def publish(self, everything: bool = False) -> None:
-        """Write this process's notes for the other replicas' counts, if they changed
-        since they were last written (or are due for a refresh)."""
+        """Write this process's notes and ended runs for the other replicas' counts, if
+        they changed since they were last written (or are due for a refresh)."""
         now = timeutil.utcnow()
+        self._ended = {key: until for key, until in self._ended.items() if until > now}
         last = self._published
+        saying = bool(self._notes or self._ended)
         if not everything and last is not None and (
                 now - last[1] < timedelta(seconds=NOTES_INTERVAL) or
-                (last[0] == self.generation and (not self._notes or
+                (last[0] == self.generation and (not saying or
                                                  now - last[1] < NOTES_REFRESH))):
             return
-        if last is None and not self._notes:
+        if last is None and not saying:
             return  # nothing to say, nothing said before
         generation = self.generation
-        await self.notes.publish(self.replica, self.local(), now + NOTES_FRESH)
+        await self.notes.publish(self.replica, self.local(), list(self._ended),
+                                 now + NOTES_FRESH)
         self._published = (generation, now)
 
     async def _index(self, note: ClaimRecord) -> bool:

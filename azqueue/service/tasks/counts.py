@@ -16,7 +16,9 @@ until ``takenUntil``). So:
   a row for runs still running ``min(30 s, claimTimeout / 2)`` after their claim, and the
   claims younger than that as each replica notes them (its own at once, the others' as
   their rows say, written at most once a second): a run is counted within about two
-  seconds of its claim and leaves the count when resolved. One scan of the claims table
+  seconds of its claim and leaves the count when resolved: at once in the replica that
+  resolved it, within about two seconds in the others (the rows name the runs a replica
+  resolved that another may have noted, ``claimindex``). One scan of the claims table
   for every task queue at once (a request per 1000 running rows) and one read of the
   replicas' notes, kept ``RUNNING_TTL`` seconds and shared by every request meanwhile,
   those that ask while it runs included.
@@ -47,7 +49,7 @@ from azqueue.service.common import paging
 from azqueue.service.common.gathering import gather_limited
 from azqueue.service.runs.cache import TaskCache
 from azqueue.service.runs.claimindex import ClaimIndex
-from azqueue.storage.claims import ClaimRecord
+from azqueue.storage.claims import ClaimRecord, Noted
 from azqueue.storage.queues import PendingQueues, Peeked, Queues
 from azqueue.storage.tasks import TaskStore
 
@@ -222,12 +224,13 @@ class TaskQueueCounts:
 class RunningClaims:
     """The running claims by task queue: the claim index's rows and the other replicas'
     notes from one scan and one read kept ``RUNNING_TTL`` seconds (a request that asks
-    while they run waits for them), with this process's notes as they are now."""
+    while they run waits for them), with this process's notes as they are now; less the
+    runs any replica's row, or this process, names as ended."""
 
     def __init__(self, index: ClaimIndex) -> None:
         self.index = index
-        self._taken: tuple[float, list[ClaimRecord]] | None = None
-        self._scan: asyncio.Future[list[ClaimRecord]] | None = None
+        self._taken: tuple[float, Noted] | None = None
+        self._scan: asyncio.Future[Noted] | None = None
 
     async def by_task_queue(self) -> dict[str, list[ClaimRecord]]:
         """The claims of each task queue, each run once, sorted by taskId and runId."""
@@ -240,23 +243,25 @@ class RunningClaims:
                 self._scan.add_done_callback(self._scanned)
             # Shielded: a waiter that gives up does not cancel the scan the others wait for.
             stored = await asyncio.shield(self._scan)
+        ended = stored.ended | self.index.ended_here()
         runs: dict[tuple[str, int], ClaimRecord] = {}
-        for record in [*stored, *self.index.local()]:
-            if record.task_queue_id:
-                runs[(record.task_id, record.run_id)] = record
+        for record in [*stored.claims, *self.index.local()]:
+            key = (record.task_id, record.run_id)
+            if record.task_queue_id and key not in ended:
+                runs[key] = record
         by_queue: dict[str, list[ClaimRecord]] = {}
         for key in sorted(runs):
             by_queue.setdefault(runs[key].task_queue_id, []).append(runs[key])
         return by_queue
 
-    async def _read(self, now: float) -> list[ClaimRecord]:
+    async def _read(self, now: float) -> Noted:
         at = timeutil.utcnow()
         indexed = [r async for r in self.index.store.running(at)]
         noted = await self.index.notes.read(at, but=self.index.replica)
-        self._taken = (now, indexed + noted)
+        self._taken = (now, Noted(indexed + noted.claims, noted.ended))
         return self._taken[1]
 
-    def _scanned(self, scan: asyncio.Future[list[ClaimRecord]]) -> None:
+    def _scanned(self, scan: asyncio.Future[Noted]) -> None:
         self._scan = None
         if not scan.cancelled():
             scan.exception()  # retrieved: its waiters have it, or nobody waits any more
