@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 from azqueue.storage.account import StorageAccount
 from azqueue.storage.tables import TableStore
-from azqueue.storage.errors import translate
+from azqueue.storage.errors import EntityNotFound, translate
 from azqueue.storage.rows import delete_rows, key_page
 
 
@@ -25,6 +25,14 @@ class DependentStore(TableStore):
     async def add(self, required: str, dependent: str) -> None:
         with translate(f"recording that {dependent} depends on {required}"):
             await self._table.upsert_entity({"PartitionKey": required, "RowKey": dependent})
+
+    async def remove(self, required: str, dependent: str) -> None:
+        """Delete the row; nothing if it is gone already."""
+        try:
+            with translate(f"forgetting that {dependent} depends on {required}"):
+                await self._table.delete_entity(required, dependent)
+        except EntityNotFound:
+            pass
 
     async def delete_all(self, required: str) -> None:
         """Forget who depended on ``required``."""

@@ -103,7 +103,7 @@ async def test_requires_all_completed_or_all_resolved(server: Server) -> None:
 
 
 async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_writes_nothing(
-        server: Server) -> None:
+        server: Server, storage: StorageInspector) -> None:
     queue = _queue(server)
     done = await _task(queue, "prov/deps-check")
     await _run(queue, done)
@@ -115,6 +115,8 @@ async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_wr
     with pytest.raises(TaskclusterRestFailure) as info:
         await queue.createTask(refused, definition("prov/deps-check", dependencies=[done, ghost]))
     assert info.value.status_code == 400 and ghost in info.value.body["message"]
+    # The row written for the dependency that exists, while they were read, is gone.
+    assert await storage.row_keys("dependents", done) == [later]
     short_lived, body = slugid(), definition("prov/deps-check")
     await queue.createTask(short_lived, {**body, "expires": body["deadline"]})
     with pytest.raises(TaskclusterRestFailure) as info:
@@ -284,27 +286,33 @@ async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_f
                      what="the waiting task scheduled")
 
 
-async def test_a_task_whose_dependency_is_resolved_gets_its_tip_with_its_dependents_row(
+async def test_a_task_whose_dependency_is_resolved_is_stored_after_its_dependents_row(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
         storage: StorageInspector) -> None:
     """A task whose dependencies are all resolved waits for nothing: the row that lists it
-    among its dependency's dependents (listDependentTasks) is written together with its
-    tip, both before the task is stored, rather than one after the other."""
+    among its dependency's dependents (listDependentTasks) is written while its
+    dependencies are read, before the task is stored, and its tip goes with its insert:
+    while the row is held, the task is neither stored nor tipped."""
     server = await make_server(storage=StorageSettings(proxy.connection_string(),
                                                        storage_prefix))
     queue = _queue(server)
     dependency = await _task(queue, "prov/dependedon")
     await _run(queue, dependency)
-    row = proxy.hold("*", "dependents(")
-    creating = asyncio.create_task(_task(queue, "prov/resolveddep", dependencies=[dependency]))
+    task_id = slugid()
+    row = proxy.hold("*", f"dependents(PartitionKey='{dependency}',RowKey='{task_id}')")
+    creating = asyncio.create_task(queue.createTask(
+        task_id, definition("prov/resolveddep", dependencies=[dependency])))
     try:
         await asyncio.wait_for(row.reached.wait(), 30)
-        await eventually(lambda: storage.message_count(storage.pending_queue("prov/resolveddep")),
-                         lambda n: n == 1, what="the task's tip put while its row is held")
+        with pytest.raises(TaskclusterRestFailure) as missing:
+            await queue.status(task_id)
+        assert missing.value.status_code == 404
+        assert await storage.message_count(storage.pending_queue("prov/resolveddep")) == 0
         assert not creating.done()
     finally:
         row.release()
-    task_id = await creating
+    await creating
     assert await _state(queue, task_id) == "pending"
+    assert await storage.message_count(storage.pending_queue("prov/resolveddep")) == 1
     listed = await queue.listDependentTasks(dependency)
     assert [t["status"]["taskId"] for t in listed["tasks"]] == [task_id]

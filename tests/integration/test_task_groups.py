@@ -7,6 +7,7 @@ import pytest
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
+from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import definition, slugid
 from tests.servers import ROOT, Server
 
@@ -75,3 +76,24 @@ async def test_the_group_named_after_a_task_lists_that_task_in_its_place(server:
             page = await queue.listTaskGroup(decision, query={
                 "limit": limit, "continuationToken": page["continuationToken"]})
         assert seen == sorted([decision, *children]), limit
+
+
+async def test_a_task_a_sealed_group_refuses_leaves_no_member_row_and_no_tip(
+        server: Server, storage: StorageInspector) -> None:
+    """A member of a group this server knows writes its member row and tip while the
+    group's records are read: refused because the group was sealed meanwhile, it takes
+    both back."""
+    queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
+        "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
+    group, member, late = slugid(), slugid(), slugid()
+    await queue.createTask(group, definition("prov/sealed-before"))
+    await queue.createTask(member, definition("prov/sealed-before", taskGroupId=group))
+    await queue.sealTaskGroup(group)
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await queue.createTask(late, definition("prov/sealed-late", taskGroupId=group))
+    assert info.value.status_code == 409 and "sealed" in info.value.body["message"]
+    assert await storage.message_count(storage.pending_queue("prov/sealed-late")) == 0
+    assert late not in await storage.row_keys("groups", group)
+    assert member in await storage.row_keys("groups", group)
+    listed = await queue.listTaskGroup(group)
+    assert sorted(t["status"]["taskId"] for t in listed["tasks"]) == sorted([group, member])

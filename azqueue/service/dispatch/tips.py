@@ -17,9 +17,9 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
 
 * A **pending** run ``r`` has at least one tip ``{taskId, r}`` in its pending queue,
   visible now or within a bounded time (a poll's visibility timeout). createTask of a
-  task that is its own group and names no dependencies puts run 0's tip *while* it
-  inserts the task (and its deadline trigger), all at once, and records the tip's
-  messageId after it answered (``record_soon``); any other createTask puts the tip
+  task that is its own group, or whose dependencies are resolved, puts run 0's tip
+  *while* it inserts the task, at once, and records the tip's messageId after it
+  answered (``record_soon``); a member of a task group with no dependencies puts the tip
   before the insert, which records it. In the window, a reader finds a tip of no task
   yet (a claim waits up to ``claims.TIP_WAIT`` for the task, then answers 404 and the
   worker deletes the tip), or a task whose tip is not recorded yet (a worker's claim

@@ -9,12 +9,14 @@ task something waits for.
 Azure Tables has no transaction across partitions, so the order of writes and reads
 does the work:
 
-* defining B: B's wait rows, then the dependents rows and marks on what it waits for,
-  then B itself, then every dependency it waits for is read again;
+* defining B: the dependents rows (while B's dependencies are read), then B's wait rows
+  and marks on what it waits for, then B itself, then every dependency it waits for is
+  read again;
 * resolving A: A's resolution is written conditionally on an ETag that the mark moves,
   then A's dependents are read.
 
-Whichever comes second sees the other. Passing A's resolution on to B removes B's
+Whichever comes second sees the other. A resolution passed on before B is stored
+finds no B to tell, and B's second read sees it. Passing A's resolution on to B removes B's
 ``wait:…:A`` row and reads B's remaining rows afterwards, so of several dependencies that
 resolve at once, the last to remove its row sees none left; scheduling B is a
 conditional change, so doing it twice does it once.
@@ -24,7 +26,7 @@ message goes into the internal queue ``<prefix>-dependencies``, invisible for th
 recovery delay, and is deleted once the resolution was passed on. If the process dies in
 between, the dependency resolver of any replica passes it on when the trigger reappears
 (and queues a tip again for a dependent this resolution scheduled, in case that was lost
-too). Defining a task that waits puts a trigger of its own first, removed after its
+too). Defining a task that waits puts a trigger of its own before the task, removed after its
 dependencies were read again: if the createTask dies in between, the resolver reads them.
 """
 
@@ -157,28 +159,32 @@ class Dependencies:
                 "on it")
         return [found[d] for d in task_ids]
 
+    async def link(self, task_id: str, definition: dict[str, Any]) -> None:
+        """Before a task with dependencies is stored: a dependents row for every
+        dependency (for listDependentTasks, and for a resolution to find it)."""
+        await gather_limited(self.dependents.add(d, task_id) for d in definition["dependencies"])
+
     async def track(self, task_id: str, definition: dict[str, Any], new: NewTask) -> None:
-        """Before a task with dependencies is stored: its wait rows, then a dependents row
-        for every dependency (for listDependentTasks) and a mark on each it waits for."""
-        await self.tasks.add_waits(task_id, definition_tag(definition), new.waiting)
+        """Before a task that waits is stored, once its dependents rows are (``link``): its
+        wait rows, and a mark on each task it waits for, at once."""
         waiting = set(new.waiting)
+        await gather_limited([
+            self.tasks.add_waits(task_id, definition_tag(definition), new.waiting),
+            *(self.tasks.mark_has_dependents(d) for d in definition["dependencies"]
+              if d in waiting and d not in new.marked and d != task_id)])
 
-        async def link(required: str) -> None:
-            await self.dependents.add(required, task_id)
-            if required in waiting and required not in new.marked and required != task_id:
-                await self.tasks.mark_has_dependents(required)
-
-        await gather_limited(link(d) for d in definition["dependencies"])
-
-    async def recheck(self, task: Task) -> None:
+    async def recheck(self, task: Task) -> bool:
         """After a waiting task is stored (or its createTask repeated): pass on what its
-        dependencies resolved to in the meantime."""
-        async def one(required: str) -> None:
+        dependencies resolved to in the meantime; whether any had resolved."""
+        async def one(required: str) -> bool:
             dependency = await self.tasks.find(required)
             if dependency is not None and dependency.state.resolved:
                 await self._pass_to(dependency, task.task_id, recovering=False)
+                return True
+            return False
 
-        await gather_limited(one(d) for d in task.dependencies if d != task.task_id)
+        return any(await gather_limited(one(d) for d in task.dependencies
+                                        if d != task.task_id))
 
     # -- resolving a task ------------------------------------------------------------------
 

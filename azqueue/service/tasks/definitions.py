@@ -3,21 +3,33 @@
 
 createTask writes the task's deadline trigger (``triggers``, which also triggers the tip
 repair, ``repair``), its task group's member row (a task whose schedulerId is not its
-group's, or new to a sealed group, is refused with 409 before: ``groupowner``,
-``groups``) and run 0's tip (``tips``, where the Azure queue invariants are written), all
-at once. A task that is its own group and names no dependencies (Taskcluster's default)
-is inserted with them, in one round trip, and its tip recorded after the answer; any
-other is inserted after them, so that a listing of its group or of a dependency's
-dependents misses no stored task, and its insert records its tip. A task that waits for
-dependencies gets its wait rows and dependents rows first and no tip
-(``dependencies``), one whose dependencies are resolved its dependents rows with the
-tip. A claimWork caller waiting in this process is handed
-the tip as soon as its put is answered, and rewrites it while the task is inserted
-(``Claims.claim``). A repeated createTask with the same definition finishes what a first
-attempt that failed may have left undone and answers the same; a different definition is
-409, and leaves nothing that works later (its deadline trigger is withdrawn, its group
-row and tip deleted). scheduleTask, and a dependency resolved, give an unscheduled task
-its pending run 0 and its tip (``schedule``, the callback ``Dependencies`` calls).
+group's, or new to a sealed group, is refused with 409: ``groupowner``, ``groups``), the
+dependents rows of its dependencies (``dependencies``) and run 0's tip (``tips``, where
+the Azure queue invariants are written), in as few round trips as what must precede what
+allows:
+
+* a task that is its own group and names no dependencies (Taskcluster's default): its
+  trigger, its tip and the task at once, in one round trip, the tip recorded after the
+  answer;
+* a member of a group whose records this process has read (``KnownGroups``): its
+  trigger, member row and tip while the group's records are read, then the task, whose
+  insert records the tip (two round trips); a member of a group it has not read yet
+  reads the records first (three);
+* a task that names dependencies: its trigger, member row and dependents rows while its
+  dependencies are read, then, if what it depends on is resolved, its tip and the task
+  at once (two round trips), else its wait rows and marks (``Dependencies.track``), the
+  task with no tip, and its dependencies read again.
+
+The rows come before the task, so that a listing of its group or of a dependency's
+dependents misses no stored task. What a check refuses takes back what was written
+while it read (``_take_back_early``): nothing of a refused task works later. A claimWork
+caller waiting in this process is handed the tip as soon as its put is answered, and
+rewrites it while the task is inserted (``Claims.claim``). A repeated createTask with the
+same definition finishes what a first attempt that failed may have left undone and
+answers the same; a different definition is 409, and leaves nothing that works later
+(its deadline trigger is withdrawn, its group row and tip deleted). scheduleTask, and a
+dependency resolved, give an unscheduled task its pending run 0 and its tip
+(``schedule``, the callback ``Dependencies`` calls).
 """
 
 from __future__ import annotations
@@ -26,9 +38,9 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from azqueue import errors
 from azqueue.events.outbox import EventOutbox
@@ -44,7 +56,7 @@ from azqueue.service.runs.changes import Changes
 from azqueue.service.runs.claims import TIP_WAIT
 from azqueue.service.runs.dependencies import Dependencies, NewTask
 from azqueue.service.runs.triggers import DeadlineTriggers, Trigger
-from azqueue.service.tasks.groupowner import GroupOwners
+from azqueue.service.tasks.groupowner import GroupOwners, KnownGroups
 from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message
@@ -52,6 +64,8 @@ from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, def
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 # What createTask finishes after its task was stored, in the background: a tip whose queue
 # was being deleted, a deadline trigger that failed (``_queue_soon``, ``_trigger_soon``).
@@ -81,6 +95,29 @@ class _Written:
 
 
 @dataclass(frozen=True, slots=True)
+class _Early:
+    """What createTask wrote while it read what decides whether its task may be stored
+    (``Definitions._write_early``): the deadline trigger (None if it failed), whether it
+    wrote a member row of the task's group, the dependencies it wrote a dependents row
+    for, and run 0's tip as ``_put_tip`` gives it (None if it put none)."""
+
+    deadline: Trigger | None
+    member: bool
+    linked: tuple[str, ...]
+    tip: Message | None
+    tip_visible: float
+    handed: bool
+
+    def written(self, stored: Stored | None, stored_at: float) -> _Written:
+        return _Written(stored, stored_at, self.tip, self.tip_visible, self.deadline,
+                        self.handed)
+
+
+async def _done(value: _T) -> _T:
+    return value
+
+
+@dataclass(frozen=True, slots=True)
 class Definitions:
     """Defining and scheduling tasks, and reading their definitions and statuses.
 
@@ -97,6 +134,7 @@ class Definitions:
     changes: Changes
     outbox: EventOutbox
     workerinfo: WorkerInfo
+    known_groups: KnownGroups = field(default_factory=KnownGroups)
 
     async def setup(self) -> None:
         """Create the tasks and groups tables (idempotent)."""
@@ -113,40 +151,112 @@ class Definitions:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
         authorize(definition)
-        joined = await self._check_group_open(task_id, definition)
-        new = None
+        group, scheduler = definition["taskGroupId"], definition["schedulerId"]
+        own = group == task_id
+        if own and not definition["dependencies"]:
+            return await self._create_alone(model.new_task(task_id, definition, now),
+                                            definition, now)
+        if own or self.known_groups.knows(group, scheduler):
+            # The group's records are read while the task's first rows are written.
+            group_check = self._check_group_open(task_id, definition)
+        else:  # read before anything is written: the first task of its group seen here
+            group_check = _done(await self._check_group_open(task_id, definition))
         if definition["dependencies"]:
-            found = await self._stored_or_new(task_id, definition)
-            if isinstance(found, Stored):  # nothing of a repeated or refused definition
-                return await self._defined_before(found, definition, None)  # is written
-            new = found
-        waiting = new is not None and bool(new.waiting)
-        task = model.new_task(task_id, definition, now, scheduled=not waiting)
-        if joined is not None:
-            # Its resolution will know from the task alone whether it resolves its group,
-            # and its insert whether a task joined the group first (``_store``).
-            task = replace(task, group_members=joined)
-        defining = tracking = None
-        if new is not None and waiting:
-            defining = await self.dependencies.begin_definition(task_id)
-            await self.dependencies.track(task_id, definition, new)
-        elif new is not None:  # only the dependents rows, for listDependentTasks
-            tracking = self.dependencies.track(task_id, definition, new)
-        # A claimWork caller waiting here is handed the tip as soon as its put is
-        # answered, and claims it while the task is inserted (``Claims.claim``).
-        inserting = None if waiting else self.changes.cache.insert_begins(task)
-        at_once = new is None and definition["taskGroupId"] == task_id
+            return await self._create_with_dependencies(task_id, definition, now, group_check)
+        task = model.new_task(task_id, definition, now)
+        inserting = self.changes.cache.insert_begins(task)
         stored = None
         try:
-            w = await (self._write_at_once(task, definition, now, inserting) if at_once else
-                       self._write_in_order(task, definition, now, waiting, inserting,
-                                            tracking))
+            _, early = await self._write_early(task, definition, now, [group_check],
+                                               tip=True, inserting=inserting)
+
+            async def take_back() -> None:
+                await self._take_back(early.deadline, None if early.handed else early.tip)
+
+            stored, stored_at = await self._insert(task, definition, early.tip, take_back)
+        finally:
+            self.changes.cache.insert_ends(task_id, inserting, stored)
+        return await self._answer(task, definition, early.written(stored, stored_at), False)
+
+    async def _create_alone(self, task: Task, definition: dict[str, Any], now: datetime
+                            ) -> dict[str, Any]:
+        """A task that is its own group and names no dependencies (Taskcluster's default):
+        its deadline trigger, its tip and the task at once (``_write_at_once``)."""
+        # Its resolution will know from the task alone whether it resolves its group, and
+        # its insert whether a task joined the group first (``_store``).
+        task = replace(task, group_members=await self._check_group_open(task.task_id,
+                                                                        definition))
+        inserting = self.changes.cache.insert_begins(task)
+        stored = None
+        try:
+            w = await self._write_at_once(task, definition, now, inserting)
             stored = w.stored
         finally:
-            if inserting is not None:
-                self.changes.cache.insert_ends(task_id, inserting, stored)
+            self.changes.cache.insert_ends(task.task_id, inserting, stored)
+        return await self._answer(task, definition, w, True)
+
+    async def _create_with_dependencies(self, task_id: str, definition: dict[str, Any],
+                                        now: datetime, group_check: Awaitable[bool | None]
+                                        ) -> dict[str, Any]:
+        """A task that names dependencies: while they are read (and whether the task is
+        stored already), its deadline trigger, its group's member row and its dependents
+        rows are written; then, if what it depends on is resolved, its tip and the task
+        at once (``_write_at_once``), else what it waits for and the task
+        (``_create_waiting``)."""
+        unscheduled = model.new_task(task_id, definition, now, scheduled=False)
+        (found, joined), early = await self._write_early(
+            unscheduled, definition, now, [self._stored_or_new(task_id, definition),
+                                           group_check], tip=False, inserting=None)
+        if isinstance(found, Stored):  # a repeated or refused definition writes nothing
+            await self._take_back_early(task_id, definition, early, found.task)
+            return await self._defined_before(found, definition, None)
+        task = model.new_task(task_id, definition, now, scheduled=not found.waiting)
+        if joined is not None:
+            task = replace(task, group_members=joined)
+        if found.waiting:
+            return await self._create_waiting(task, definition, found, early)
+        inserting = self.changes.cache.insert_begins(task)
+        stored = None
+        try:
+            w = await self._write_at_once(task, definition, now, inserting, early.deadline)
+            stored = w.stored
+        finally:
+            self.changes.cache.insert_ends(task_id, inserting, stored)
+        return await self._answer(task, definition, w, True)
+
+    async def _create_waiting(self, task: Task, definition: dict[str, Any], new: NewTask,
+                              early: _Early) -> dict[str, Any]:
+        """A task that waits for dependencies: its definition trigger, wait rows and marks
+        on what it waits for (``Dependencies.track``), then the task with no tip, then
+        its dependencies read again (``Dependencies.recheck``)."""
+        defining, tracked = await asyncio.gather(
+            self.dependencies.begin_definition(task.task_id),
+            self.dependencies.track(task.task_id, definition, new), return_exceptions=True)
+        for got in (defining, tracked):
+            if isinstance(got, BaseException):
+                raise got
+        assert isinstance(defining, Message)
+
+        async def take_back() -> None:
+            await self._take_back(early.deadline, None)
+
+        stored, stored_at = await self._insert(task, definition, None, take_back)
         if stored is None:
-            existing = await self.tasks.load(task_id)
+            return await self._answer(task, definition, early.written(None, stored_at), False)
+        passed = await self.dependencies.recheck(task)
+        self._drop_soon(defining)
+        # A dependency resolved meanwhile may have changed it: read again.
+        return (await self.tasks.get(task.task_id)).status() if passed else task.status()
+
+    async def _answer(self, task: Task, definition: dict[str, Any], w: _Written,
+                      at_once: bool) -> dict[str, Any]:
+        """createTask's answer once the task's insert was tried (``w``): a task of that id
+        stored before decides it (``_defined_before``); else the new task's tip, put
+        before its insert and recorded by it, is handed over (``at_once``: done already);
+        one whose queue was being deleted is queued after."""
+        stored = w.stored
+        if stored is None:
+            existing = await self.tasks.load(task.task_id)
             if dict(existing.task.definition) != definition and w.deadline is not None:
                 # Refused: what this attempt wrote for it must not work later. Its
                 # deadline trigger would surface at the refused definition's deadline
@@ -154,43 +264,97 @@ class Definitions:
                 await self.triggers.withdraw(w.deadline)
             if existing.task.definition["taskGroupId"] != definition["taskGroupId"]:
                 # The group row just written belongs to a definition that is refused.
-                await self.groups.drop(definition["taskGroupId"], task_id)
+                await self.groups.drop(definition["taskGroupId"], task.task_id)
             return await self._defined_before(existing, definition, w.tip, w.handed)
-        if defining is not None:
-            await self.dependencies.recheck(task)
-            await self.dependencies.drop(defining)
-            return (await self.tasks.get(task_id)).status()
         if w.tip is not None and not w.handed and not at_once:
             await self._another_if_late(stored, w)
             self.tips.hand_over(task, w.tip)
-        elif w.tip is None and not waiting:
+        elif w.tip is None:
             self._queue_soon(stored, 0)
         return task.status()
 
-    async def _write_in_order(self, task: Task, definition: dict[str, Any], now: datetime,
-                              waiting: bool, inserting: asyncio.Future[Stored | None] | None,
-                              tracking: Awaitable[None] | None) -> _Written:
-        """Write what goes with the new task (``_put_before_insert``), then the task,
-        whose insert records its tip."""
-        tip, tip_visible, deadline, handed = await self._put_before_insert(
-            task, now, waiting, inserting, tracking)
+    async def _write_early(self, task: Task, definition: dict[str, Any], now: datetime,
+                           checks: list[Awaitable[Any]], tip: bool,
+                           inserting: asyncio.Future[Stored | None] | None
+                           ) -> tuple[list[Any], _Early]:
+        """While ``checks`` run (reads that decide whether the task may be stored), what
+        must be stored before the task, all at once: its deadline trigger (if we died
+        after the insert without it, nothing would ever resolve the task; without the
+        task, the resolver drops it), its group's member row, its dependents rows (for
+        listDependentTasks) and, with ``tip``, run 0's tip, whose record the insert then
+        writes (``_put_tip``: offered to a claimWork caller here as soon as it is put).
+        What a check refuses, or a write that fails, takes back what was written
+        (``_take_back_early``) and raises. The checks' results, and what was written."""
+        d = definition
+        member = d["taskGroupId"] != task.task_id
+        linked = tuple(d["dependencies"])
+        got = await asyncio.gather(
+            *checks, self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
+            self._add_to_group(task),
+            self.dependencies.link(task.task_id, d) if linked else self._no_tip(),
+            self._put_tip(task, inserting) if tip else self._no_tip_put(),
+            return_exceptions=True)
+        results, (deadline, _, _, put) = got[:len(checks)], got[len(checks):]
+        tip_put = put if isinstance(put, tuple) else (None, 0.0, False)
+        early = _Early(deadline if isinstance(deadline, Trigger) else None, member, linked,
+                       *tip_put)
+        failed = next((g for g in got if isinstance(g, BaseException)), None)
+        if failed is not None:
+            if isinstance(failed, errors.Conflict):
+                self.known_groups.forget(d["taskGroupId"])
+            await self._take_back_early(task.task_id, definition, early, None)
+            raise failed
+        return results, early
 
-        async def take_back() -> None:
-            await self._take_back(deadline, tip)
+    async def _take_back_early(self, task_id: str, definition: dict[str, Any], early: _Early,
+                               stored: Task | None) -> None:
+        """What ``_write_early`` wrote for a task that is not stored (as defined): its
+        deadline trigger and tip (unless a claimWork caller here took the tip: it decides
+        on the stored task, as for any tip handed over), and the member and dependents
+        rows that the task stored under that id (``stored``, else read now) does not
+        have. A row left when that fails is harmless: listings show only the tasks that
+        are stored and belong."""
+        try:
+            await self._take_back(early.deadline, None if early.handed else early.tip)
+            if not early.member and not early.linked:
+                return
+            if stored is None:
+                stored = await self.tasks.find(task_id)
+            group = definition["taskGroupId"]
+            if early.member and (stored is None or stored.definition["taskGroupId"] != group):
+                await self.groups.drop(group, task_id)
+            await gather_limited(
+                self.dependencies.dependents.remove(d, task_id) for d in early.linked
+                if stored is None or d not in stored.dependencies)
+        except (errors.QueueError, errors.StorageError) as e:
+            log.warning("task %s: could not take back all that a refused createTask wrote "
+                        "(%s)", task_id, e)
 
-        stored, stored_at = await self._insert(task, definition, tip, take_back)
-        return _Written(stored, stored_at, tip, tip_visible, deadline, handed)
+    def _drop_soon(self, defining: Message) -> None:
+        """Delete a waiting task's definition trigger in the background, once its
+        dependencies were read again: should that fail, the dependency resolver reads
+        them once more when the trigger surfaces, and drops it."""
+
+        async def drop() -> None:
+            try:
+                await self.dependencies.drop(defining)
+            except (errors.QueueError, errors.StorageError) as e:
+                log.info("could not delete a definition trigger (%s); the dependency "
+                         "resolver will", e)
+
+        _finish_later(drop())
 
     async def _write_at_once(self, task: Task, definition: dict[str, Any], now: datetime,
-                             inserting: asyncio.Future[Stored | None] | None) -> _Written:
-        """A task that is its own group and names no dependencies (Taskcluster's default):
-        its deadline trigger, its tip and the task all at once, in one round trip. Once
-        the task and its tip are stored, the tip is handed over, or rung and recorded
-        (``Tips.hand_over_unrecorded``), whatever the trigger still takes. A trigger that
-        failed after the task was stored is put again in the background
-        (``_trigger_soon``), and createTask fails: its client's repeat finishes what is
-        missing, as for any createTask not answered."""
+                             inserting: asyncio.Future[Stored | None] | None,
+                             deadline: Trigger | None = None) -> _Written:
+        """Its deadline trigger (unless stored already: ``deadline``), its tip and the task
+        all at once, in one round trip. Once the task and its tip are stored, the tip is
+        handed over, or rung and recorded (``Tips.hand_over_unrecorded``), whatever the
+        trigger still takes. A trigger that failed after the task was stored is put again
+        in the background (``_trigger_soon``), and createTask fails: its client's repeat
+        finishes what is missing, as for any createTask not answered."""
         trigger = asyncio.ensure_future(
+            _done(deadline) if deadline is not None else
             self.triggers.add(task.task_id, task.deadline, now + self.repair_delay))
         tipping = asyncio.ensure_future(self._put_tip(task, inserting))
 
@@ -232,24 +396,6 @@ class Definitions:
             await self.triggers.withdraw(deadline)
         if tip is not None:
             await self.tips.drop(tip)
-
-    async def _put_before_insert(self, task: Task, now: datetime, waiting: bool,
-                                 inserting: asyncio.Future[Stored | None] | None,
-                                 tracking: Awaitable[None] | None
-                                 ) -> tuple[Message | None, float, Trigger, bool]:
-        """Before the task's insert (``_write_in_order``), all at once: the deadline
-        trigger (if we died after the insert without it, nothing would ever resolve the
-        task; without the task, the resolver drops it), the group member, ``tracking``
-        (the dependents rows of a task whose dependencies are resolved) and the tip
-        (unless the task waits for its dependencies), so that its record is written with
-        the task. What a createTask that dies before the insert leaves is harmless.
-        Returns the tip, when it became visible (on the event loop's clock), the
-        deadline trigger, and whether a caller took the tip (``_put_tip``)."""
-        deadline, _, _, (tip, tip_visible, handed) = await asyncio.gather(
-            self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
-            self._add_to_group(task), tracking or self._no_tip(),
-            self._no_tip_put() if waiting else self._put_tip(task, inserting))
-        return tip, tip_visible, deadline, handed
 
     async def _put_tip(self, task: Task, inserting: asyncio.Future[Stored | None] | None
                        ) -> tuple[Message | None, float, bool]:
@@ -548,6 +694,8 @@ class Definitions:
             if first and stored:
                 await self._own_task_decides(group, scheduler)
             await self.groups.note_members(group)
+        if not own:
+            self.known_groups.learn(group, scheduler)
         return joined if own else None
 
     async def _own_task_decides(self, group: str, scheduler: str) -> None:
