@@ -865,7 +865,7 @@ async def phase_latency(b: Bench) -> None:
 
 # The calls of the per-call table, in its order.
 CALLS = ("createTask", "createTask, dependencies resolved", "createTask, existing group",
-         "created -> waiting claimWork has it", "claimTask", "reclaimTask", "reportCompleted",
+         "createTask, waiting for a dependency", "created -> waiting claimWork has it", "claimTask", "reclaimTask", "reportCompleted",
          "pollTaskUrls")
 
 
@@ -929,7 +929,8 @@ async def rtt_lifecycles(b: Bench, http: aiohttp.ClientSession, api: str, t: Tim
 
 
 async def rtt_variants(b: Bench, http: aiohttp.ClientSession, api: str, t: Timings) -> None:
-    """createTask with a dependency already resolved, and into a group that has tasks."""
+    """createTask with a dependency already resolved, into a group that has tasks, and
+    waiting for a dependency that is pending."""
     queue = f"bench/rtt{b.proxy.delay * 2000:g}-variants"
     resolved = await create_task(http, api, queue)
     claimed = await call(http, "POST", f"{api}/claim-work/{queue.replace('/', '%2F')}",
@@ -938,6 +939,7 @@ async def rtt_variants(b: Bench, http: aiohttp.ClientSession, api: str, t: Timin
     assert claim["status"]["taskId"] == resolved
     await call(http, "POST", f"{api}/task/{resolved}/runs/{claim['runId']}/completed")
     group = await create_task(http, api, queue)
+    pending = await create_task(http, api, f"{queue}-pending")
     for i in range(b.args.rtt_calls + 1):
         record = Timings() if i == 0 else t
         with Timed(b, record, "createTask, dependencies resolved"):
@@ -945,6 +947,9 @@ async def rtt_variants(b: Bench, http: aiohttp.ClientSession, api: str, t: Timin
                                            "dependencies": [resolved]})
         with Timed(b, record, "createTask, existing group"):
             await tasks.create(http, api, {**benchlib.definition(queue), "taskGroupId": group})
+        with Timed(b, record, "createTask, waiting for a dependency"):
+            await tasks.create(http, api, {**benchlib.definition(queue),
+                                           "dependencies": [pending]})
 
 
 async def rtt_hand_over(b: Bench, http: aiohttp.ClientSession, api: str, t: Timings) -> None:

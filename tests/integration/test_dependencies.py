@@ -207,6 +207,10 @@ async def test_dependencies_resolving_at_once_on_two_replicas_schedule_the_task_
     queues = [_queue(r) for r in replicas]
     required = [await _task(queues[0], "prov/deps-many") for _ in range(20)]
     waiting = await _task(queues[0], "prov/deps-join", dependencies=required)
+    # More than createTask writes rows for while it reads them: written after, all listed.
+    for task_id in (required[0], required[-1]):
+        listed = (await queues[1].listDependentTasks(task_id))["tasks"]
+        assert [t["status"]["taskId"] for t in listed] == [waiting]
     for i, task_id in enumerate(required):
         await queues[i % 2].claimTask(task_id, 0, {"workerGroup": "g", "workerId": "w"})
     await asyncio.gather(*(queues[i % 2].reportCompleted(task_id, 0)

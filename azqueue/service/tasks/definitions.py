@@ -50,7 +50,7 @@ from azqueue.model import task as model
 from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.service.common import paging
-from azqueue.service.common.gathering import gather_limited
+from azqueue.service.common.gathering import MAX_PARALLEL, gather_limited
 from azqueue.service.dispatch.tips import Tips, live
 from azqueue.service.runs.changes import Changes
 from azqueue.service.runs.claims import TIP_WAIT
@@ -64,6 +64,12 @@ from azqueue.storage.taskrows import MAX_DEFINITION_CHARS, MAX_TIPS, Stored, def
 from azqueue.storage.tasks import TaskStore
 
 log = logging.getLogger(__name__)
+
+# A task naming at most this many dependencies writes their dependents rows while it reads
+# them (``_write_early``); one naming more, once they were all found to exist, so that a
+# definition refused for a dependency that does not exist costs at most this many writes
+# (and as many deletes) beside its reads.
+EARLY_ROWS = MAX_PARALLEL
 
 _T = TypeVar("_T")
 
@@ -210,6 +216,8 @@ class Definitions:
         if isinstance(found, Stored):  # a repeated or refused definition writes nothing
             await self._take_back_early(task_id, definition, early, found.task)
             return await self._defined_before(found, definition, None)
+        if not early.linked:  # too many to write before they were found to exist
+            await self.dependencies.link(task_id, definition)
         task = model.new_task(task_id, definition, now, scheduled=not found.waiting)
         if joined is not None:
             task = replace(task, group_members=joined)
@@ -281,13 +289,13 @@ class Definitions:
         must be stored before the task, all at once: its deadline trigger (if we died
         after the insert without it, nothing would ever resolve the task; without the
         task, the resolver drops it), its group's member row, its dependents rows (for
-        listDependentTasks) and, with ``tip``, run 0's tip, whose record the insert then
+        listDependentTasks; up to ``EARLY_ROWS`` of them) and, with ``tip``, run 0's tip, whose record the insert then
         writes (``_put_tip``: offered to a claimWork caller here as soon as it is put).
         What a check refuses, or a write that fails, takes back what was written
         (``_take_back_early``) and raises. The checks' results, and what was written."""
         d = definition
         member = d["taskGroupId"] != task.task_id
-        linked = tuple(d["dependencies"])
+        linked = tuple(d["dependencies"]) if len(d["dependencies"]) <= EARLY_ROWS else ()
         got = await asyncio.gather(
             *checks, self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
             self._add_to_group(task),
