@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import urllib.error
 import urllib.request
 from datetime import UTC, datetime, timedelta
 
@@ -35,6 +36,33 @@ def create(queue: taskcluster.Queue, command: str) -> str:
 
 def state(queue: taskcluster.Queue, task_id: str) -> str:
     return queue.status(task_id)["status"]["state"]
+
+
+def read_artifact(queue: taskcluster.Queue, task_id: str, run_id: int, name: str) -> bytes:
+    """The artifact's content; a failure says which URL answered what, and what became of
+    the task's runs: their states, their artifacts and the last line of their logs."""
+    url = queue.buildUrl("getArtifact", task_id, run_id, name)
+    try:
+        return urllib.request.urlopen(url).read()
+    except urllib.error.HTTPError as e:
+        where = "the queue" if e.url == url else f"the redirect to {e.url}"
+        answer = e.read().decode(errors="replace")
+        runs = [(r["runId"], r["state"], r.get("reasonResolved"), [
+            a["name"] for a in queue.listArtifacts(task_id, r["runId"])["artifacts"]],
+            log_end(queue, task_id, r["runId"]))
+            for r in queue.status(task_id)["status"]["runs"]]
+        raise AssertionError(f"GET {url} answered {e.code} from {where}: {answer}\nruns "
+                             f"(id, state, reason, artifacts, log's end): {runs}") from e
+
+
+def log_end(queue: taskcluster.Queue, task_id: str, run_id: int) -> str:
+    """The last line of the run's log, or why there is none."""
+    url = queue.buildUrl("getArtifact", task_id, run_id, "public/logs/live.log")
+    try:
+        lines = urllib.request.urlopen(url).read().decode(errors="replace").splitlines()
+    except urllib.error.HTTPError as e:
+        return f"no log ({e.code})"
+    return lines[-1] if lines else "an empty log"
 
 
 def test_tasks_created_with_the_official_client_are_run_by_the_handler(
@@ -178,8 +206,7 @@ def test_artifacts_arrive_through_throttling_and_a_lost_put(azqueue_server, azqu
     azure_storage_faults.clear()
     assert [state(queue, i) for i in ids] == ["completed"] * 4
     for i, task_id in enumerate(ids):
-        url = queue.buildUrl("getArtifact", task_id, 0, "public/out.txt")
-        assert urllib.request.urlopen(url).read() == f"artifact {i}".encode()
+        assert read_artifact(queue, task_id, 0, "public/out.txt") == f"artifact {i}".encode()
 
 
 def test_the_reason_a_run_failed_is_at_the_end_of_its_log(azqueue_server, azqueue_worker):
@@ -190,8 +217,7 @@ def test_the_reason_a_run_failed_is_at_the_end_of_its_log(azqueue_server, azqueu
         raise TaskFailed("a and b must be numbers")
 
     azqueue_worker(QUEUE, handler).drain()
-    url = queue.buildUrl("getArtifact", task_id, 0, "public/logs/live.log")
-    log = urllib.request.urlopen(url).read().decode()
+    log = read_artifact(queue, task_id, 0, "public/logs/live.log").decode()
     assert log.endswith("the run ended failed: a and b must be numbers\n"), log
 
 
