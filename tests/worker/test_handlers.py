@@ -48,6 +48,12 @@ def _ended(state: str, reason: str = "") -> Callable[[dict[str, Any]], bool]:
     return check
 
 
+def _resolved(status: dict[str, Any]) -> bool:
+    """Whether the first run was resolved, whatever its outcome."""
+    runs = status.get("runs") or [{}]
+    return runs[0].get("state") not in (None, "pending", "running")
+
+
 def test_a_plain_function_handler_is_refused_when_the_worker_is_made() -> None:
     def build(run: TaskRun) -> None:
         pass
@@ -163,11 +169,38 @@ async def test_an_artifact_uploaded_with_a_content_encoding_is_served_with_it(
     assert await _artifact(http, server, task_id, "public/log.txt") == original
 
 
+async def test_an_upload_rides_out_eight_failures_in_a_row(
+        make_server: ServerFactory, azurite: Azurite, storage_prefix: str,
+        blob_proxy: FaultProxy, http: aiohttp.ClientSession,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A throttled account: an artifact's PUT applied and answered 500 OperationTimedOut,
+    then answered 503 ServerBusy seven times, is sent until it is stored, and its run (the
+    first, not one run again after it) completes with the artifact whole."""
+    monkeypatch.setattr(retry, "FIRST_PAUSE", 0.05)
+    monkeypatch.setattr(retry, "MAX_PAUSE", 0.2)
+    server = await _proxied_server(make_server, azurite, storage_prefix, blob_proxy)
+    task_id = await create(http, server.api, definition("prov/throttled"))
+
+    async def handler(run: TaskRun) -> None:
+        await run.upload_artifact("public/result.txt", b"whole", "text/plain")
+
+    blob_proxy.once("PUT", "public/result.txt", "timed out")
+    for _ in range(7):
+        blob_proxy.once("PUT", "public/result.txt", "busy")
+    async with running(Worker(config(server, "prov/throttled", "throttled"), handler)):
+        status = await wait_status(http, server, task_id, _resolved)
+    assert [(r["state"], r.get("reasonResolved")) for r in status["runs"]] == [
+        ("completed", "completed")], await log_of(http, server, task_id, 0)
+    assert await _artifact(http, server, task_id, "public/result.txt") == b"whole"
+    assert (blob_proxy.counts["blob timed out"], blob_proxy.counts["blob busy"]) == (1, 7)
+
+
 async def test_an_upload_that_keeps_failing_ends_the_run_intermittent_saying_what_it_tried(
         make_server: ServerFactory, azurite: Azurite, storage_prefix: str,
         blob_proxy: FaultProxy, http: aiohttp.ClientSession,
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(retry, "FIRST_PAUSE", 0.05)
+    monkeypatch.setattr(retry, "MAX_PAUSE", 0.2)
     server = await _proxied_server(make_server, azurite, storage_prefix, blob_proxy)
     task_id = await create(http, server.api, definition("prov/busy-forever"))
 
