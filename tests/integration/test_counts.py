@@ -57,6 +57,11 @@ async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_
     queue = _queue(server)
     task_queue_id = f"prov/backlog{slugid()[:6].replace('-', 'x').replace('_', 'y').lower()}"
     ids = await _backlog(queue, task_queue_id, BACKLOG)
+    # A task stored late after its tip has a second one (``_another_if_late``), which
+    # Azure's count includes: the looks must add none.
+    pending_queue = storage.pending_queue(task_queue_id)
+    before = await storage.message_count(pending_queue)
+    assert before >= BACKLOG
     repair = server.services.resolution.repair
     for look in range(1, LOOKS + 1):
         # As the deadline resolver would, each look later than the one before.
@@ -69,10 +74,10 @@ async def test_a_backlog_is_counted_once_however_many_times_the_repair_looks_at_
 
         await asyncio.gather(*(one(t) for t in ids))
     # The pending queue's own length, as a KEDA azure-queue scaler reads it.
-    assert await storage.message_count(storage.pending_queue(task_queue_id)) == BACKLOG
-    assert await _pending(queue, task_queue_id) == (BACKLOG, BACKLOG)
+    assert await storage.message_count(pending_queue) == before
+    assert await _pending(queue, task_queue_id) == (before, before)
     sampled = await server.services.counts.pending_tips(task_queue_id)
-    assert sampled["lowest"] == BACKLOG  # the metric's gauge
+    assert sampled["lowest"] == before  # the metric's gauge
 
 
 async def test_a_tip_a_worker_took_and_lost_is_replaced_at_the_next_look(
