@@ -59,11 +59,8 @@ async def resolve_expired_claims(resolution: Resolution) -> tuple[int, float | N
 
 def _next_local(index: ClaimIndex) -> float | None:
     """Seconds until the earliest takenUntil of this process's claims not indexed yet."""
-    notes = index.local()
-    if not notes:
-        return None
-    now = timeutil.utcnow()
-    return min((n.taken_until - now).total_seconds() for n in notes)
+    earliest = index.earliest()
+    return None if earliest is None else (earliest - timeutil.utcnow()).total_seconds()
 
 
 async def run(resolution: Resolution, index: ClaimIndex, interval: float,

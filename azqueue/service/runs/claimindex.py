@@ -41,6 +41,7 @@ the other's notes until that one finds it resolved.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import uuid
 from dataclasses import replace
@@ -88,11 +89,15 @@ class ClaimIndex:
         # (taskId, runId) -> until when: runs resolved here that another replica may still
         # hold a note of, oldest first
         self._ended: dict[tuple[str, int], datetime] = {}
+        # The notes' takenUntil, earliest first (a heap): an entry whose note is gone or
+        # holds another takenUntil now is stale, dropped once it comes first
+        # (``earliest``), so that no claim costs a look at every note.
+        self._ends: list[tuple[datetime, str, int]] = []
         self._published: tuple[int, datetime] | None = None  # generation, when
         self._stop = asyncio.Event()
         self._loop: asyncio.Task[None] | None = None
-        # Set when a claim is noted or extended here (the claim resolver sleeps until the
-        # earliest takenUntil it knows of).
+        # Set when a claim noted here is due before every other note (the claim resolver
+        # sleeps until the earliest takenUntil it knows of; a later one cannot move that).
         self.changed = asyncio.Event()
 
     def start(self) -> None:
@@ -103,10 +108,12 @@ class ClaimIndex:
                 queue: str = "") -> None:
         """This process claimed the run (or answered a repeated claim of it), holding a
         message of the pending queue ``queue`` (if any)."""
-        self._notes[(task_id, run_id)] = (
-            timeutil.utcnow(), ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
+        first = self.earliest()
+        self._note((task_id, run_id), timeutil.utcnow(),
+                   ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
         self.generation += 1
-        self.changed.set()
+        if first is None or taken_until < first:
+            self.changed.set()
 
     def local(self) -> list[ClaimRecord]:
         """This process's claims not indexed yet."""
@@ -115,16 +122,33 @@ class ClaimIndex:
     def ended_here(self) -> set[tuple[str, int]]:
         """(taskId, runId) of the runs resolved here that another replica may still note."""
         return set(self._ended)
+    def earliest(self) -> datetime | None:
+        """The earliest takenUntil of this process's claims not indexed yet (None: none)."""
+        ends, notes = self._ends, self._notes
+        while ends:
+            taken_until, task_id, run_id = ends[0]
+            note = notes.get((task_id, run_id))
+            if note is not None and note[1].taken_until == taken_until:
+                return taken_until
+            heapq.heappop(ends)
+        return None
+
+    def _note(self, key: tuple[str, int], made: datetime, record: ClaimRecord) -> None:
+        self._notes[key] = (made, record)
+        if len(self._ends) > 2 * len(self._notes) + 64:  # mostly stale: start again
+            self._ends = [(r.taken_until, r.task_id, r.run_id) for _, r in self._notes.values()]
+            heapq.heapify(self._ends)
+        else:
+            heapq.heappush(self._ends, (record.taken_until, *key))
 
     async def extended(self, task_id: str, run_id: int, started: datetime | None,
                        taken_until: datetime, task_queue_id: str = "", queue: str = "") -> None:
         """The run was reclaimed until ``taken_until``."""
         note = self._notes.get((task_id, run_id))
         if note is not None:
-            self._notes[(task_id, run_id)] = (note[0], replace(note[1], taken_until=taken_until))
+            self._note((task_id, run_id), note[0], replace(note[1], taken_until=taken_until))
         elif self._may_be_indexed(started):
             await self.store.put(ClaimRecord(task_id, run_id, taken_until, task_queue_id, queue))
-        self.changed.set()
 
     async def ended(self, task_id: str, run_id: int, started: datetime | None) -> None:
         """The run was resolved: forget its note, or delete its row if it may have one."""
@@ -159,8 +183,8 @@ class ClaimIndex:
         notes = {key: self._notes.pop(key) for key in due}
         results = await gather_limited(self._index(notes[key][1]) for key in due)
         for key, ok in zip(due, results):
-            if not ok:  # try again at the next round
-                self._notes.setdefault(key, notes[key])
+            if not ok and key not in self._notes:  # try again at the next round
+                self._note(key, *notes[key])
         if due:
             self.generation += 1
 
