@@ -29,8 +29,12 @@ def parse(value: str) -> datetime:
 
 
 def fmt(moment: datetime) -> str:
-    moment = moment.astimezone(UTC)
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    if moment.tzinfo is not UTC:
+        moment = moment.astimezone(UTC)
+    if moment.year < 1000:  # strftime writes such a year without leading zeros
+        return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    # "…T12:00:00.123+00:00": the milliseconds cut, not rounded, as above
+    return moment.isoformat(timespec="milliseconds")[:-6] + "Z"
 
 
 def normalize(value: str) -> str:

@@ -151,6 +151,8 @@ def test_tips_sign_with_the_newest_secret_and_verify_with_all() -> None:
     ("2026-01-02T03:04:05.1Z", "2026-01-02T03:04:05.100Z"),
     ("2026-01-02T03:04:05.123456Z", "2026-01-02T03:04:05.123Z"),
     ("2026-01-02T04:04:05.000+01:00", "2026-01-02T03:04:05.000Z"),
+    ("2026-01-02T03:04:05.999999Z", "2026-01-02T03:04:05.999Z"),  # cut, not rounded
+    ("2026-01-01T00:30:00.5+01:00", "2025-12-31T23:30:00.500Z"),
 ])
 def test_timestamps_accept_0_to_6_fraction_digits(text: str, expected: str) -> None:
     assert timeutil.normalize(text) == expected
