@@ -196,7 +196,7 @@ class RestClient:
         async def attempt(timeout: float, number: int
                           ) -> tuple[int, Mapping[str, str], bytes]:
             nonlocal lost
-            request_headers = {**headers, "x-ms-date": formatdate(usegmt=True),
+            request_headers = {**headers, "x-ms-date": _http_date(),
                                "x-ms-version": TABLE_VERSION if service == "table" else QUEUE_VERSION}
             if body is not None:
                 request_headers["Content-Length"] = str(len(body))
@@ -397,6 +397,24 @@ class RestClient:
             "GET", name, "", {"numofmessages": str(count), "visibilitytimeout": str(visibility)},
             None, (200,), f"receiving messages from {name}")
         return _messages(content), lost
+
+
+class _HttpDate:
+    """``formatdate(usegmt=True)``, the date of a request, made once a second: it names
+    whole seconds, and a request's signature covers it."""
+
+    def __init__(self) -> None:
+        self._second = -1
+        self._text = ""
+
+    def __call__(self) -> str:
+        second = int(time.time())
+        if second != self._second:
+            self._second, self._text = second, formatdate(second, usegmt=True)
+        return self._text
+
+
+_http_date = _HttpDate()
 
 
 def _message_xml(text: str) -> bytes:
