@@ -1000,7 +1000,8 @@ async def phase_rtt(b: Bench) -> None:
     each way: azqueue's and the Celery peer's alike)."""
     for rtt in b.args.rtt:
         print(f"\n== rtt: {rtt:g} ms added to every storage request ({rtt / 2:g} ms each way), "
-              f"{b.args.rtt_calls} calls each one at a time, then {b.args.workers} clients ==")
+              f"{b.args.rtt_calls} calls each one at a time, then {b.args.workers} clients, events "
+              f"{'on' if b.args.rtt_events else 'off'} ==")
         b.proxy.delay, b.proxy.trips = rtt / 2000, []
         try:
             await rtt_round(b, rtt)
@@ -1010,7 +1011,8 @@ async def phase_rtt(b: Bench) -> None:
 
 async def rtt_round(b: Bench, rtt: float) -> None:
     t, peer = Timings(), Timings()
-    server = await b.start_server("server-rtt", **QUIET_RESOLVERS)
+    events = {"AZQUEUE_AMQP_URL": b.args.amqp or DEFAULT_AMQP} if b.args.rtt_events else {}
+    server = await b.start_server("server-rtt", **QUIET_RESOLVERS, **events)
     try:
         async with signed_session() as http:
             await rtt_lifecycles(b, http, server.api, t)
@@ -1514,6 +1516,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=4,
                         help="rounds of the versus and events phases, each the two sides "
                              "compared, which goes first taking turns (4)")
+    parser.add_argument("--rtt-events", action="store_true",
+                        help="run the rtt phase's server with events on (the broker of --amqp): "
+                             "its calls then publish their events too")
     parser.add_argument("--amqp", default="", metavar="URL",
                         help="RabbitMQ URL for the phases with events on (steps, events; default "
                              "the local RabbitMQ as guest)")
