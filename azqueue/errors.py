@@ -151,6 +151,14 @@ class InputError(QueueError):
     status = 400
 
 
+class MissingDependencies(InputError):
+    """A task definition names dependencies that do not exist (``missing``)."""
+
+    def __init__(self, message: str, missing: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.missing = missing
+
+
 class InvalidJson(QueueError):
     code = "MalformedPayload"
     status = 400

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import aiohttp
 import pytest
@@ -380,3 +381,41 @@ async def test_a_group_is_announced_though_the_answer_to_its_announcement_was_lo
     await sas.post(http, f"{server.api}/task/{child}/runs/0/completed")
     await consumer.wait_for(lambda m: len(m) > before, timeout=10)
     assert proxy.counts["table timed out"] == 1
+
+
+async def test_a_task_a_sealed_group_refuses_while_its_last_task_resolves_does_not_hide_it(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """A createTask into a sealed group whose last task resolves while the group's records
+    are read for it: the group is announced resolved all the same (a member row of no task
+    would hold the announcement back while it is young), and the task is refused."""
+    group = slugid()
+    consumer = await consume(f"primary.{group}.#", exchanges=("task-group-resolved",))
+    server = await make_server(amqp_url=amqp_url)
+    last = await create(http, server.api, definition("prov/sealed-race", taskGroupId=group))
+    code, _ = await sas.post(http, f"{server.api}/task-group/{group}/seal")
+    assert code == 200
+    await _claim(http, server.api, last)
+    groups = server.services.definitions.groups  # the one store of the process
+    records = groups.records
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def held_up_records(task_group_id: str) -> Any:
+        if task_group_id == group and not held.is_set():
+            held.set()
+            await release.wait()
+        return await records(task_group_id)
+
+    groups.records = held_up_records  # type: ignore[method-assign]
+    try:
+        refused = asyncio.ensure_future(create(
+            http, server.api, definition("prov/sealed-race", taskGroupId=group)))
+        await asyncio.wait_for(held.wait(), 30)
+        code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
+        assert code == 200
+        await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
+    finally:
+        release.set()
+        groups.records = records  # type: ignore[method-assign]
+    with pytest.raises(AssertionError, match="409"):
+        await refused

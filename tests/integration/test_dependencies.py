@@ -102,7 +102,7 @@ async def test_requires_all_completed_or_all_resolved(server: Server) -> None:
                                            requires="all-resolved")) == "pending"
 
 
-async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_writes_nothing(
+async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_lists_nothing(
         server: Server, storage: StorageInspector) -> None:
     queue = _queue(server)
     done = await _task(queue, "prov/deps-check")
@@ -115,8 +115,12 @@ async def test_dependencies_must_exist_and_outlive_the_deadline_and_a_refusal_wr
     with pytest.raises(TaskclusterRestFailure) as info:
         await queue.createTask(refused, definition("prov/deps-check", dependencies=[done, ghost]))
     assert info.value.status_code == 400 and ghost in info.value.body["message"]
-    # The row written for the dependency that exists, while they were read, is gone.
-    assert await storage.row_keys("dependents", done) == [later]
+    # The rows written while they were read: the one under the dependency that does not
+    # exist is taken back (nothing would ever remove it); the one under the dependency
+    # that exists goes with it, and lists nothing meanwhile.
+    assert await storage.row_keys("dependents", ghost) == []
+    assert [t["status"]["taskId"] for t in (await queue.listDependentTasks(done))["tasks"]] \
+        == [later]
     short_lived, body = slugid(), definition("prov/deps-check")
     await queue.createTask(short_lived, {**body, "expires": body["deadline"]})
     with pytest.raises(TaskclusterRestFailure) as info:
@@ -320,3 +324,41 @@ async def test_a_task_whose_dependency_is_resolved_is_stored_after_its_dependent
     assert await storage.message_count(storage.pending_queue("prov/resolveddep")) == 1
     listed = await queue.listDependentTasks(dependency)
     assert [t["status"]["taskId"] for t in listed["tasks"]] == [task_id]
+
+
+async def test_a_refused_definition_racing_the_definition_of_its_task_id_leaves_its_rows(
+        server: Server) -> None:
+    """Two createTasks of one taskId: the first, of a member of a group with a
+    dependency, is held up just before its insert; the second names a dependency that
+    does not exist and is refused. What the refused one takes back must not be the rows
+    the first one's task, stored after, is listed and told by."""
+    queue = _queue(server)
+    group = slugid()
+    await _task(queue, "prov/deps-rows", taskGroupId=group)
+    required = await _task(queue, "prov/deps-rows")
+    task_id = slugid()
+    winner = definition("prov/deps-rows", taskGroupId=group, dependencies=[required])
+    loser = {**winner, "dependencies": [required, slugid()]}
+    tasks = server.services.definitions.tasks
+    insert = tasks.insert
+    held, release = asyncio.Event(), asyncio.Event()
+
+    async def held_up_insert(*args: Any, **kwargs: Any) -> Any:
+        held.set()
+        await release.wait()
+        return await insert(*args, **kwargs)
+
+    tasks.insert = held_up_insert  # type: ignore[method-assign]
+    creating = asyncio.ensure_future(queue.createTask(task_id, winner))
+    await asyncio.wait_for(held.wait(), 30)
+    tasks.insert = insert  # type: ignore[method-assign]
+    with pytest.raises(TaskclusterRestFailure) as info:
+        await queue.createTask(task_id, loser)
+    assert info.value.status_code == 400
+    release.set()
+    assert (await creating)["status"]["state"] == "unscheduled"
+    listed = [t["status"]["taskId"] for t in (await queue.listDependentTasks(required))["tasks"]]
+    members = [t["status"]["taskId"] for t in (await queue.listTaskGroup(group))["tasks"]]
+    await _run(queue, required)
+    state = await _state(queue, task_id)
+    assert (listed, task_id in members, state) == ([task_id], True, "pending")

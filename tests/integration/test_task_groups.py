@@ -80,9 +80,8 @@ async def test_the_group_named_after_a_task_lists_that_task_in_its_place(server:
 
 async def test_a_task_a_sealed_group_refuses_leaves_no_member_row_and_no_tip(
         server: Server, storage: StorageInspector) -> None:
-    """A member of a group this server knows writes its member row and tip while the
-    group's records are read: refused because the group was sealed meanwhile, it takes
-    both back."""
+    """A member of a sealed group, refused, writes neither its member row nor its tip
+    (the group's records are read first), even once the server knows the group."""
     queue = taskcluster.aio.Queue({"rootUrl": server.root_url, "maxRetries": 0, "credentials": {
         "clientId": ROOT.client_id, "accessToken": ROOT.access_token}})
     group, member, late = slugid(), slugid(), slugid()

@@ -36,7 +36,7 @@ import asyncio
 import hashlib
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -153,13 +153,13 @@ class Dependencies:
 
         await asyncio.gather(*(reader() for _ in range(min(MAX_PARALLEL, len(task_ids)))))
         if missing:
-            raise errors.InputError(
+            raise errors.MissingDependencies(
                 "task definition: `dependencies` names tasks that do not exist: "
                 f"{', '.join(missing)}; create every dependency before the tasks that depend "
-                "on it")
+                "on it", tuple(missing))
         return [found[d] for d in task_ids]
 
-    async def link(self, task_id: str, definition: dict[str, Any]) -> None:
+    async def link(self, task_id: str, definition: Mapping[str, Any]) -> None:
         """Before a task with dependencies is stored: a dependents row for every
         dependency (for listDependentTasks, and for a resolution to find it)."""
         await gather_limited(self.dependents.add(d, task_id) for d in definition["dependencies"])

@@ -3,29 +3,33 @@
 
 createTask writes the task's deadline trigger (``triggers``, which also triggers the tip
 repair, ``repair``), its task group's member row (a task whose schedulerId is not its
-group's, or new to a sealed group, is refused with 409: ``groupowner``, ``groups``), the
-dependents rows of its dependencies (``dependencies``) and run 0's tip (``tips``, where
-the Azure queue invariants are written), in as few round trips as what must precede what
-allows:
+group's, or new to a sealed group, is refused with 409 before: ``groupowner``,
+``groups``), the dependents rows of its dependencies (``dependencies``) and run 0's tip
+(``tips``, where the Azure queue invariants are written), in as few round trips as what
+must precede what allows:
 
 * a task that is its own group and names no dependencies (Taskcluster's default): its
   trigger, its tip and the task at once, in one round trip, the tip recorded after the
   answer;
-* a member of a group whose records this process has read (``KnownGroups``): its
-  trigger, member row and tip while the group's records are read, then the task, whose
-  insert records the tip (two round trips); a member of a group it has not read yet
-  reads the records first (three);
-* a task that names dependencies: its trigger, member row and dependents rows while its
-  dependencies are read, then, if what it depends on is resolved, its tip and the task
-  at once (two round trips), else its wait rows and marks (``Dependencies.track``), the
-  task with no tip, and its dependencies read again.
+* a member of a group: the group's records, read; then its trigger, member row and tip;
+  then the task, whose insert records the tip (three round trips). The member row is
+  written only once the records allowed it: a member row of no task could hold back
+  the group's resolution (``outbox``) while it is young;
+* a task that names dependencies: its trigger and dependents rows while it reads its
+  dependencies (and whether it is stored already, and its group's records); then, if
+  what it depends on is resolved, its tip and the task at once (two round trips; a
+  member of a group writes its member row and tip first, three), else its definition
+  trigger, wait rows, marks and member row (``Dependencies.track``), the task with no
+  tip, and its dependencies read again (four).
 
 The rows come before the task, so that a listing of its group or of a dependency's
-dependents misses no stored task. What a check refuses takes back what was written
-while it read (``_take_back_early``): nothing of a refused task works later. A claimWork
+dependents misses no stored task. A definition its reads refuse takes back its trigger,
+and its dependents rows under dependencies that do not exist (those under dependencies
+that exist may be another createTask's of the same taskId; they go with their
+dependency, and listings show only the tasks that are stored and belong). A claimWork
 caller waiting in this process is handed the tip as soon as its put is answered, and
-rewrites it while the task is inserted (``Claims.claim``). A repeated createTask with the
-same definition finishes what a first attempt that failed may have left undone and
+rewrites it while the task is inserted (``Claims.claim``). A repeated createTask with
+the same definition finishes what a first attempt that failed may have left undone and
 answers the same; a different definition is 409, and leaves nothing that works later
 (its deadline trigger is withdrawn, its group row and tip deleted). scheduleTask, and a
 dependency resolved, give an unscheduled task its pending run 0 and its tip
@@ -38,7 +42,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -56,7 +60,7 @@ from azqueue.service.runs.changes import Changes
 from azqueue.service.runs.claims import TIP_WAIT
 from azqueue.service.runs.dependencies import Dependencies, NewTask
 from azqueue.service.runs.triggers import DeadlineTriggers, Trigger
-from azqueue.service.tasks.groupowner import GroupOwners, KnownGroups
+from azqueue.service.tasks.groupowner import GroupOwners
 from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.groups import GroupStore
 from azqueue.storage.queues import Message
@@ -102,13 +106,11 @@ class _Written:
 
 @dataclass(frozen=True, slots=True)
 class _Early:
-    """What createTask wrote while it read what decides whether its task may be stored
-    (``Definitions._write_early``): the deadline trigger (None if it failed), whether it
-    wrote a member row of the task's group, the dependencies it wrote a dependents row
-    for, and run 0's tip as ``_put_tip`` gives it (None if it put none)."""
+    """What createTask wrote before the task (``Definitions._write_early``): the deadline
+    trigger (None if it wrote none), the dependencies it wrote a dependents row for, and
+    run 0's tip as ``_put_tip`` gives it (None if it put none)."""
 
     deadline: Trigger | None
-    member: bool
     linked: tuple[str, ...]
     tip: Message | None
     tip_visible: float
@@ -140,7 +142,6 @@ class Definitions:
     changes: Changes
     outbox: EventOutbox
     workerinfo: WorkerInfo
-    known_groups: KnownGroups = field(default_factory=KnownGroups)
 
     async def setup(self) -> None:
         """Create the tasks and groups tables (idempotent)."""
@@ -157,29 +158,22 @@ class Definitions:
             raise errors.TooLarge(f"the task definition is larger than {MAX_DEFINITION_CHARS} "
                                   "characters as JSON; keep large data in artifacts")
         authorize(definition)
-        group, scheduler = definition["taskGroupId"], definition["schedulerId"]
-        own = group == task_id
+        own = definition["taskGroupId"] == task_id
         if own and not definition["dependencies"]:
             return await self._create_alone(model.new_task(task_id, definition, now),
                                             definition, now)
-        if own or self.known_groups.knows(group, scheduler):
-            # The group's records are read while the task's first rows are written.
-            group_check = self._check_group_open(task_id, definition)
-        else:  # read before anything is written: the first task of its group seen here
-            group_check = _done(await self._check_group_open(task_id, definition))
         if definition["dependencies"]:
-            return await self._create_with_dependencies(task_id, definition, now, group_check)
+            return await self._create_with_dependencies(task_id, definition, now)
+        # A member of a group: its records decide before anything is written.
+        await self._check_group_open(task_id, definition)
         task = model.new_task(task_id, definition, now)
         inserting = self.changes.cache.insert_begins(task)
         stored = None
         try:
-            _, early = await self._write_early(task, definition, now, [group_check],
-                                               tip=True, inserting=inserting)
-
-            async def take_back() -> None:
-                await self._take_back(early.deadline, None if early.handed else early.tip)
-
-            stored, stored_at = await self._insert(task, definition, early.tip, take_back)
+            early = await self._write_early(task, now, trigger=True, member=True, tip=True,
+                                            inserting=inserting)
+            stored, stored_at = await self._insert(task, definition, early.tip,
+                                                   self._taking_back(early))
         finally:
             self.changes.cache.insert_ends(task_id, inserting, stored)
         return await self._answer(task, definition, early.written(stored, stored_at), False)
@@ -202,19 +196,17 @@ class Definitions:
         return await self._answer(task, definition, w, True)
 
     async def _create_with_dependencies(self, task_id: str, definition: dict[str, Any],
-                                        now: datetime, group_check: Awaitable[bool | None]
-                                        ) -> dict[str, Any]:
-        """A task that names dependencies: while they are read (and whether the task is
-        stored already), its deadline trigger, its group's member row and its dependents
-        rows are written; then, if what it depends on is resolved, its tip and the task
-        at once (``_write_at_once``), else what it waits for and the task
+                                        now: datetime) -> dict[str, Any]:
+        """A task that names dependencies: while they are read, with whether the task is
+        stored already and its group's records, its deadline trigger and dependents rows
+        are written (``_checked_with_rows``); then, if what it depends on is resolved, its
+        tip and the task at once (``_write_at_once``; a member of a group: its member row
+        and tip, then the task), else what it waits for and the task
         (``_create_waiting``)."""
         unscheduled = model.new_task(task_id, definition, now, scheduled=False)
-        (found, joined), early = await self._write_early(
-            unscheduled, definition, now, [self._stored_or_new(task_id, definition),
-                                           group_check], tip=False, inserting=None)
-        if isinstance(found, Stored):  # a repeated or refused definition writes nothing
-            await self._take_back_early(task_id, definition, early, found.task)
+        found, joined, early = await self._checked_with_rows(unscheduled, definition, now)
+        if isinstance(found, Stored):  # a repeated or refused definition: what it wrote goes
+            await self._take_back_rows(task_id, early, found.task.dependencies)
             return await self._defined_before(found, definition, None)
         if not early.linked:  # too many to write before they were found to exist
             await self.dependencies.link(task_id, definition)
@@ -226,29 +218,57 @@ class Definitions:
         inserting = self.changes.cache.insert_begins(task)
         stored = None
         try:
-            w = await self._write_at_once(task, definition, now, inserting, early.deadline)
+            if definition["taskGroupId"] == task_id:
+                w = await self._write_at_once(task, definition, now, inserting, early.deadline)
+            else:  # its member row before the task, its tip with it, recorded by the insert
+                member = await self._write_early(task, now, member=True, tip=True,
+                                                 inserting=inserting)
+                early = replace(member, deadline=early.deadline)
+                stored, stored_at = await self._insert(task, definition, early.tip,
+                                                       self._taking_back(early))
+                w = early.written(stored, stored_at)
             stored = w.stored
         finally:
             self.changes.cache.insert_ends(task_id, inserting, stored)
-        return await self._answer(task, definition, w, True)
+        return await self._answer(task, definition, w, definition["taskGroupId"] == task_id)
+
+    async def _checked_with_rows(self, task: Task, definition: dict[str, Any], now: datetime
+                                 ) -> tuple[Stored | NewTask, bool | None, _Early]:
+        """Whether the task is stored already, what it waits for (``_stored_or_new``) and
+        its group's records (``_check_group_open``), read while its deadline trigger and
+        dependents rows are written (``_write_early``). A refusal takes back the trigger,
+        and the rows under dependencies that do not exist: rows under those that do may be
+        another createTask's of the same taskId, and go with their dependency."""
+        got = await asyncio.gather(
+            self._stored_or_new(task.task_id, definition),
+            self._check_group_open(task.task_id, definition),
+            self._write_early(task, now, trigger=True, link=True), return_exceptions=True)
+        found, joined, early = got
+        failed = next((g for g in got if isinstance(g, BaseException)), None)
+        if failed is None:
+            assert isinstance(found, (Stored, NewTask)) and isinstance(early, _Early)
+            return found, joined if isinstance(joined, bool) else None, early
+        if isinstance(early, _Early):
+            await self._take_back(early.deadline, None)
+            if isinstance(found, errors.MissingDependencies):
+                await self._take_back_rows(task.task_id, replace(early, linked=tuple(
+                    d for d in early.linked if d in found.missing)), ())
+        raise failed
 
     async def _create_waiting(self, task: Task, definition: dict[str, Any], new: NewTask,
                               early: _Early) -> dict[str, Any]:
-        """A task that waits for dependencies: its definition trigger, wait rows and marks
-        on what it waits for (``Dependencies.track``), then the task with no tip, then
-        its dependencies read again (``Dependencies.recheck``)."""
-        defining, tracked = await asyncio.gather(
+        """A task that waits for dependencies: its definition trigger, wait rows, marks on
+        what it waits for (``Dependencies.track``) and member row, then the task with no
+        tip, then its dependencies read again (``Dependencies.recheck``)."""
+        defining, tracked, joined = await asyncio.gather(
             self.dependencies.begin_definition(task.task_id),
-            self.dependencies.track(task.task_id, definition, new), return_exceptions=True)
-        for got in (defining, tracked):
+            self.dependencies.track(task.task_id, definition, new), self._add_to_group(task),
+            return_exceptions=True)
+        for got in (defining, tracked, joined):
             if isinstance(got, BaseException):
                 raise got
         assert isinstance(defining, Message)
-
-        async def take_back() -> None:
-            await self._take_back(early.deadline, None)
-
-        stored, stored_at = await self._insert(task, definition, None, take_back)
+        stored, stored_at = await self._insert(task, definition, None, self._taking_back(early))
         if stored is None:
             return await self._answer(task, definition, early.written(None, stored_at), False)
         passed = await self.dependencies.recheck(task)
@@ -281,59 +301,54 @@ class Definitions:
             self._queue_soon(stored, 0)
         return task.status()
 
-    async def _write_early(self, task: Task, definition: dict[str, Any], now: datetime,
-                           checks: list[Awaitable[Any]], tip: bool,
-                           inserting: asyncio.Future[Stored | None] | None
-                           ) -> tuple[list[Any], _Early]:
-        """While ``checks`` run (reads that decide whether the task may be stored), what
-        must be stored before the task, all at once: its deadline trigger (if we died
-        after the insert without it, nothing would ever resolve the task; without the
-        task, the resolver drops it), its group's member row, its dependents rows (for
-        listDependentTasks; up to ``EARLY_ROWS`` of them) and, with ``tip``, run 0's tip, whose record the insert then
-        writes (``_put_tip``: offered to a claimWork caller here as soon as it is put).
-        What a check refuses, or a write that fails, takes back what was written
-        (``_take_back_early``) and raises. The checks' results, and what was written."""
-        d = definition
-        member = d["taskGroupId"] != task.task_id
-        linked = tuple(d["dependencies"]) if len(d["dependencies"]) <= EARLY_ROWS else ()
+    async def _write_early(self, task: Task, now: datetime, trigger: bool = False,
+                           member: bool = False, link: bool = False, tip: bool = False,
+                           inserting: asyncio.Future[Stored | None] | None = None) -> _Early:
+        """What must be stored before the task, all at once: its deadline trigger (if we
+        died after the insert without it, nothing would ever resolve the task; without
+        the task, the resolver drops it), its group's member row (once its group's records
+        allowed it), its dependents rows (for listDependentTasks; up to ``EARLY_ROWS`` of
+        them, written while the dependencies are read) and run 0's tip, whose record the
+        insert then writes (``_put_tip``: offered to a claimWork caller here as soon as it
+        is put). What fails takes back the trigger and tip and raises; the rows are left,
+        as listings show only the tasks that are stored and belong."""
+        d = task.definition
+        linked = tuple(d["dependencies"]) if link and len(d["dependencies"]) <= EARLY_ROWS \
+            else ()
         got = await asyncio.gather(
-            *checks, self.triggers.add(task.task_id, task.deadline, now + self.repair_delay),
-            self._add_to_group(task),
-            self.dependencies.link(task.task_id, d) if linked else self._no_tip(),
+            self.triggers.add(task.task_id, task.deadline, now + self.repair_delay)
+            if trigger else self._nothing(),
+            self._add_to_group(task) if member else self._nothing(),
+            self.dependencies.link(task.task_id, d) if linked else self._nothing(),
             self._put_tip(task, inserting) if tip else self._no_tip_put(),
             return_exceptions=True)
-        results, (deadline, _, _, put) = got[:len(checks)], got[len(checks):]
+        deadline, put = got[0], got[3]
         tip_put = put if isinstance(put, tuple) else (None, 0.0, False)
-        early = _Early(deadline if isinstance(deadline, Trigger) else None, member, linked,
-                       *tip_put)
+        early = _Early(deadline if isinstance(deadline, Trigger) else None, linked, *tip_put)
         failed = next((g for g in got if isinstance(g, BaseException)), None)
         if failed is not None:
-            if isinstance(failed, errors.Conflict):
-                self.known_groups.forget(d["taskGroupId"])
-            await self._take_back_early(task.task_id, definition, early, None)
+            try:
+                await self._take_back(early.deadline, None if early.handed else early.tip)
+            except (errors.QueueError, errors.StorageError) as e:
+                log.warning("task %s: could not take back its deadline trigger or tip (%s)",
+                            task.task_id, e)
             raise failed
-        return results, early
+        return early
 
-    async def _take_back_early(self, task_id: str, definition: dict[str, Any], early: _Early,
-                               stored: Task | None) -> None:
-        """What ``_write_early`` wrote for a task that is not stored (as defined): its
-        deadline trigger and tip (unless a claimWork caller here took the tip: it decides
-        on the stored task, as for any tip handed over), and the member and dependents
-        rows that the task stored under that id (``stored``, else read now) does not
-        have. A row left when that fails is harmless: listings show only the tasks that
-        are stored and belong."""
-        try:
+    def _taking_back(self, early: _Early) -> Callable[[], Awaitable[None]]:
+        """What a task its group refuses at its insert takes back (``_store``)."""
+        async def take_back() -> None:
             await self._take_back(early.deadline, None if early.handed else early.tip)
-            if not early.member and not early.linked:
-                return
-            if stored is None:
-                stored = await self.tasks.find(task_id)
-            group = definition["taskGroupId"]
-            if early.member and (stored is None or stored.definition["taskGroupId"] != group):
-                await self.groups.drop(group, task_id)
-            await gather_limited(
-                self.dependencies.dependents.remove(d, task_id) for d in early.linked
-                if stored is None or d not in stored.dependencies)
+        return take_back
+
+    async def _take_back_rows(self, task_id: str, early: _Early,
+                              kept: tuple[str, ...] | frozenset[str]) -> None:
+        """A refused definition's deadline trigger, and the dependents rows it wrote for
+        dependencies that ``kept`` (the stored task's) does not name."""
+        try:
+            await self._take_back(early.deadline, None)
+            await gather_limited(self.dependencies.dependents.remove(d, task_id)
+                                 for d in early.linked if d not in kept)
         except (errors.QueueError, errors.StorageError) as e:
             log.warning("task %s: could not take back all that a refused createTask wrote "
                         "(%s)", task_id, e)
@@ -702,8 +717,6 @@ class Definitions:
             if first and stored:
                 await self._own_task_decides(group, scheduler)
             await self.groups.note_members(group)
-        if not own:
-            self.known_groups.learn(group, scheduler)
         return joined if own else None
 
     async def _own_task_decides(self, group: str, scheduler: str) -> None:
@@ -722,5 +735,5 @@ class Definitions:
             f"{scheduler!r}: all tasks of a task group must have the same schedulerId; create "
             f"the task with schedulerId {actual!r} or in another taskGroupId")
 
-    async def _no_tip(self) -> None:
+    async def _nothing(self) -> None:
         return None

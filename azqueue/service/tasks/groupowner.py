@@ -12,8 +12,6 @@ tasks the first time it is read, and then marked verified.
 from __future__ import annotations
 
 import asyncio
-import time
-from collections import OrderedDict
 from dataclasses import dataclass
 
 from azqueue import errors
@@ -23,9 +21,6 @@ from azqueue.storage.tasks import TaskStore
 
 # Reads of a group's schedulerId record that may find it changed before one gives up.
 MAX_GROUP_OWNER_ATTEMPTS = 5
-# How many task groups ``KnownGroups`` remembers, and for how long (seconds).
-MAX_KNOWN_GROUPS = 10_000
-KNOWN_FOR = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,32 +67,3 @@ class GroupOwners:
         raise errors.StorageError(f"the record of task group {task_group_id} kept changing "
                                   "while it was read; try again")
 
-
-class KnownGroups:
-    """The task groups this process has found recorded as belonging to a schedulerId, with
-    a member noted (``Definitions._check_group_open``), as far as it remembers
-    (``MAX_KNOWN_GROUPS``, each for ``KNOWN_FOR``).
-
-    A member of such a group, of that schedulerId, has nothing to note before its member
-    row is written, so createTask writes the row while it reads the group's records (to
-    refuse it if the group is sealed meanwhile) rather than after. Both facts hold until
-    the group's records expire with its last task; a group whose records a check found
-    otherwise since is forgotten."""
-
-    def __init__(self) -> None:
-        self._known: OrderedDict[str, tuple[str, float]] = OrderedDict()
-
-    def knows(self, task_group_id: str, scheduler_id: str) -> bool:
-        known = self._known.get(task_group_id)
-        if known is None or known[1] < time.monotonic():
-            return False
-        return known[0] == scheduler_id
-
-    def learn(self, task_group_id: str, scheduler_id: str) -> None:
-        self._known[task_group_id] = (scheduler_id, time.monotonic() + KNOWN_FOR)
-        self._known.move_to_end(task_group_id)
-        while len(self._known) > MAX_KNOWN_GROUPS:
-            self._known.popitem(last=False)
-
-    def forget(self, task_group_id: str) -> None:
-        self._known.pop(task_group_id, None)
