@@ -249,10 +249,9 @@ class Definitions:
             assert isinstance(found, (Stored, NewTask)) and isinstance(early, _Early)
             return found, joined if isinstance(joined, bool) else None, early
         if isinstance(early, _Early):
-            await self._take_back(early.deadline, None)
-            if isinstance(found, errors.MissingDependencies):
-                await self._take_back_rows(task.task_id, replace(early, linked=tuple(
-                    d for d in early.linked if d in found.missing)), ())
+            missing = found.missing if isinstance(found, errors.MissingDependencies) else ()
+            await self._take_back_rows(task.task_id, early, tuple(
+                d for d in early.linked if d not in missing))
         raise failed
 
     async def _create_waiting(self, task: Task, definition: dict[str, Any], new: NewTask,
@@ -328,7 +327,7 @@ class Definitions:
         failed = next((g for g in got if isinstance(g, BaseException)), None)
         if failed is not None:
             try:
-                await self._take_back(early.deadline, None if early.handed else early.tip)
+                await self._taking_back(early)()
             except (errors.QueueError, errors.StorageError) as e:
                 log.warning("task %s: could not take back its deadline trigger or tip (%s)",
                             task.task_id, e)

@@ -66,4 +66,3 @@ class GroupOwners:
             owner = await self.groups.owner(task_group_id)  # changed meanwhile
         raise errors.StorageError(f"the record of task group {task_group_id} kept changing "
                                   "while it was read; try again")
-
