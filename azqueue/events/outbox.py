@@ -37,11 +37,18 @@ _NOT_NOW: tuple[type[Exception], ...] = (*errors.TRANSIENT, TimeoutError)
 CLOSE_WAIT = 5.0
 # Clocks of one process may step back a little: a lease covers this much before it says.
 CLOCK_MARGIN_NS = 5_000_000_000
+# A group check held back by young member rows of no task looks again this long after
+# they are ``ORPHAN_AGE`` old (``Outbox._look_again``).
+LOOK_AGAIN_MARGIN = timedelta(seconds=10)
 
 
 def _after(since_ns: int) -> str:
     """The lowest outbox RowKey written at or after ``since_ns``."""
     return f"{OUTBOX}{max(since_ns, 0):020d}"
+
+
+# Past every outbox RowKey (their times have 20 digits).
+_NOTHING_AFTER = f"{OUTBOX}~"
 
 
 def _may_have_written(e: BaseException) -> bool:
@@ -408,25 +415,40 @@ class Outbox:
                 events.task_group_resolved(task_group_id, scheduler_id, expires))
             return
         await self.groups.resolve(task_group_id, task_id)
+        await self._announce_if_resolved(task_id, task_group_id, scheduler_id, expires)
+
+    async def _announce_if_resolved(self, task_id: str, task_group_id: str,
+                                    scheduler_id: str, expires: str) -> None:
+        """Publish task-group-resolved if no member of the group is unresolved, after the
+        resolution of ``task_id`` (whose ``expires`` it was). A member row whose task is
+        not stored, written less than ``ORPHAN_AGE`` ago, may be a createTask under way:
+        it holds the announcement back, and if nothing else does, the group is looked at
+        again once that row is old enough to be dropped (``_look_again``): its createTask
+        may have died, and no resolution would come to announce the group."""
         now = timeutil.utcnow()
+        young: timedelta | None = None  # how long until the youngest such row is old
         for member, written in await self.groups.unresolved(task_group_id):
             try:
                 task = await self.tasks.get(member)
             except errors.NotFound:
                 if now - written > ORPHAN_AGE:
                     await self.groups.drop(task_group_id, member)
-                    continue
-                return  # about to be written
+                else:
+                    young = max(young or timedelta(0), ORPHAN_AGE - (now - written))
+                continue
             if task.definition["taskGroupId"] != task_group_id:
                 # Left by a createTask refused as a conflicting redefinition.
                 await self.groups.drop(task_group_id, member)
                 continue
-            return  # a member is still unresolved
+            return  # a member is still unresolved: its resolution checks again
         # The group's own task (taskGroupId = its taskId) has no member row until it is
         # resolved.
         own = await self.tasks.find(task_group_id)
         if own is not None and own.definition["taskGroupId"] == task_group_id and \
                 not own.state.resolved:
+            return
+        if young is not None:
+            await self._look_again(task_id, task_group_id, scheduler_id, expires, young)
             return
         announce, latest = await self.groups.claim_announcement(task_group_id, task_id)
         if announce:
@@ -436,6 +458,17 @@ class Outbox:
             group_expires = max(candidates, key=timeutil.parse) if candidates else expires
             await self.publisher.publish(
                 events.task_group_resolved(task_group_id, scheduler_id, group_expires))
+
+    async def _look_again(self, task_id: str, task_group_id: str, scheduler_id: str,
+                          expires: str, young: timedelta) -> None:
+        """Leave a trigger that has the group checked again (``_announce_if_resolved``)
+        by any replica's recovery, ``LOOK_AGAIN_MARGIN`` after its young member rows are
+        ``ORPHAN_AGE`` old. Its ``after`` is past every outbox row: a replica of an
+        earlier release, which knows no ``look``, finds nothing to publish and drops it."""
+        text = encode_json({"taskId": task_id, "after": _NOTHING_AFTER, "look": {
+            "taskGroupId": task_group_id, "schedulerId": scheduler_id, "expires": expires}})
+        await self.queues.put(self.trigger_queue, text, visible_in=young + LOOK_AGAIN_MARGIN,
+                              forever=True)
 
     async def recover(self) -> int:
         """Handle the leases of processes that died and the changes handed over that
@@ -464,11 +497,16 @@ class Outbox:
                 data = decode_json(trigger.text)
                 task_id = str(data["taskId"])
                 after = str(data.get("after") or OUTBOX)
-            except (ValueError, KeyError):
+                look = data.get("look")
+                group = None if look is None else (
+                    str(look["taskGroupId"]), str(look["schedulerId"]), str(look["expires"]))
+            except (ValueError, KeyError, TypeError):
                 await self.queues.drop(trigger.queue_name, trigger.message_id,
                                        trigger.pop_receipt)
                 continue
             try:
+                if group is not None:
+                    await self._announce_if_resolved(task_id, *group)
                 sent = await self.deliver(task_id, after)
             except errors.TRANSIENT as e:
                 log.warning("events of task %s still not published (%s: %s); retrying in %ss",

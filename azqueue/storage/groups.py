@@ -6,7 +6,8 @@ resolved: listings and group checks read that task itself. Any other member is a
 before its task is written and (with events on) marked resolved when the task's final
 resolution is published,
 so "no member unresolved" means the group is resolved. A member whose task never got
-written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``.
+written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``;
+a group check it held back looks again then (``events.outbox``).
 
 The row ``~announced`` (``~`` is not a taskId character) says which set of members was
 last announced resolved, and by which task's resolution: resolutions racing to announce

@@ -11,12 +11,13 @@ import pytest
 from azure.data.tables import UpdateMode
 
 from azqueue.config import StorageSettings
+from azqueue.events import outbox
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, slugid
 from tests.events.consumers import Consumer, ConsumerFactory, Received
-from tests.servers import ServerFactory
+from tests.servers import Server, ServerFactory
 from tests.waiting import eventually, stays
 
 
@@ -419,3 +420,62 @@ async def test_a_task_a_sealed_group_refuses_while_its_last_task_resolves_does_n
         groups.records = records  # type: ignore[method-assign]
     with pytest.raises(AssertionError, match="409"):
         await refused
+
+
+async def _a_group_resolving_past_a_row_of_no_task(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory, monkeypatch: pytest.MonkeyPatch,
+        ) -> tuple[Server, Consumer, str, str]:
+    """A group whose one task completes while a member row of no task is young (the row a
+    createTask writes before its task): the server, a consumer of the group's
+    announcements, the group and the row's taskId. Rows are old after 2 s here."""
+    monkeypatch.setattr(outbox, "ORPHAN_AGE", timedelta(seconds=2))
+    monkeypatch.setattr(outbox, "LOOK_AGAIN_MARGIN", timedelta(seconds=0.5))
+    group = slugid()
+    consumer = await consume(f"primary.{group}.#", exchanges=("task-group-resolved",))
+    server = await make_server(amqp_url=amqp_url, events_resolver_interval=0.3)
+    last = await create(http, server.api, definition("prov/row", taskGroupId=group))
+    row = slugid()
+    await server.services.definitions.groups.add(group, row,
+                                                 await _expires(http, server.api, last), "-")
+    await _claim(http, server.api, last)
+    code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
+    assert code == 200
+    return server, consumer, group, row
+
+
+async def test_a_group_held_back_by_the_row_of_a_create_task_that_died_is_announced_later(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory, storage: StorageInspector,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A createTask writes its member row, then dies before its task is stored, as the
+    group's last task resolves: while that row is young it may be a createTask under way
+    and holds task-group-resolved back; once it is old enough to be dropped the group is
+    looked at again, the row dropped and the group announced, once."""
+    _, consumer, group, died = await _a_group_resolving_past_a_row_of_no_task(
+        make_server, http, amqp_url, consume, monkeypatch)
+    await consumer.wait_for(lambda m: len(m) >= 1, timeout=30)
+    assert consumer.messages[0].body["taskGroupId"] == group
+    assert died not in await storage.row_keys("groups", group)
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.5,
+                what="the group announced once")
+
+
+async def test_a_group_held_back_by_a_create_task_under_way_waits_for_its_task(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same, but the createTask stores its task a moment later: the second look finds
+    it pending and announces nothing; the group is announced when that task resolves."""
+    server, consumer, group, late = await _a_group_resolving_past_a_row_of_no_task(
+        make_server, http, amqp_url, consume, monkeypatch)
+    await create(http, server.api, definition("prov/row", taskGroupId=group), late)
+    await eventually(server.services.outbox.pending, lambda n: n == 1,
+                     what="a second look at the group due")
+    await eventually(server.services.outbox.pending, lambda n: n == 0,
+                     what="the group looked at again")
+    await stays(lambda: consumer.messages, lambda m: m == [], for_=1.0,
+                what="no announcement while a member is pending")
+    await _claim(http, server.api, late)
+    code, _ = await sas.post(http, f"{server.api}/task/{late}/runs/0/completed")
+    assert code == 200
+    await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
