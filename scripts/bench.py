@@ -865,7 +865,8 @@ async def phase_latency(b: Bench) -> None:
 
 # The calls of the per-call table, in its order.
 CALLS = ("createTask", "createTask, dependencies resolved", "createTask, existing group",
-         "createTask, waiting for a dependency", "created -> waiting claimWork has it",
+         "createTask, waiting for a dependency", "createTask, as taskgraph's",
+         "created -> waiting claimWork has it",
          "claimTask", "reclaimTask", "reportCompleted", "pollTaskUrls")
 # Those the goals name: the createTasks held to one round trip, the hand-over, and the
 # calls held to one round trip each unless a second must be in line (``SECOND_TRIP``).
@@ -943,7 +944,8 @@ async def rtt_lifecycles(b: Bench, http: aiohttp.ClientSession, api: str, t: Tim
 
 async def rtt_variants(b: Bench, http: aiohttp.ClientSession, api: str, t: Timings) -> None:
     """createTask with a dependency already resolved, into a group that has tasks, and
-    waiting for a dependency that is pending."""
+    waiting for a dependency that is pending; and as a taskgraph decision task creates its
+    tasks: members of its group (the decision task's) that wait for it, pending."""
     queue = f"bench/rtt{b.proxy.delay * 2000:g}-variants"
     resolved = await create_task(http, api, queue)
     claimed = await call(http, "POST", f"{api}/claim-work/{queue.replace('/', '%2F')}",
@@ -962,6 +964,9 @@ async def rtt_variants(b: Bench, http: aiohttp.ClientSession, api: str, t: Timin
             await tasks.create(http, api, {**benchlib.definition(queue), "taskGroupId": group})
         with Timed(b, record, "createTask, waiting for a dependency"):
             await tasks.create(http, api, {**benchlib.definition(queue),
+                                           "dependencies": [pending]})
+        with Timed(b, record, "createTask, as taskgraph's"):
+            await tasks.create(http, api, {**benchlib.definition(queue), "taskGroupId": pending,
                                            "dependencies": [pending]})
 
 
