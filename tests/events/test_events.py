@@ -428,8 +428,8 @@ async def _a_group_resolving_past_a_row_of_no_task(
         ) -> tuple[Server, Consumer, str, str]:
     """A group whose one task completes while a member row of no task is young (the row a
     createTask writes before its task): the server, a consumer of the group's
-    announcements, the group and the row's taskId. Rows are old after 2 s here."""
-    monkeypatch.setattr(outbox, "ORPHAN_AGE", timedelta(seconds=2))
+    announcements, the group and the row's taskId. Rows are old after 4 s here."""
+    monkeypatch.setattr(outbox, "ORPHAN_AGE", timedelta(seconds=4))
     monkeypatch.setattr(outbox, "LOOK_AGAIN_MARGIN", timedelta(seconds=0.5))
     group = slugid()
     consumer = await consume(f"primary.{group}.#", exchanges=("task-group-resolved",))
@@ -468,9 +468,9 @@ async def test_a_group_held_back_by_a_create_task_under_way_waits_for_its_task(
     it pending and announces nothing; the group is announced when that task resolves."""
     server, consumer, group, late = await _a_group_resolving_past_a_row_of_no_task(
         make_server, http, amqp_url, consume, monkeypatch)
-    await create(http, server.api, definition("prov/row", taskGroupId=group), late)
     await eventually(server.services.outbox.pending, lambda n: n == 1,
                      what="a second look at the group due")
+    await create(http, server.api, definition("prov/row", taskGroupId=group), late)
     await eventually(server.services.outbox.pending, lambda n: n == 0,
                      what="the group looked at again")
     await stays(lambda: consumer.messages, lambda m: m == [], for_=1.0,
@@ -479,3 +479,6 @@ async def test_a_group_held_back_by_a_create_task_under_way_waits_for_its_task(
     code, _ = await sas.post(http, f"{server.api}/task/{late}/runs/0/completed")
     assert code == 200
     await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
+    assert consumer.messages[0].body["taskGroupId"] == group
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
+                what="the group announced once")
