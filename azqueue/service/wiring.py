@@ -381,7 +381,8 @@ def definitions(settings: Settings, tasks: TaskStore,
     return Definitions(
         tasks=tasks, groups=group_store, owners=owners, triggers=triggers,
         repair_delay=_repair_delay(settings), dependencies=dependencies, tips=tips,
-        changes=changes, outbox=outbox, workerinfo=workerinfo)
+        changes=changes, outbox=outbox, workerinfo=workerinfo,
+        claim_timeout=_claim_timeout(settings))
 
 
 @component(stop=Dependencies.close)

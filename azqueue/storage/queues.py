@@ -305,9 +305,10 @@ class PendingQueues:
                 for p in missing))
         return names[priority.rank]
 
-    async def put(self, task_queue_id: str, priority: Priority, text: str) -> Message:
-        """Put ``text`` in the task queue's queue at ``priority``, made first if this
-        process does not know it exists. A queue deleted since this process made it or
+    async def put(self, task_queue_id: str, priority: Priority, text: str,
+                  visible_in: timedelta = timedelta(0)) -> Message:
+        """Put ``text`` in the task queue's queue at ``priority`` (hidden for
+        ``visible_in``), made first if this process does not know it exists. A queue deleted since this process made it or
         learned it exists (an idle task queue's, by any replica: ``service.upkeep.idlequeues``)
         answers 404: it is made again and the put tried again. One deleted moments ago
         cannot be made yet (409 ``QueueBeingDeleted``): tried again, pausing, for up to
@@ -321,7 +322,7 @@ class PendingQueues:
             name = self.name(task_queue_id, priority)
             try:
                 await self.ensure(task_queue_id, priority)
-                return await self.queues.put(name, text)
+                return await self.queues.put(name, text, visible_in)
             except EntityNotFound:
                 self.queues.forget(name)
                 if not found_deleted:  # made again and tried again at once, the first time

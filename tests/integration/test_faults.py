@@ -440,22 +440,21 @@ async def _created_while_handed(
         http: aiohttp.ClientSession, server: Server, proxy: FaultProxy,
         storage: StorageInspector, task_queue_id: str, task_id: str
         ) -> AsyncIterator[asyncio.Task[tuple[int, dict[str, Any]]]]:
-    """createTask of ``task_id``, held while a waiting caller rewrites the tip it was
-    handed: the task's insert is held back by storage until the caller's rewrite reached
-    it. The body runs then, the insert not yet made; both are let through after it.
-    Yields the createTask under way."""
-    pending = storage.pending_queue(task_queue_id)
+    """createTask of ``task_id``, held while a waiting caller claims the tip it was
+    handed (put already as the claim holds it: no rewrite): the task's insert is held
+    back by storage until the caller waits for it. The body runs then, the insert not yet
+    made; it is let through after it. Yields the createTask under way."""
     insert = proxy.hold("POST", "/$batch")
-    rewrite = proxy.hold("PUT", f"/{pending}/messages/")
+    entry = server.services.work.waiting.entry(task_queue_id)
     creating = asyncio.create_task(_put_task(http, server, task_id,
                                              definition(task_queue_id)))
     try:
-        await asyncio.wait_for(rewrite.reached.wait(), 30)
+        await eventually(lambda: any(w.busy for w in entry.waiters), interval=0.02,
+                         what="the caller claiming the tip it was handed")
         assert insert.reached.is_set() and not creating.done()
         yield creating
     finally:
         insert.release()
-        rewrite.release()
 
 
 @pytest.mark.parametrize("taken", ["free", "by another definition"])
@@ -463,12 +462,11 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
         http: aiohttp.ClientSession, storage: StorageInspector, taken: str) -> None:
     """On the replica that creates a task, a claimWork caller waiting for its task queue
-    is handed the tip as soon as its put is answered and rewrites it before the task is
-    stored (here the task's insert is held back by storage); the claim is written once
-    the insert is. Meanwhile the task is not there
+    is handed the tip as soon as its put is answered (put already as its claim holds it)
+    before the task is stored (here the task's insert is held back by storage); the
+    claim is written once the insert is. Meanwhile the task is not there
     for readers (404: createTask has not answered). If the insert stores nothing because
-    the taskId belongs to another task (createTask answers 409), the rewritten tip is
-    deleted, the caller gets no task, and the other task is untouched."""
+    the taskId belongs to another task (createTask answers 409), the tip is deleted, the caller gets no task, and the other task is untouched."""
     server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=3.0)
     task_queue_id, task_id = "prov/handearly", slugid()
     if taken != "free":
@@ -526,12 +524,45 @@ async def test_a_create_task_refused_for_another_task_queue_leaves_that_tasks_ti
     assert (await status(http, server.api, task_id))["runs"][0]["state"] == "running"
 
 
+async def test_a_tip_put_for_a_caller_that_went_away_meanwhile_is_given_to_everyone(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """createTask finds a claimWork caller waiting on its replica and puts the tip as the
+    caller's claim will hold it (hidden); the caller hangs up before the put is answered.
+    The tip is then made the run's, visible, before createTask answers: a SAS worker
+    polls it and claims run 0 (the tip repair is ten minutes away)."""
+    server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=20.0,
+                                  tip_repair_delay=600.0)
+    task_queue_id = "prov/hungup"
+    waiting = await _caller_waiting(http, server, task_queue_id)
+    entry = server.services.work.waiting.entry(task_queue_id)
+    put = proxy.hold("POST", f"/{storage.pending_queue(task_queue_id)}/messages")
+    task_id = slugid()
+    creating = asyncio.create_task(_put_task(http, server, task_id, definition(task_queue_id)))
+    try:
+        await asyncio.wait_for(put.reached.wait(), 30)
+        assert entry.reserved == 1
+        waiting.cancel()
+        await eventually(lambda: not any(w.connected() for w in entry.waiters), interval=0.02,
+                         what="the caller gone")
+    finally:
+        put.release()
+    code, created = await creating
+    assert code == 200, created
+    assert entry.reserved == 0
+    urls = await sas.poll_task_urls(http, server.api, "prov", "hungup")
+    [message] = await sas.get_messages(http, urls["queues"][6]["signedPollUrl"])
+    code, claim = await sas.claim(http, server.api, message)
+    assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0, claim
+
+
 @pytest.mark.parametrize("failing", ["the claim's write", "the read after a lost insert"])
 async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim_fails(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
         http: aiohttp.ClientSession, storage: StorageInspector, failing: str) -> None:
     """A claimWork caller waiting on the replica that creates a task is handed its tip as
-    soon as it is put, and rewrites it while the task is inserted. If storage then fails
+    soon as it is put (put already as its claim holds it), while the task is inserted.
+    If storage then fails
     the claim (its write is refused; or the insert was applied, its answer lost, and the
     reads that would tell are refused: createTask answers 500), the run is not left
     pending with its only tip hidden until the claim would have ended: the tip is given

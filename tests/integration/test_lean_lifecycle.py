@@ -295,6 +295,45 @@ async def test_create_task_of_a_group_of_one_waits_for_one_storage_round_trip(
     assert (await status(http, server.api, task_id))["state"] == "pending"
 
 
+async def test_a_claim_work_caller_waiting_on_the_creating_replica_has_its_task_in_two_round_trips(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        storage: StorageInspector, http: aiohttp.ClientSession) -> None:
+    """A claimWork caller waits on the replica that creates a task of its task queue: the
+    tip is put already as the caller's claim holds it (hidden, saying run 1), with the
+    trigger and the insert, and the claim is written next (docs/capacity.md). Two round
+    trips from createTask sent to the caller answered, none a rewrite; the task is
+    running with the message it was put in, and nobody else could poll that message."""
+    server = await make_server(
+        storage=StorageSettings(proxy.connection_string(), storage_prefix),
+        run_resolvers=False, doorbell_interval=3600.0, claim_work_poll_interval=60.0)
+    queue = "prov/handed"
+
+    async def handed() -> tuple[str, list[dict[str, Any]]]:
+        waiting = asyncio.create_task(claim_work(http, server, queue))
+        await callers_waiting(server, queue)
+        entry = server.services.work.waiting.entry(queue)
+        await eventually(lambda: not entry.dirty, interval=0.05,
+                         what="the caller's poller done with its first look at the queues")
+        return await create(http, server.api, definition(queue)), await waiting
+
+    await handed()  # the queues, the connections, the worker's quarantine look (10 s)
+    proxy.delay, proxy.trips = 0.25, []
+    try:
+        since = time.monotonic()
+        task_id, claims = await handed()
+        until = time.monotonic()
+        chain = round_trips(proxy.trips, since, until, ("server",))
+    finally:
+        proxy.delay, proxy.trips = 0.0, None
+    assert [c["status"]["taskId"] for c in claims] == [task_id]
+    kinds = [t.hit.kind for t in chain]
+    assert len(chain) == 2 and kinds[1] == "PUT entity", kinds
+    stored = await storage.stored(task_id)
+    assert stored.task.runs[0].state.value == "running" and stored.held is not None
+    urls = await sas.poll_task_urls(http, server.api, "prov", "handed")
+    assert await sas.get_messages(http, urls["queues"][6]["signedPollUrl"]) == []
+
+
 async def test_a_sas_claim_on_the_replica_that_created_the_task_costs_two_requests(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
         storage: StorageInspector, http: aiohttp.ClientSession) -> None:

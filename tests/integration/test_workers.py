@@ -19,7 +19,7 @@ from azqueue.testing.storage import StorageInspector
 from azqueue.testing.tasks import create, definition, iso, status
 from azqueue.worker.client import Credentials
 from azqueue.worker.sas import SasSource
-from tests.integration.test_claim_work import claim_work
+from tests.integration.test_claim_work import callers_waiting, claim_work
 from tests.servers import ROOT, Server, ServerFactory
 from tests.waiting import eventually
 
@@ -80,6 +80,44 @@ async def test_a_quarantined_worker_gets_no_work_from_claim_work_until_quarantin
     claimed = await eventually(lambda: claim_work(http, server, tq, worker_id="w1"),
                                what="w1 claims once its quarantine has passed")
     assert [c["status"]["taskId"] for c in claimed] == [second]
+
+
+async def test_a_task_created_while_a_quarantined_worker_waits_goes_to_others_at_once(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """A quarantined worker waits in claimWork on the replica where a task of its queue is
+    created: the tip, put hidden as that caller's claim would hold it, is not claimed by
+    it and is given back as run 0's, visible at once, and a SAS worker following the
+    worker rules claims the task within seconds (the tip repair is ten minutes away).
+    The tip given back was never recorded (a tip a caller here takes needs no record):
+    its first claim may be refused, which queues the run a recorded tip at once."""
+    server = await make_server(claim_work_wait=3.0, claim_work_poll_interval=60.0,
+                               tip_repair_delay=600.0)
+    tq = "prov/quarantine-wait"
+    await _declare(http, server, tq, "w1")
+    await _quarantine(http, server, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
+    waiting = asyncio.create_task(claim_work(http, server, tq, worker_id="w1"))
+    await callers_waiting(server, tq)
+    task_id = await create(http, server.api, definition(tq))
+
+    urls = await sas.poll_task_urls(http, server.api, "prov", "quarantine-wait")
+    queue = urls["queues"][6]
+
+    seen: list[dict[str, Any]] = []
+
+    async def claimed() -> dict[str, Any] | None:
+        for message in await sas.get_messages(http, queue["signedPollUrl"]):
+            seen.append(message.tip)
+            code, claim = await sas.claim(http, server.api, message, worker_id="w2")
+            if code == 200:
+                return claim
+            assert 400 <= code < 500, claim
+            await sas.delete_message(http, queue["signedDeleteUrl"], message)
+        return None
+
+    claim = await eventually(claimed, what="a SAS worker claims the task")
+    assert claim["status"]["taskId"] == task_id and claim["runId"] == 0, claim
+    assert [(t["taskId"], t["runId"]) for t in seen] == [(task_id, 0)] * len(seen), seen
+    assert await waiting == []
 
 
 async def test_a_quarantined_workers_sas_claim_is_403_and_its_tip_goes_to_others_at_once(

@@ -29,14 +29,21 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   repeat puts them (the deadline trigger, once stored, also repairs a missing tip). A
   task stored later than half ``TIP_WAIT`` after its tip gets another tip. A repeated
   createTask of a pending run 0 adds a tip again.
-  A claimWork caller waiting in the creating process is handed run 0's tip as soon as
-  its put is answered and rewrites it (below) while the task is inserted, writing its
-  claim only once the insert stored the task: a process that dies in between leaves a
-  pending run whose only tip says ``r + 1``, invisible until ``takenUntil``, as a claim
-  that dies between its rewrite and its write does, and the tip repair gives the run a
-  fresh tip (its live tip's receipt no longer holds). A claim there that storage fails
-  gives the tip back at once (before its write, as put; after, once a fresh read shows
-  the run unclaimed), as a claim whose write fails does.
+  A claimWork caller waiting in the creating process with room for a task has run 0's
+  tip put already as its claim holds it (``Prewritten``: saying ``r + 1``, invisible
+  for the claim's time, its room held meanwhile, ``Waiting.reserve``) and is handed it
+  as soon as its put is answered, while the task is inserted, writing its claim (with
+  no rewrite) only once the insert stored the task: a process that dies in between
+  leaves a pending run whose only tip says ``r + 1``, invisible until ``takenUntil``, as
+  a claim that dies between its rewrite and its write does, and the tip repair gives the
+  run a fresh tip (it has no live tip). A caller gone during the put leaves the tip to
+  another caller here, or it is made run 0's tip, visible, before createTask answers
+  (``reveal``; if that fails, createTask fails, and its client's repeat puts another).
+  A tip a caller was handed and does not claim (it went away, is quarantined) is given
+  back as run 0's (``give_back``). A claim there that storage fails gives the tip back
+  at once (before its write, as run 0's; after, once a fresh read shows the run
+  unclaimed), as a claim whose write fails does. A tip put before a caller came is
+  handed over as put, and the caller's claim rewrites it (below).
   What a request that dies part-way leaves without a tip, the task's deadline trigger
   (``triggers``, first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
@@ -168,6 +175,20 @@ def live_record(stored: Stored, message: Message, run_id: int) -> LiveTip | None
     return live(message, run_id)
 
 
+@dataclass(frozen=True, slots=True)
+class Prewritten(Message):
+    """A tip put already as a claim rewrites it, for a claimWork caller waiting in this
+    process (``Tips.put`` with ``claimed_for``): in its queue the message says
+    ``{taskId, runId + 1}`` and is hidden for the claim's time; ``text`` is the tip it
+    stands for, run ``runId``'s, which the caller's claim presents and ``give_back`` and
+    ``reveal`` restore. Its claim holds it as put, with no rewrite
+    (``Claims._claim_while_inserted``); a claim made once the task is stored rewrites it
+    as any tip (its receipt still holds: nobody else received it). ``put_at``: when its
+    put was answered, on the event loop's clock."""
+
+    put_at: float = 0.0
+
+
 class Tip(Protocol):
     """A message carrying a tip, as put, received or held: where it is and its receipt."""
 
@@ -194,15 +215,48 @@ class Tips:
     doorbell: Doorbell
     _recording: set[asyncio.Task[None]] = field(default_factory=set)
 
-    async def put(self, task: Task, run_id: int) -> Message:
+    async def put(self, task: Task, run_id: int, claimed_for: timedelta | None = None
+                  ) -> Message:
         """Put a tip for run ``run_id`` in the pending queue of the task's priority (made
         if need be); not recorded: the caller records it (``record``, or with the task's
-        insert)."""
-        message = await self.pending.put(
-            task.task_queue_id, task.priority,
-            self.signer.tip(task.task_queue_id, task.task_id, run_id).encode())
+        insert). With ``claimed_for`` (a claim's time), the tip is put as the claim of a
+        claimWork caller waiting here would rewrite it, and nobody else sees it: a
+        ``Prewritten``, to hand to that caller or, if none takes it, to ``reveal``."""
+        text = self.signer.tip(task.task_queue_id, task.task_id, run_id).encode()
+        if claimed_for is not None:
+            put = await self.pending.put(
+                task.task_queue_id, task.priority,
+                self.signer.tip(task.task_queue_id, task.task_id, run_id + 1).encode(),
+                visible_in=claimed_for)
+            return Prewritten(put.queue_name, put.message_id, put.pop_receipt, text, 0,
+                              asyncio.get_running_loop().time())
+        message = await self.pending.put(task.task_queue_id, task.priority, text)
         self.doorbell.put(task.task_queue_id, task.priority)
         return message
+
+    def reserve(self, task: Task) -> bool:
+        """Whether a claimWork caller waiting here has room for a tip of ``task`` that
+        nothing else holds: then it is held for the tip about to be put, claimed at its
+        put (``put`` with ``claimed_for``), until ``unreserve``."""
+        return self.waiting.reserve(task.task_queue_id)
+
+    def unreserve(self, task: Task) -> None:
+        self.waiting.unreserve(task.task_queue_id)
+
+    async def reveal(self, task: Task, message: Prewritten) -> Message:
+        """A tip put claimed for a caller here that no caller took (it went away during
+        the put): the tip of its run, visible at once, and rung; the message as it now is.
+        Raises if storage fails: the tip stays hidden until the claim's time is over, and
+        the createTask that put it fails, so that its client's repeat puts another."""
+        try:
+            receipt = await self.queues.update(message.queue_name, message.message_id,
+                                               message.pop_receipt, timedelta(0),
+                                               text=message.text)
+        except MessageGone as e:  # a lost answer's: applied, receipt unknown
+            raise errors.StorageUnavailable(
+                f"the tip of task {task.task_id} could not be made visible: {e}") from e
+        self.visible(task)
+        return Message(message.queue_name, message.message_id, receipt, message.text, 0)
 
     async def record(self, task: Task, message: Message, run_id: int) -> None:
         """Record ``message``, a tip of run ``run_id`` just put, as one of the task's tips
@@ -365,10 +419,13 @@ class Tips:
 
     async def give_back(self, task_queue_id: str, message: Message) -> None:
         """A tip received for claimWork that nobody here claims: visible at once, and
-        rung. A failure is logged: it becomes visible by itself when its hold ends."""
+        rung (a ``Prewritten`` as the tip it stands for). A failure is logged: it becomes
+        visible by itself when its hold ends (a ``Prewritten``, when its claim's time is
+        over: its run, pending, gets a tip from the tip repair, ``repair``)."""
         try:
             await self.queues.release(message.queue_name, message.message_id,
-                                      message.pop_receipt)
+                                      message.pop_receipt,
+                                      message.text if isinstance(message, Prewritten) else None)
         except errors.StorageError as e:
             log.warning("could not release message %s of %s: %s", message.message_id,
                         message.queue_name, e)

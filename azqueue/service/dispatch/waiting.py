@@ -6,7 +6,9 @@ the message to a caller waiting for its task queue, with its pop receipt, so tha
 caller claims it without a poll; whatever makes a tip visible and is not taken here
 rings the doorbell (``doorbell``), which marks the priorities rung as worth a look
 (``rung``) here and in the other replicas. Neither needs to know about claimWork beyond
-this.
+this. A createTask that finds a caller here with room holds that room (``reserve``)
+while it puts the tip already claimed for it (``tips.Prewritten``); tips handed over or
+polled meanwhile fill only the room nobody holds.
 
 An entry is kept when its callers leave (it remembers when its queues were found
 empty), but at most ``MAX_TASK_QUEUES`` idle ones.
@@ -60,6 +62,9 @@ class WaitingQueue:
 
     def __init__(self) -> None:
         self.waiters: deque[Waiter] = deque()
+        # Tips being put for the callers here, claimed at their put (``Waiting.reserve``):
+        # the room they will fill, which the poller does not receive tips for.
+        self.reserved = 0
         self.poller: asyncio.Task[None] | None = None
         self.wake = asyncio.Event()
         # The priorities (ranks) whose queues may hold visible tips: all at first, after a
@@ -82,10 +87,13 @@ class WaitingQueue:
         self.all_looked_at = now
 
     def demand(self) -> int:
-        return sum(w.room for w in self.waiters)
+        return max(0, sum(w.room for w in self.waiters) - self.reserved)
 
     def hand(self, message: Message) -> bool:
-        """Give ``message`` to the longest-waiting caller with room for it."""
+        """Give ``message`` to the longest-waiting caller with room for it, unless the
+        room left is held for tips being put (``reserved``)."""
+        if self.demand() <= 0:
+            return False
         for waiter in self.waiters:
             if waiter.room > 0:
                 waiter.give(message)
@@ -116,6 +124,22 @@ class Waiting:
         whether one took it."""
         tq = self._queues.get(task.task_queue_id)
         return tq is not None and tq.hand(message)
+
+    def reserve(self, task_queue_id: str) -> bool:
+        """Hold the room of one tip for a caller waiting for ``task_queue_id``, if one has
+        room nobody holds: a tip about to be put for it, claimed at its put (``Tips.put``
+        with ``claimed_for``). Whether it was held; ``unreserve`` lets go of it once the
+        put is answered, and the tip is then ``offer``ed (a caller may have gone)."""
+        tq = self._queues.get(task_queue_id)
+        if tq is None or tq.demand() <= 0:
+            return False
+        tq.reserved += 1
+        return True
+
+    def unreserve(self, task_queue_id: str) -> None:
+        tq = self._queues.get(task_queue_id)
+        if tq is not None and tq.reserved > 0:
+            tq.reserved -= 1
 
     def rung(self, task_queue_id: str, ranks: Iterable[int]) -> None:
         """Tips of ``task_queue_id`` may have become visible at these ranks (priorities):

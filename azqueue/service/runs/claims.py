@@ -46,6 +46,10 @@ TIP_WAIT = timedelta(seconds=2)
 # record comes right after the tip's put (``Tips.queue``). A tip put again after its
 # answer was lost is never recorded: its claim should not wait long to be refused.
 RECORD_WAIT = timedelta(seconds=0.5)
+# A tip put claimed for a claimWork caller (``tips.Prewritten``) is held as put by a claim
+# made this soon after (seconds); a later claim rewrites it, so that the message stays
+# hidden until the takenUntil the claim writes, as after any rewrite.
+PREWRITTEN_FRESH = 1.0
 
 
 def _first_tip_unrecorded(stored: Stored) -> bool:
@@ -57,11 +61,15 @@ def _first_tip_unrecorded(stored: Stored) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class TipClaim:
-    """The message a worker polled, presented with claimTask."""
+    """The message a worker polled, presented with claimTask. For a tip put claimed for
+    a claimWork caller here (``tips.Prewritten``): when its put was answered (the event
+    loop's clock) and the queue it was put in."""
 
     message_id: str
     receipt: str
     signature: str
+    put_at: float | None = None
+    queue_name: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,10 +248,18 @@ class Claims:
                 stored, guess = None, False
 
     async def _rewrite_tip(self, request: _Request, task: Task) -> HeldMessage:
-        """The presented tip rewritten for this claim (``Tips.rewrite``)."""
-        assert request.tip is not None
-        return await self.tips.rewrite(task, request.run_id, request.tip.message_id,
-                                       request.tip.receipt, self.claim_timeout)
+        """The presented tip rewritten for this claim (``Tips.rewrite``); one put as this
+        rewrite would leave it a moment ago, in the queue of the task's priority, is held
+        as it is: it is hidden until about the takenUntil this claim writes (within
+        ``EXPIRY_TOLERANCE``)."""
+        tip = request.tip
+        assert tip is not None
+        if tip.put_at is not None and \
+                asyncio.get_running_loop().time() - tip.put_at < PREWRITTEN_FRESH and \
+                tip.queue_name == self.tips.pending.name(task.task_queue_id, task.priority):
+            return HeldMessage(request.run_id, tip.queue_name, tip.message_id, tip.receipt)
+        return await self.tips.rewrite(task, request.run_id, tip.message_id, tip.receipt,
+                                       self.claim_timeout)
 
     async def _write_claim(self, request: _Request, stored: Stored, hold: HeldMessage | None,
                            guess: bool) -> Change:

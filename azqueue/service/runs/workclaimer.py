@@ -42,7 +42,7 @@ from azqueue import errors
 from azqueue.model.priority import ORDER
 from azqueue.model.tip import Tip
 from azqueue.service.dispatch.doorbell import Doorbell
-from azqueue.service.dispatch.tips import Tips
+from azqueue.service.dispatch.tips import Prewritten, Tips
 from azqueue.service.dispatch.waiting import Waiter, Waiting, WaitingQueue
 from azqueue.service.runs.claims import Claims, TipClaim
 from azqueue.service.workers.workers import WorkerInfo
@@ -239,7 +239,9 @@ class WorkClaimer:
         try:
             return await self.claims.claim(
                 tip.task_id, tip.run_id, worker_group, worker_id,
-                TipClaim(message.message_id, message.pop_receipt, tip.signature),
+                TipClaim(message.message_id, message.pop_receipt, tip.signature,
+                         *((message.put_at, message.queue_name)
+                           if isinstance(message, Prewritten) else ())),
                 polled_from=task_queue_id)
         except (errors.Conflict, errors.InputError, errors.NotFound):
             await self.tips.drop(message)

@@ -55,7 +55,7 @@ from azqueue.model import timeutil
 from azqueue.model.task import RunState, Task
 from azqueue.service.common import paging
 from azqueue.service.common.gathering import MAX_PARALLEL, gather_limited
-from azqueue.service.dispatch.tips import Tips, live
+from azqueue.service.dispatch.tips import Prewritten, Tips, live
 from azqueue.service.runs.changes import Changes
 from azqueue.service.runs.claims import TIP_WAIT
 from azqueue.service.runs.dependencies import Dependencies, NewTask
@@ -142,6 +142,7 @@ class Definitions:
     changes: Changes
     outbox: EventOutbox
     workerinfo: WorkerInfo
+    claim_timeout: timedelta
 
     async def setup(self) -> None:
         """Create the tasks and groups tables (idempotent)."""
@@ -425,19 +426,27 @@ class Definitions:
         claimWork caller here took it: with ``inserting`` (the insert's future from the
         cache), it is offered to one as soon as its put is answered."""
         loop = asyncio.get_running_loop()
+        # A claimWork caller waiting here for the task's queue: the tip is put as its claim
+        # will hold it, so that the claim needs no rewrite (``tips.Prewritten``).
+        claimed = inserting is not None and self.tips.reserve(task)
         try:
-            message = await self.tips.put(task, 0)
+            message = await self.tips.put(task, 0, self.claim_timeout if claimed else None)
         except errors.QueueBeingDeleted as e:
             # Its task queue was idle and its queue deleted moments ago, longer than this
             # request can wait: the task is stored without a tip, which is queued once the
             # queue can be made again (``_queue_soon``).
             log.warning("task %s: %s; storing the task, its tip queued after", task.task_id, e)
             return None, loop.time(), False
-        visible = loop.time()  # a worker may poll it from now on
+        finally:
+            if claimed:
+                self.tips.unreserve(task)
         handed = False
         if inserting is not None:
             self.changes.cache.tip_put(task.task_id, inserting, message.message_id)
             handed = self.tips.offer(task, message)
+        if isinstance(message, Prewritten) and not handed:
+            message = await self.tips.reveal(task, message)  # its caller went away
+        visible = loop.time()  # a worker may poll it from now on
         return message, visible, handed
 
     async def _no_tip_put(self) -> tuple[Message | None, float, bool]:
