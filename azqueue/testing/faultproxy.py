@@ -518,6 +518,12 @@ class FaultProxy:
         assert fault in FAULTS
         self._once.append((method, path_contains, fault))
 
+    def forget_once(self) -> int:
+        """Forget the faults ``once`` injected that no request has met yet; how many."""
+        left = len(self._once)
+        self._once.clear()
+        return left
+
     def hold(self, method: str, path_contains: str) -> Held:
         """Keep the next request with ``method`` ("*": any) whose path contains
         ``path_contains`` until ``release()`` is called on what this returns. Its sender's

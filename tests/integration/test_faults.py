@@ -556,6 +556,35 @@ async def test_a_tip_put_for_a_caller_that_went_away_meanwhile_is_given_to_every
     assert code == 200 and claim["status"]["taskId"] == task_id and claim["runId"] == 0, claim
 
 
+async def test_a_handed_tip_whose_claim_may_be_stored_is_not_given_back(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """A claimWork caller waiting on the creating replica is handed the task's tip; its
+    claim's write is applied but its answer lost, and no read can tell (storage refuses
+    them). The claim may be stored, so the message stays as the claim holds it, hidden:
+    it is not given back as run 0's tip for another worker to poll, and the run, which
+    the write did claim, can be reclaimed with it."""
+    server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=3.0,
+                                  tip_repair_delay=600.0)
+    task_queue_id, task_id = "prov/maybestored", slugid()
+    waiting = await _caller_waiting(http, server, task_queue_id)
+    task_row = f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'"
+    proxy.once("PUT", task_row, "timed out")  # the claim's write: applied, answer lost
+    for _ in range(20):
+        proxy.once("GET", task_row, "refused")  # every read that would tell
+    code, created = await _put_task(http, server, task_id, definition(task_queue_id))
+    assert code == 200, created
+    code, answer = await waiting
+    assert code == 200 and answer["tasks"] == [], answer
+    assert proxy.forget_once() < 20  # the claim's reads were refused; storage is back
+    [run] = (await status(http, server.api, task_id))["runs"]
+    assert run["state"] == "running" and run["workerId"] == "cw", run
+    urls = await sas.poll_task_urls(http, server.api, "prov", "maybestored")
+    assert await sas.get_messages(http, urls["queues"][6]["signedPollUrl"]) == []
+    code, reclaimed = await sas.post(http, f"{server.api}/task/{task_id}/runs/0/reclaim")
+    assert code == 200, reclaimed
+
+
 @pytest.mark.parametrize("failing", ["the claim's write", "the read after a lost insert"])
 async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim_fails(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,

@@ -181,10 +181,12 @@ class Prewritten(Message):
     process (``Tips.put`` with ``claimed_for``): in its queue the message says
     ``{taskId, runId + 1}`` and is hidden for the claim's time; ``text`` is the tip it
     stands for, run ``runId``'s, which the caller's claim presents and ``give_back`` and
-    ``reveal`` restore. Its claim holds it as put, with no rewrite
-    (``Claims._claim_while_inserted``); a claim made once the task is stored rewrites it
-    as any tip (its receipt still holds: nobody else received it). ``put_at``: when its
-    put was answered, on the event loop's clock."""
+    ``reveal`` restore. It is hidden ``claims.PREWRITTEN_FRESH`` longer than a claim
+    lasts; a claim made within that time of its put holds it as put, with no rewrite
+    (``Claims._rewrite_tip``), so it reappears no earlier than that claim's takenUntil; a
+    later claim rewrites it as any tip (its receipt still holds: nobody else received
+    it). It is recorded as one of the task's tips, never as its live tip. ``put_at``:
+    when its put was answered, on the event loop's clock."""
 
     put_at: float = 0.0
 
@@ -243,18 +245,20 @@ class Tips:
     def unreserve(self, task: Task) -> None:
         self.waiting.unreserve(task.task_queue_id)
 
-    async def reveal(self, task: Task, message: Prewritten) -> Message:
-        """A tip put claimed for a caller here that no caller took (it went away during
-        the put): the tip of its run, visible at once, and rung; the message as it now is.
+    async def reveal(self, task: Task, message: Prewritten, run_id: int) -> Message:
+        """A tip of run ``run_id`` put claimed for a caller here that no caller took (it
+        went away during the put): the run's tip, visible at once, and rung; the message
+        as it now is. One whose receipt no longer holds (the update was applied and its
+        answer lost, most likely) is replaced by a fresh tip: a tip whose receipt nobody
+        knows cannot be looked after (``still_waiting``), and a duplicate is harmless.
         Raises if storage fails: the tip stays hidden until the claim's time is over, and
         the createTask that put it fails, so that its client's repeat puts another."""
         try:
             receipt = await self.queues.update(message.queue_name, message.message_id,
                                                message.pop_receipt, timedelta(0),
                                                text=message.text)
-        except MessageGone as e:  # a lost answer's: applied, receipt unknown
-            raise errors.StorageUnavailable(
-                f"the tip of task {task.task_id} could not be made visible: {e}") from e
+        except MessageGone:
+            return await self.put(task, run_id)
         self.visible(task)
         return Message(message.queue_name, message.message_id, receipt, message.text, 0)
 

@@ -46,10 +46,20 @@ TIP_WAIT = timedelta(seconds=2)
 # record comes right after the tip's put (``Tips.queue``). A tip put again after its
 # answer was lost is never recorded: its claim should not wait long to be refused.
 RECORD_WAIT = timedelta(seconds=0.5)
-# A tip put claimed for a claimWork caller (``tips.Prewritten``) is held as put by a claim
-# made this soon after (seconds); a later claim rewrites it, so that the message stays
-# hidden until the takenUntil the claim writes, as after any rewrite.
-PREWRITTEN_FRESH = 1.0
+# A tip put claimed for a claimWork caller (``tips.Prewritten``) is hidden this much longer
+# than a claim lasts, and held as put by a claim made within this time of its put, so that
+# it reappears no earlier than the takenUntil that claim writes (and no more than this
+# after it); a later claim rewrites it, as any tip.
+PREWRITTEN_FRESH = timedelta(seconds=1)
+# Set (True) on an error a claim raises once it has taken the message presented with it
+# (rewritten or held it): what becomes of the message is decided (dropped, given back,
+# or held by a claim that may be stored), and the caller must leave it alone.
+MESSAGE_DECIDED = "azqueue_message_decided"
+
+
+def message_decided(e: BaseException) -> bool:
+    """Whether the claim that raised ``e`` decided what becomes of its message."""
+    return bool(getattr(e, MESSAGE_DECIDED, False))
 
 
 def _first_tip_unrecorded(stored: Stored) -> bool:
@@ -148,8 +158,13 @@ class Claims:
             return decided  # the caller holds the run already
         stored, guess = decided
         hold = await self._rewrite_tip(request, stored.task) if tip else None
-        change = await self._write_claim(request, stored, hold, guess)
-        return await self._answer_written(request, change, hold)
+        try:
+            change = await self._write_claim(request, stored, hold, guess)
+            return await self._answer_written(request, change, hold)
+        except BaseException as e:
+            if hold is not None:
+                setattr(e, MESSAGE_DECIDED, True)
+            raise
 
     async def _claim_while_inserted(self, request: _Request, task: Task,
                                     inserted: asyncio.Future[Stored | None]) -> dict[str, Any]:
@@ -169,6 +184,15 @@ class Claims:
             stored = await asyncio.shield(inserted)
         finally:
             hold = await rewriting
+        try:
+            return await self._claim_inserted(request, task, stored, hold)
+        except BaseException as e:
+            setattr(e, MESSAGE_DECIDED, True)
+            raise
+
+    async def _claim_inserted(self, request: _Request, task: Task, stored: Stored | None,
+                              hold: HeldMessage) -> dict[str, Any]:
+        """``_claim_while_inserted`` once the insert is done and the message held."""
         movable = hold if hold.pop_receipt else None
         try:
             if stored is None:  # the insert stored nothing: decided on what is stored
@@ -255,7 +279,8 @@ class Claims:
         tip = request.tip
         assert tip is not None
         if tip.put_at is not None and \
-                asyncio.get_running_loop().time() - tip.put_at < PREWRITTEN_FRESH and \
+                asyncio.get_running_loop().time() - tip.put_at < \
+                PREWRITTEN_FRESH.total_seconds() and \
                 tip.queue_name == self.tips.pending.name(task.task_queue_id, task.priority):
             return HeldMessage(request.run_id, tip.queue_name, tip.message_id, tip.receipt)
         return await self.tips.rewrite(task, request.run_id, tip.message_id, tip.receipt,

@@ -44,7 +44,7 @@ from azqueue.model.tip import Tip
 from azqueue.service.dispatch.doorbell import Doorbell
 from azqueue.service.dispatch.tips import Prewritten, Tips
 from azqueue.service.dispatch.waiting import Waiter, Waiting, WaitingQueue
-from azqueue.service.runs.claims import Claims, TipClaim
+from azqueue.service.runs.claims import Claims, TipClaim, message_decided
 from azqueue.service.workers.workers import WorkerInfo
 from azqueue.storage.queues import Message
 
@@ -243,14 +243,17 @@ class WorkClaimer:
                          *((message.put_at, message.queue_name)
                            if isinstance(message, Prewritten) else ())),
                 polled_from=task_queue_id)
-        except (errors.Conflict, errors.InputError, errors.NotFound):
-            await self.tips.drop(message)
+        except (errors.Conflict, errors.InputError, errors.NotFound) as e:
+            if not message_decided(e):
+                await self.tips.drop(message)
         except errors.StorageError as e:
             # Not this caller's fault, and the claims already made are its own: give this
-            # tip back and go on with the others.
+            # tip back (unless the claim decided what becomes of it) and go on.
             log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
-            await self.tips.give_back(task_queue_id, message)
-        except Exception:
+            if not message_decided(e):
+                await self.tips.give_back(task_queue_id, message)
+        except Exception as e:
             log.exception("claimWork could not claim %s/%d", tip.task_id, tip.run_id)
-            await self.tips.give_back(task_queue_id, message)
+            if not message_decided(e):
+                await self.tips.give_back(task_queue_id, message)
         return None

@@ -57,7 +57,7 @@ from azqueue.service.common import paging
 from azqueue.service.common.gathering import MAX_PARALLEL, gather_limited
 from azqueue.service.dispatch.tips import Prewritten, Tips, live
 from azqueue.service.runs.changes import Changes
-from azqueue.service.runs.claims import TIP_WAIT
+from azqueue.service.runs.claims import PREWRITTEN_FRESH, TIP_WAIT
 from azqueue.service.runs.dependencies import Dependencies, NewTask
 from azqueue.service.runs.triggers import DeadlineTriggers, Trigger
 from azqueue.service.tasks.groupowner import GroupOwners
@@ -430,7 +430,8 @@ class Definitions:
         # will hold it, so that the claim needs no rewrite (``tips.Prewritten``).
         claimed = inserting is not None and self.tips.reserve(task)
         try:
-            message = await self.tips.put(task, 0, self.claim_timeout if claimed else None)
+            message = await self.tips.put(
+                task, 0, self.claim_timeout + PREWRITTEN_FRESH if claimed else None)
         except errors.QueueBeingDeleted as e:
             # Its task queue was idle and its queue deleted moments ago, longer than this
             # request can wait: the task is stored without a tip, which is queued once the
@@ -445,7 +446,7 @@ class Definitions:
             self.changes.cache.tip_put(task.task_id, inserting, message.message_id)
             handed = self.tips.offer(task, message)
         if isinstance(message, Prewritten) and not handed:
-            message = await self.tips.reveal(task, message)  # its caller went away
+            message = await self.tips.reveal(task, message, 0)  # its caller went away
         visible = loop.time()  # a worker may poll it from now on
         return message, visible, handed
 
@@ -645,7 +646,11 @@ class Definitions:
         its insert tells (``GroupJoined``): then the group's records decide, as for any
         other member, and a task they refuse leaves nothing that works later
         (``take_back`` deletes its deadline trigger and tip)."""
-        tips, live_tip = ((tip.message_id,), live(tip, 0)) if tip else ((), None)
+        # A tip put claimed for a caller here (``Prewritten``) is one of the task's tips
+        # but not its live one: it says the next run, and the tip repair's look would
+        # make it visible as it is.
+        tips = (tip.message_id,) if tip else ()
+        live_tip = live(tip, 0) if tip and not isinstance(tip, Prewritten) else None
         try:
             return await self.tasks.insert(task, written, tips=tips, live_tip=live_tip)
         except errors.GroupJoined:
