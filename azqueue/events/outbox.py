@@ -414,7 +414,8 @@ class Outbox:
             await self.publisher.publish(
                 events.task_group_resolved(task_group_id, scheduler_id, expires))
             return
-        await self.groups.resolve(task_group_id, task_id)
+        runs = event.payload.get("status", {}).get("runs", [])
+        await self.groups.resolve(task_group_id, task_id, max(len(runs), 1))
         await self._announce_if_resolved(task_id, task_group_id, scheduler_id, expires)
 
     async def _announce_if_resolved(self, task_id: str, task_group_id: str,

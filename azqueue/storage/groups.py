@@ -10,7 +10,9 @@ written (its createTask died in between) is dropped once it is older than ``ORPH
 a group check it held back looks again then (``events.outbox``).
 
 The row ``~announced`` (``~`` is not a taskId character) says which set of members was
-last announced resolved, and by which task's resolution: resolutions racing to announce
+last announced resolved (a member resolved after more than one run counted with its
+number of runs, so that the same tasks resolved again after a rerun are a new set), and
+by which task's resolution: resolutions racing to announce
 the same set write it conditionally, and only the winner publishes. It carries the latest
 ``expires`` of that set's members, and expires with them (``expired_announcements``): by
 then the tasks of that set are gone, so it can announce nothing again.
@@ -297,10 +299,16 @@ class GroupStore(TableStore):
             return earlier
         return meta
 
-    async def resolve(self, task_group_id: str, task_id: str) -> None:
+    async def resolve(self, task_group_id: str, task_id: str, runs: int = 1) -> None:
+        """Mark a member resolved, by the resolution of its ``runs``-th run: a task
+        resolved again after a rerun has more runs, which makes its group's members a set
+        not announced yet (``claim_announcement``)."""
+        row: dict[str, Any] = {"PartitionKey": task_group_id, "RowKey": task_id,
+                               "resolved": True}
+        if runs > 1:
+            row["runs"] = runs
         with translate(f"resolving task {task_id} in group {task_group_id}"):
-            await self._table.upsert_entity({"PartitionKey": task_group_id, "RowKey": task_id,
-                                             "resolved": True}, mode=UpdateMode.MERGE)
+            await self._table.upsert_entity(row, mode=UpdateMode.MERGE)
 
     async def unresolved(self, task_group_id: str) -> list[tuple[str, datetime]]:
         """Unresolved members, with the time each row was written."""
@@ -340,9 +348,12 @@ class GroupStore(TableStore):
         with translate(f"reading group {task_group_id}"):
             rows = [r async for r in self._table.query_entities(
                 "PartitionKey eq @pk", parameters={"pk": task_group_id},
-                select=["RowKey", "members", "by", "expires"])]
+                select=["RowKey", "members", "by", "expires", "runs"])]
         member_rows = [r for r in rows if not str(r["RowKey"]).startswith(RECORD)]
-        members = sorted(str(r["RowKey"]) for r in member_rows)
+        # A member resolved after more than one run is named with its runs: resolved
+        # again after a rerun, the same tasks are a set to announce again.
+        members = sorted(f"{r['RowKey']} {r['runs']}" if r.get("runs") else str(r["RowKey"])
+                         for r in member_rows)
         current = next((r for r in rows if r["RowKey"] == ANNOUNCED), None)
         digest = hashlib.sha256("\n".join(members).encode()).hexdigest()
         marker = {"PartitionKey": task_group_id, "RowKey": ANNOUNCED, "members": digest,

@@ -219,6 +219,31 @@ async def _resolve_decision_then_member(http: aiohttp.ClientSession, api: str,
     await consumer.wait_for(lambda m: len(m) >= 1)
 
 
+@pytest.mark.parametrize("again", ["the group's own task", "the member"])
+async def test_a_group_resolved_again_after_a_rerun_is_announced_again(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory, again: str) -> None:
+    """'A task group may be resolved multiple times' (Taskcluster's task-group-resolved):
+    a task of a resolved group is rerun, and once its new run resolves the group is
+    announced again, whether or not that task's resolution announced it the first time
+    (here the member's did), and once."""
+    server = await make_server(amqp_url=amqp_url)
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    await create(http, server.api, definition("prov/again"), decision)
+    child = await create(http, server.api, definition("prov/again", taskGroupId=decision))
+    await _resolve_decision_then_member(http, server.api, consumer, decision, child)
+    rerun = decision if again == "the group's own task" else child
+    code, _ = await sas.post(http, f"{server.api}/task/{rerun}/rerun")
+    assert code == 200
+    await _claim(http, server.api, rerun, 1)
+    code, _ = await sas.post(http, f"{server.api}/task/{rerun}/runs/1/completed")
+    assert code == 200
+    await consumer.wait_for(lambda m: len(m) >= 2, timeout=15)
+    await stays(lambda: len(consumer.messages), lambda n: n == 2, for_=1.0,
+                what="the second resolution announced once")
+
+
 @pytest.mark.parametrize("order", ["its own task first", "a member first",
                                    "a record of an earlier version"])
 async def test_the_task_a_group_is_named_after_announces_nothing_while_a_member_runs(
