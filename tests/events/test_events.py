@@ -219,27 +219,36 @@ async def _resolve_decision_then_member(http: aiohttp.ClientSession, api: str,
     await consumer.wait_for(lambda m: len(m) >= 1)
 
 
-@pytest.mark.parametrize("again", ["the group's own task", "the member"])
+@pytest.mark.parametrize("again", ["the group's own task", "a member that did not announce it",
+                                   "the member that did"])
 async def test_a_group_resolved_again_after_a_rerun_is_announced_again(
         make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
         consume: ConsumerFactory, again: str) -> None:
     """'A task group may be resolved multiple times' (Taskcluster's task-group-resolved):
-    a task of a resolved group is rerun, and once its new run resolves the group is
-    announced again, whether or not that task's resolution announced it the first time
-    (here the member's did), and once."""
+    a task of a resolved group is rerun; nothing is announced while its new run is
+    unresolved, and once it resolves the group is announced again, once, whether or not
+    that task's resolution announced it the first time."""
     server = await make_server(amqp_url=amqp_url)
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
     await create(http, server.api, definition("prov/again"), decision)
-    child = await create(http, server.api, definition("prov/again", taskGroupId=decision))
-    await _resolve_decision_then_member(http, server.api, consumer, decision, child)
-    rerun = decision if again == "the group's own task" else child
+    first = await create(http, server.api, definition("prov/again", taskGroupId=decision))
+    last = await create(http, server.api, definition("prov/again", taskGroupId=decision))
+    for task_id in (decision, first, last):  # the last one's resolution announces it
+        await _claim(http, server.api, task_id)
+        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    await consumer.wait_for(lambda m: len(m) >= 1)
+    rerun = {"the group's own task": decision, "a member that did not announce it": first,
+             "the member that did": last}[again]
     code, _ = await sas.post(http, f"{server.api}/task/{rerun}/rerun")
     assert code == 200
     await _claim(http, server.api, rerun, 1)
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=0.5,
+                what="nothing announced while the rerun task runs")
     code, _ = await sas.post(http, f"{server.api}/task/{rerun}/runs/1/completed")
     assert code == 200
     await consumer.wait_for(lambda m: len(m) >= 2, timeout=15)
+    assert consumer.messages[1].body["taskGroupId"] == decision
     await stays(lambda: len(consumer.messages), lambda n: n == 2, for_=1.0,
                 what="the second resolution announced once")
 
