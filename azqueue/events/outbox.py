@@ -422,24 +422,34 @@ class Outbox:
                                     scheduler_id: str, expires: str) -> None:
         """Publish task-group-resolved if no member of the group is unresolved, after the
         resolution of ``task_id`` (whose ``expires`` it was). A member row whose task is
-        not stored, written less than ``ORPHAN_AGE`` ago, may be a createTask under way:
-        it holds the announcement back, and if nothing else does, the group is looked at
-        again once that row is old enough to be dropped (``_look_again``): its createTask
-        may have died, and no resolution would come to announce the group."""
+        not stored, written less than ``ORPHAN_AGE`` ago, may be a createTask under way,
+        and one a rerun marked unresolved while its task is still resolved, a rerun under
+        way: either holds the announcement back, and if nothing else does, the group is
+        looked at again once that row is ``ORPHAN_AGE`` old (``_look_again``): its
+        createTask or rerun may have died, and no resolution would come to announce the
+        group."""
         now = timeutil.utcnow()
         young: timedelta | None = None  # how long until the youngest such row is old
-        for member, written in await self.groups.unresolved(task_group_id):
+        for row in await self.groups.unresolved(task_group_id):
+            member, age = row.task_id, now - row.written
             try:
                 task = await self.tasks.get(member)
             except errors.NotFound:
-                if now - written > ORPHAN_AGE:
+                if age > ORPHAN_AGE:
                     await self.groups.drop(task_group_id, member)
                 else:
-                    young = max(young or timedelta(0), ORPHAN_AGE - (now - written))
+                    young = max(young or timedelta(0), ORPHAN_AGE - age)
                 continue
             if task.definition["taskGroupId"] != task_group_id:
                 # Left by a createTask refused as a conflicting redefinition.
                 await self.groups.drop(task_group_id, member)
+                continue
+            if row.rerun is not None and task.state.resolved and len(task.runs) < row.rerun:
+                # Marked unresolved by a rerun that has not stored its run: under way while
+                # the row is young (held back like a createTask under way), else it never
+                # will be, and the task counts as the resolved task it is.
+                if age <= ORPHAN_AGE:
+                    young = max(young or timedelta(0), ORPHAN_AGE - age)
                 continue
             return  # a member is still unresolved: its resolution checks again
         # The group's own task (taskGroupId = its taskId) has no member row until it is

@@ -4,7 +4,7 @@ PartitionKey = taskGroupId, RowKey = taskId, ``resolved``. The group's own task 
 one whose taskId is the taskGroupId, Taskcluster's default group) has no row until it is
 resolved: listings and group checks read that task itself. Any other member is added
 before its task is written and (with events on) marked resolved when the task's final
-resolution is published,
+resolution is published (and unresolved by a rerun, before its new run is stored),
 so "no member unresolved" means the group is resolved. A member whose task never got
 written (its createTask died in between) is dropped once it is older than ``ORPHAN_AGE``;
 a group check it held back looks again then (``events.outbox``).
@@ -64,6 +64,18 @@ META = "~group"
 OWNER = "~scheduler"
 # Rows whose RowKey starts with this are the group's own records, not members.
 RECORD = "~"
+
+
+@dataclass(frozen=True, slots=True)
+class Unresolved:
+    """An unresolved member's row: its taskId, when it was last written, and, if a rerun
+    marked it unresolved, how many runs that rerun gives the task (a task that still
+    has fewer and is resolved is one whose rerun is not stored: under way while the row
+    is young, else it never will be)."""
+
+    task_id: str
+    written: datetime
+    rerun: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,11 +141,14 @@ class GroupStore(TableStore):
         except EntityExists:
             pass
 
-    async def unresolve(self, task_group_id: str, task_id: str) -> None:
-        """Mark a member unresolved again (it was rerun)."""
+    async def unresolve(self, task_group_id: str, task_id: str, rerun: int) -> None:
+        """Mark a member unresolved again: it is being rerun, to have ``rerun`` runs (the
+        row says so until it is resolved again: a rerun that never stored its run is told
+        apart from a run under way, ``Unresolved``)."""
         with translate(f"marking task {task_id} unresolved in group {task_group_id}"):
             await self._table.upsert_entity({"PartitionKey": task_group_id, "RowKey": task_id,
-                                             "resolved": False}, mode=UpdateMode.MERGE)
+                                             "resolved": False, "rerun": rerun},
+                                            mode=UpdateMode.MERGE)
 
     async def members(self, task_group_id: str) -> list[Member]:
         """Every member row of the group (one request per 1000 rows)."""
@@ -310,12 +325,13 @@ class GroupStore(TableStore):
         with translate(f"resolving task {task_id} in group {task_group_id}"):
             await self._table.upsert_entity(row, mode=UpdateMode.MERGE)
 
-    async def unresolved(self, task_group_id: str) -> list[tuple[str, datetime]]:
+    async def unresolved(self, task_group_id: str) -> list[Unresolved]:
         """Unresolved members, with the time each row was written."""
         with translate(f"reading group {task_group_id}"):
             rows = self._table.query_entities("PartitionKey eq @pk and resolved eq false",
                                               parameters={"pk": task_group_id})
-            return [(str(r["RowKey"]), r.metadata["timestamp"] or datetime.now(UTC))
+            return [Unresolved(str(r["RowKey"]), r.metadata["timestamp"] or datetime.now(UTC),
+                               int(r["rerun"]) if r.get("rerun") else None)
                     async for r in rows]
 
     async def page(self, task_group_id: str, after: str | None,

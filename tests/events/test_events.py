@@ -15,7 +15,7 @@ from azqueue.events import outbox
 from azqueue.testing import sas
 from azqueue.testing.faultproxy import FaultProxy
 from azqueue.testing.storage import StorageInspector
-from azqueue.testing.tasks import create, definition, iso, slugid
+from azqueue.testing.tasks import create, definition, iso, slugid, status
 from tests.events.consumers import Consumer, ConsumerFactory, Received
 from tests.servers import Server, ServerFactory
 from tests.waiting import eventually, stays
@@ -251,6 +251,78 @@ async def test_a_group_resolved_again_after_a_rerun_is_announced_again(
     assert consumer.messages[1].body["taskGroupId"] == decision
     await stays(lambda: len(consumer.messages), lambda n: n == 2, for_=1.0,
                 what="the second resolution announced once")
+
+
+async def test_a_member_being_rerun_keeps_its_group_from_being_announced_early(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory) -> None:
+    """A member of a group is rerun while the group's last other task resolves, before
+    the rerun's new run is stored (storage holds that write back): the group is not
+    announced then, with a task about to run again, but once that task's new run
+    resolves."""
+    server = await make_server(amqp_url=amqp_url, storage=StorageSettings(
+        proxy.connection_string(), storage_prefix))
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    await create(http, server.api, definition("prov/rerunning"), decision)
+    rerun = await create(http, server.api, definition("prov/rerunning", taskGroupId=decision))
+    last = await create(http, server.api, definition("prov/rerunning", taskGroupId=decision))
+    for task_id in (decision, rerun, last):
+        await _claim(http, server.api, task_id)
+    for task_id in (decision, rerun):
+        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    write = proxy.hold("POST", "/$batch")  # the rerun's new run, with its events
+    rerunning = asyncio.create_task(sas.post(http, f"{server.api}/task/{rerun}/rerun"))
+    try:
+        await asyncio.wait_for(write.reached.wait(), 30)
+        code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
+        assert code == 200
+        await stays(lambda: consumer.messages, lambda m: m == [], for_=1.0,
+                    what="nothing announced while a task of the group is being rerun")
+    finally:
+        write.release()
+    code, _ = await rerunning
+    assert code == 200
+    await _claim(http, server.api, rerun, 1)
+    code, _ = await sas.post(http, f"{server.api}/task/{rerun}/runs/1/completed")
+    assert code == 200
+    await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
+                what="the group announced once, when its last task resolved")
+
+
+async def test_a_rerun_that_failed_after_marking_its_task_unresolved_does_not_hold_its_group(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rerun marks its task unresolved in its group, then storage refuses its new run
+    (the rerun answers 500, and its client gives up): the group's last other task
+    resolves meanwhile; the group is announced once the mark is old enough to tell that
+    rerun will not come (2 s here), not never."""
+    monkeypatch.setattr(outbox, "ORPHAN_AGE", timedelta(seconds=2))
+    monkeypatch.setattr(outbox, "LOOK_AGAIN_MARGIN", timedelta(seconds=0.5))
+    server = await make_server(amqp_url=amqp_url, events_resolver_interval=0.3,
+                               storage=StorageSettings(proxy.connection_string(),
+                                                       storage_prefix))
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    await create(http, server.api, definition("prov/rerunfailed"), decision)
+    failed = await create(http, server.api, definition("prov/rerunfailed",
+                                                       taskGroupId=decision))
+    last = await create(http, server.api, definition("prov/rerunfailed", taskGroupId=decision))
+    for task_id in (decision, failed, last):
+        await _claim(http, server.api, task_id)
+    for task_id in (decision, failed):
+        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    proxy.once("POST", "/$batch", "refused")  # the rerun's new run
+    code, _ = await sas.post(http, f"{server.api}/task/{failed}/rerun")
+    assert code == 500
+    code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
+    assert code == 200
+    await consumer.wait_for(lambda m: len(m) >= 1, timeout=30)
+    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
+                what="the group announced once")
+    assert (await status(http, server.api, failed))["state"] == "completed"
 
 
 @pytest.mark.parametrize("order", ["its own task first", "a member first",

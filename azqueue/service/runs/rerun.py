@@ -50,15 +50,23 @@ class Rerun:
         loaded = await self.tasks.load(task_id)
         authorize(loaded.task)
         now = timeutil.utcnow()
-        if loaded.task.state.resolved and loaded.task.deadline > now:
-            await self.triggers.add(task_id, loaded.task.deadline, now + self.repair_delay)
+        before = loaded.task
+        group = before.definition["taskGroupId"]
+        # With events on, a member's row says whether the group may be announced resolved:
+        # marked unresolved before the new run is stored, so that no group check between
+        # the two counts the task resolved (``events.outbox``); a rerun it refuses is
+        # refused here first (``model.rerun``), and writes nothing.
+        marked = self.events_on and group != task_id and before.state.resolved
+        if marked:
+            model.rerun(before, now)
+            await self.groups.unresolve(group, task_id, len(before.runs) + 1)
+        if before.state.resolved and before.deadline > now:
+            await self.triggers.add(task_id, before.deadline, now + self.repair_delay)
         change = await self.changes.change(task_id, lambda t: model.rerun(t, now), loaded)
         task = change.after
         last = task.last_run
         if last is not None and last.state is RunState.PENDING:
             await self.tips.queue(change.stored, last.run_id)
-        group = task.definition["taskGroupId"]
-        if change.changed and self.events_on and group != task_id:
-            # With events on, the member row says whether the group may be announced resolved.
-            await self.groups.unresolve(group, task_id)
+        if change.changed and self.events_on and group != task_id and not marked:
+            await self.groups.unresolve(group, task_id, len(task.runs))
         return task.status()
