@@ -444,14 +444,20 @@ class Outbox:
                 # Left by a createTask refused as a conflicting redefinition.
                 await self.groups.drop(task_group_id, member)
                 continue
-            if row.rerun is not None and task.state.resolved and len(task.runs) < row.rerun:
-                # Marked unresolved by a rerun that has not stored its run: under way while
-                # the row is young (held back like a createTask under way), else it never
-                # will be, and the task counts as the resolved task it is.
-                if age <= ORPHAN_AGE:
+            if row.rerun is not None and task.state.resolved:
+                # Marked by a rerun, and resolved: the rerun's run not stored yet (under
+                # way while the mark is young: held back like a createTask under way), or
+                # never (a rerun that died or was refused), or stored and resolved since;
+                # once the mark is old, the task counts as the resolved task it is. A mark
+                # on a row resolved with that rerun's run is taken off.
+                if row.resolved and len(task.runs) >= row.rerun:
+                    await self.groups.rerun_over(task_group_id, row)
+                elif not row.resolved and age <= ORPHAN_AGE:
                     young = max(young or timedelta(0), ORPHAN_AGE - age)
                 continue
-            return  # a member is still unresolved: its resolution checks again
+            return  # a member is still unresolved (a rerun's run too, whatever its row
+            # says: a resolution checked late may have marked it resolved): its resolution
+            # checks again
         # The group's own task (taskGroupId = its taskId) has no member row until it is
         # resolved.
         own = await self.tasks.find(task_group_id)

@@ -68,14 +68,16 @@ RECORD = "~"
 
 @dataclass(frozen=True, slots=True)
 class Unresolved:
-    """An unresolved member's row: its taskId, when it was last written, and, if a rerun
-    marked it unresolved, how many runs that rerun gives the task (a task that still
-    has fewer and is resolved is one whose rerun is not stored: under way while the row
-    is young, else it never will be)."""
+    """A member's row a group check must look at: one unresolved, or one a rerun marked
+    (``rerun``: how many runs that rerun was to give the task), which a resolution
+    checked late may have marked resolved again while the rerun's run is under way. With
+    when it was last written."""
 
     task_id: str
     written: datetime
+    resolved: bool
     rerun: int | None
+    etag: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,13 +328,30 @@ class GroupStore(TableStore):
             await self._table.upsert_entity(row, mode=UpdateMode.MERGE)
 
     async def unresolved(self, task_group_id: str) -> list[Unresolved]:
-        """Unresolved members, with the time each row was written."""
+        """The rows a group check looks at: unresolved members, and members a rerun
+        marked (``Unresolved``)."""
         with translate(f"reading group {task_group_id}"):
-            rows = self._table.query_entities("PartitionKey eq @pk and resolved eq false",
-                                              parameters={"pk": task_group_id})
+            rows = self._table.query_entities(
+                "PartitionKey eq @pk and (resolved eq false or rerun ge 1)",
+                parameters={"pk": task_group_id})
             return [Unresolved(str(r["RowKey"]), r.metadata["timestamp"] or datetime.now(UTC),
-                               int(r["rerun"]) if r.get("rerun") else None)
+                               bool(r.get("resolved")),
+                               int(r["rerun"]) if r.get("rerun") else None,
+                               str(r.metadata["etag"]))
                     async for r in rows]
+
+    async def rerun_over(self, task_group_id: str, row: Unresolved) -> None:
+        """Take a rerun's mark off a member's row that is resolved with that rerun's run
+        (unless the row changed since it was read: a new rerun's mark stays), so that
+        group checks no longer look at it."""
+        try:
+            with translate(f"clearing the rerun of {row.task_id} in group {task_group_id}"):
+                await self._table.update_entity(
+                    {"PartitionKey": task_group_id, "RowKey": row.task_id, "rerun": 0},
+                    mode=UpdateMode.MERGE, etag=row.etag,
+                    match_condition=MatchConditions.IfNotModified)
+        except (ETagMismatch, EntityNotFound):
+            pass
 
     async def page(self, task_group_id: str, after: str | None,
                    limit: int) -> tuple[list[str], str | None]:

@@ -253,6 +253,21 @@ async def test_a_group_resolved_again_after_a_rerun_is_announced_again(
                 what="the second resolution announced once")
 
 
+async def _group_with_one_task_running(http: aiohttp.ClientSession, api: str,
+                                       decision: str, queue: str) -> tuple[str, str]:
+    """A group ``decision`` (its own task) with two members, all claimed, the decision
+    task and the first member completed: the first member (to rerun) and the last, still
+    running."""
+    await create(http, api, definition(queue), decision)
+    first = await create(http, api, definition(queue, taskGroupId=decision))
+    last = await create(http, api, definition(queue, taskGroupId=decision))
+    for task_id in (decision, first, last):
+        await _claim(http, api, task_id)
+    for task_id in (decision, first):
+        await sas.post(http, f"{api}/task/{task_id}/runs/0/completed")
+    return first, last
+
+
 async def test_a_member_being_rerun_keeps_its_group_from_being_announced_early(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
         http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory) -> None:
@@ -264,20 +279,16 @@ async def test_a_member_being_rerun_keeps_its_group_from_being_announced_early(
         proxy.connection_string(), storage_prefix))
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
-    await create(http, server.api, definition("prov/rerunning"), decision)
-    rerun = await create(http, server.api, definition("prov/rerunning", taskGroupId=decision))
-    last = await create(http, server.api, definition("prov/rerunning", taskGroupId=decision))
-    for task_id in (decision, rerun, last):
-        await _claim(http, server.api, task_id)
-    for task_id in (decision, rerun):
-        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    rerun, last = await _group_with_one_task_running(http, server.api, decision, "prov/rerunning")
     write = proxy.hold("POST", "/$batch")  # the rerun's new run, with its events
     rerunning = asyncio.create_task(sas.post(http, f"{server.api}/task/{rerun}/rerun"))
     try:
         await asyncio.wait_for(write.reached.wait(), 30)
         code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
         assert code == 200
-        await stays(lambda: consumer.messages, lambda m: m == [], for_=1.0,
+        await eventually(server.services.outbox.pending, lambda n: n == 1,
+                         what="the group's check held back, to look again")
+        await stays(lambda: consumer.messages, lambda m: m == [], for_=0.5,
                     what="nothing announced while a task of the group is being rerun")
     finally:
         write.release()
@@ -289,6 +300,31 @@ async def test_a_member_being_rerun_keeps_its_group_from_being_announced_early(
     await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
     await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
                 what="the group announced once, when its last task resolved")
+
+
+async def test_a_late_check_of_a_members_first_resolution_does_not_count_its_rerun_resolved(
+        make_server: ServerFactory, http: aiohttp.ClientSession, amqp_url: str,
+        consume: ConsumerFactory) -> None:
+    """A member's resolution is checked late (its events were handed over while the
+    broker was away, say) and marks its row resolved again after the member was rerun:
+    the group's last other task resolving is not announced while the rerun's run is
+    pending; the group is, once that run resolves."""
+    server = await make_server(amqp_url=amqp_url)
+    decision = slugid()
+    consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
+    member, last = await _group_with_one_task_running(http, server.api, decision, "prov/latecheck")
+    code, _ = await sas.post(http, f"{server.api}/task/{member}/rerun")
+    assert code == 200
+    # What the late check of the member's first resolution writes.
+    await server.services.definitions.groups.resolve(decision, member, 1)
+    code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
+    assert code == 200
+    await stays(lambda: consumer.messages, lambda m: m == [], for_=1.0,
+                what="nothing announced while the rerun's run is pending")
+    await _claim(http, server.api, member, 1)
+    code, _ = await sas.post(http, f"{server.api}/task/{member}/runs/1/completed")
+    assert code == 200
+    await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
 
 
 async def test_a_rerun_that_failed_after_marking_its_task_unresolved_does_not_hold_its_group(
@@ -306,14 +342,7 @@ async def test_a_rerun_that_failed_after_marking_its_task_unresolved_does_not_ho
                                                        storage_prefix))
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
-    await create(http, server.api, definition("prov/rerunfailed"), decision)
-    failed = await create(http, server.api, definition("prov/rerunfailed",
-                                                       taskGroupId=decision))
-    last = await create(http, server.api, definition("prov/rerunfailed", taskGroupId=decision))
-    for task_id in (decision, failed, last):
-        await _claim(http, server.api, task_id)
-    for task_id in (decision, failed):
-        await sas.post(http, f"{server.api}/task/{task_id}/runs/0/completed")
+    failed, last = await _group_with_one_task_running(http, server.api, decision, "prov/rerunfailed")
     proxy.once("POST", "/$batch", "refused")  # the rerun's new run
     code, _ = await sas.post(http, f"{server.api}/task/{failed}/rerun")
     assert code == 500

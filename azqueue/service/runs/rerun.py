@@ -10,8 +10,12 @@ finished by the client's retry (duplicate tips are harmless).
 
 A resolved task's deadline trigger is dropped at its next look, so the rerun of a
 resolved task stores a new one first (``triggers``), as createTask does: the new run is
-resolved at the task's deadline, and its tip repaired, like the first. A rerun refused or
-lost after it leaves a trigger that finds the task resolved, and is dropped.
+resolved at the task's deadline, and its tip repaired, like the first. A rerun the task's
+state refuses (its deadline passed, ``MAX_RUNS`` runs) writes nothing; one refused or lost
+after its trigger leaves a trigger that finds the task resolved, and is dropped.
+
+With events on, a rerun of a member of a task group marks its row in the group
+unresolved before the new run is stored (``storage.groups``, ``events.outbox``).
 """
 
 from __future__ import annotations
