@@ -327,6 +327,18 @@ class GroupStore(TableStore):
         with translate(f"resolving task {task_id} in group {task_group_id}"):
             await self._table.upsert_entity(row, mode=UpdateMode.MERGE)
 
+    async def unresolve_if_member(self, task_group_id: str, task_id: str, rerun: int) -> None:
+        """``unresolve``, only if the task has a row in the group: the group's own task has
+        one once it resolved in a group that other tasks joined, and none in a group of
+        one, which must stay without."""
+        try:
+            with translate(f"marking task {task_id} unresolved in group {task_group_id}"):
+                await self._table.update_entity(  # an update: only a row that exists
+                    {"PartitionKey": task_group_id, "RowKey": task_id, "resolved": False,
+                     "rerun": rerun}, mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            pass
+
     async def unresolved(self, task_group_id: str) -> list[Unresolved]:
         """The rows a group check looks at: unresolved members, and members a rerun
         marked (``Unresolved``)."""

@@ -268,10 +268,12 @@ async def _group_with_one_task_running(http: aiohttp.ClientSession, api: str,
     return first, last
 
 
-async def test_a_member_being_rerun_keeps_its_group_from_being_announced_early(
+@pytest.mark.parametrize("which", ["a member", "the group's own task"])
+async def test_a_task_being_rerun_keeps_its_group_from_being_announced_early(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
-        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory) -> None:
-    """A member of a group is rerun while the group's last other task resolves, before
+        http: aiohttp.ClientSession, amqp_url: str, consume: ConsumerFactory,
+        which: str) -> None:
+    """A task of a group is rerun while the group's last other task resolves, before
     the rerun's new run is stored (storage holds that write back): the group is not
     announced then, with a task about to run again, but once that task's new run
     resolves."""
@@ -279,7 +281,8 @@ async def test_a_member_being_rerun_keeps_its_group_from_being_announced_early(
         proxy.connection_string(), storage_prefix))
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
-    rerun, last = await _group_with_one_task_running(http, server.api, decision, "prov/rerunning")
+    first, last = await _group_with_one_task_running(http, server.api, decision, "prov/rerunning")
+    rerun = first if which == "a member" else decision
     write = proxy.hold("POST", "/$batch")  # the rerun's new run, with its events
     rerunning = asyncio.create_task(sas.post(http, f"{server.api}/task/{rerun}/rerun"))
     try:

@@ -14,8 +14,9 @@ resolved at the task's deadline, and its tip repaired, like the first. A rerun t
 state refuses (its deadline passed, ``MAX_RUNS`` runs) writes nothing; one refused or lost
 after its trigger leaves a trigger that finds the task resolved, and is dropped.
 
-With events on, a rerun of a member of a task group marks its row in the group
-unresolved before the new run is stored (``storage.groups``, ``events.outbox``).
+With events on, a rerun of a member of a task group (the group's own task too, if it has
+a row there) marks its row in the group unresolved before the new run is stored
+(``storage.groups``, ``events.outbox``).
 """
 
 from __future__ import annotations
@@ -60,10 +61,15 @@ class Rerun:
         # marked unresolved before the new run is stored, so that no group check between
         # the two counts the task resolved (``events.outbox``); a rerun it refuses is
         # refused here first (``model.rerun``), and writes nothing.
-        marked = self.events_on and group != task_id and before.state.resolved
+        # The group's own task has a row only in a group other tasks joined (resolved
+        # there): it is marked if it has one, and a group of one is left without.
+        marked = self.events_on and before.state.resolved
         if marked:
             model.rerun(before, now)
-            await self.groups.unresolve(group, task_id, len(before.runs) + 1)
+            if group != task_id:
+                await self.groups.unresolve(group, task_id, len(before.runs) + 1)
+            else:
+                await self.groups.unresolve_if_member(group, task_id, len(before.runs) + 1)
         if before.state.resolved and before.deadline > now:
             await self.triggers.add(task_id, before.deadline, now + self.repair_delay)
         change = await self.changes.change(task_id, lambda t: model.rerun(t, now), loaded)
