@@ -143,14 +143,24 @@ class GroupStore(TableStore):
         except EntityExists:
             pass
 
-    async def unresolve(self, task_group_id: str, task_id: str, rerun: int) -> None:
+    async def unresolve(self, task_group_id: str, task_id: str, rerun: int,
+                        if_present: bool = False) -> None:
         """Mark a member unresolved again: it is being rerun, to have ``rerun`` runs (the
         row says so until it is resolved again: a rerun that never stored its run is told
-        apart from a run under way, ``Unresolved``)."""
-        with translate(f"marking task {task_id} unresolved in group {task_group_id}"):
-            await self._table.upsert_entity({"PartitionKey": task_group_id, "RowKey": task_id,
-                                             "resolved": False, "rerun": rerun},
-                                            mode=UpdateMode.MERGE)
+        apart from a run under way, ``Unresolved``). With ``if_present``, only a row that
+        exists: the group's own task has one once it resolved in a group that other tasks
+        joined, and none in a group of one, which must stay without."""
+        row = {"PartitionKey": task_group_id, "RowKey": task_id, "resolved": False,
+               "rerun": rerun}
+        try:
+            with translate(f"marking task {task_id} unresolved in group {task_group_id}"):
+                if if_present:  # an update: only a row that exists
+                    await self._table.update_entity(row, mode=UpdateMode.MERGE)
+                else:
+                    await self._table.upsert_entity(row, mode=UpdateMode.MERGE)
+        except EntityNotFound:
+            if not if_present:
+                raise
 
     async def members(self, task_group_id: str) -> list[Member]:
         """Every member row of the group (one request per 1000 rows)."""
@@ -326,18 +336,6 @@ class GroupStore(TableStore):
             row["runs"] = runs
         with translate(f"resolving task {task_id} in group {task_group_id}"):
             await self._table.upsert_entity(row, mode=UpdateMode.MERGE)
-
-    async def unresolve_if_member(self, task_group_id: str, task_id: str, rerun: int) -> None:
-        """``unresolve``, only if the task has a row in the group: the group's own task has
-        one once it resolved in a group that other tasks joined, and none in a group of
-        one, which must stay without."""
-        try:
-            with translate(f"marking task {task_id} unresolved in group {task_group_id}"):
-                await self._table.update_entity(  # an update: only a row that exists
-                    {"PartitionKey": task_group_id, "RowKey": task_id, "resolved": False,
-                     "rerun": rerun}, mode=UpdateMode.MERGE)
-        except EntityNotFound:
-            pass
 
     async def unresolved(self, task_group_id: str) -> list[Unresolved]:
         """The rows a group check looks at: unresolved members, and members a rerun

@@ -66,10 +66,8 @@ class Rerun:
         marked = self.events_on and before.state.resolved
         if marked:
             model.rerun(before, now)
-            if group != task_id:
-                await self.groups.unresolve(group, task_id, len(before.runs) + 1)
-            else:
-                await self.groups.unresolve_if_member(group, task_id, len(before.runs) + 1)
+            await self.groups.unresolve(group, task_id, len(before.runs) + 1,
+                                        if_present=group == task_id)
         if before.state.resolved and before.deadline > now:
             await self.triggers.add(task_id, before.deadline, now + self.repair_delay)
         change = await self.changes.change(task_id, lambda t: model.rerun(t, now), loaded)
