@@ -206,6 +206,16 @@ async def test_a_group_is_not_resolved_while_the_task_it_is_named_after_runs(
                             "expires": latest}
 
 
+async def _announced(consumer: Consumer, group: str, count: int, timeout: float = 15,
+                     for_: float = 1.0) -> None:
+    """Until the ``count``-th announcement that ``group`` is resolved arrives, then that
+    no other follows for ``for_`` seconds."""
+    await consumer.wait_for(lambda m: len(m) >= count, timeout=timeout)
+    assert consumer.messages[count - 1].body["taskGroupId"] == group
+    await stays(lambda: len(consumer.messages), lambda n: n == count, for_=for_,
+                what=f"the group announced {count} time(s), no more")
+
+
 async def _resolve_decision_then_member(http: aiohttp.ClientSession, api: str,
                                         consumer: Consumer, decision: str, child: str) -> None:
     """Claim both, resolve the decision task: nothing is announced while its member runs;
@@ -247,10 +257,7 @@ async def test_a_group_resolved_again_after_a_rerun_is_announced_again(
                 what="nothing announced while the rerun task runs")
     code, _ = await sas.post(http, f"{server.api}/task/{rerun}/runs/1/completed")
     assert code == 200
-    await consumer.wait_for(lambda m: len(m) >= 2, timeout=15)
-    assert consumer.messages[1].body["taskGroupId"] == decision
-    await stays(lambda: len(consumer.messages), lambda n: n == 2, for_=1.0,
-                what="the second resolution announced once")
+    await _announced(consumer, decision, 2)
 
 
 async def _group_with_one_task_running(http: aiohttp.ClientSession, api: str,
@@ -300,9 +307,7 @@ async def test_a_task_being_rerun_keeps_its_group_from_being_announced_early(
     await _claim(http, server.api, rerun, 1)
     code, _ = await sas.post(http, f"{server.api}/task/{rerun}/runs/1/completed")
     assert code == 200
-    await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
-    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
-                what="the group announced once, when its last task resolved")
+    await _announced(consumer, decision, 1)
 
 
 async def test_a_late_check_of_a_members_first_resolution_does_not_count_its_rerun_resolved(
@@ -351,9 +356,7 @@ async def test_a_rerun_that_failed_after_marking_its_task_unresolved_does_not_ho
     assert code == 500
     code, _ = await sas.post(http, f"{server.api}/task/{last}/runs/0/completed")
     assert code == 200
-    await consumer.wait_for(lambda m: len(m) >= 1, timeout=30)
-    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
-                what="the group announced once")
+    await _announced(consumer, decision, 1, timeout=30)
     assert (await status(http, server.api, failed))["state"] == "completed"
 
 
@@ -592,11 +595,8 @@ async def test_a_group_held_back_by_the_row_of_a_create_task_that_died_is_announ
     looked at again, the row dropped and the group announced, once."""
     _, consumer, group, died = await _a_group_resolving_past_a_row_of_no_task(
         make_server, http, amqp_url, consume, monkeypatch)
-    await consumer.wait_for(lambda m: len(m) >= 1, timeout=30)
-    assert consumer.messages[0].body["taskGroupId"] == group
+    await _announced(consumer, group, 1, timeout=30, for_=1.5)
     assert died not in await storage.row_keys("groups", group)
-    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.5,
-                what="the group announced once")
 
 
 async def test_a_group_held_back_by_a_create_task_under_way_waits_for_its_task(
@@ -616,7 +616,4 @@ async def test_a_group_held_back_by_a_create_task_under_way_waits_for_its_task(
     await _claim(http, server.api, late)
     code, _ = await sas.post(http, f"{server.api}/task/{late}/runs/0/completed")
     assert code == 200
-    await consumer.wait_for(lambda m: len(m) >= 1, timeout=15)
-    assert consumer.messages[0].body["taskGroupId"] == group
-    await stays(lambda: len(consumer.messages), lambda n: n == 1, for_=1.0,
-                what="the group announced once")
+    await _announced(consumer, group, 1)
