@@ -262,16 +262,23 @@ async def test_a_resolution_stored_just_before_a_crash_is_passed_on_after_it(
                      what="the waiting task scheduled")
 
 
+async def _dying_beside_a_survivor(make_server: ServerFactory
+                                   ) -> tuple[Server, taskcluster.aio.Queue]:
+    """A replica whose definitions "die" (no resolvers of its own), and a client of another
+    whose dependency resolver looks at definition triggers a second after they were put."""
+    survivor = await make_server(dependencies_recovery_delay=1.0,
+                                 dependency_resolver_interval=0.3)
+    dying = await make_server(dependencies_recovery_delay=1.0, run_resolvers=False)
+    return dying, _queue(survivor)
+
+
 async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_finished(
         make_server: ServerFactory) -> None:
     """The dependency completes while the dependent is being defined (after the check,
     before the dependent is stored, so the completion finds nothing to tell), and the
     defining process dies before reading its dependencies again: the dependency resolver
     finishes the definition."""
-    survivor = await make_server(dependencies_recovery_delay=1.0,
-                                 dependency_resolver_interval=0.3)
-    dying = await make_server(dependencies_recovery_delay=1.0, run_resolvers=False)
-    queue = _queue(survivor)
+    dying, queue = await _dying_beside_a_survivor(make_server)
     required = await _task(queue, "prov/deps-dying")
     dependencies = dying.services.dependencies
     track = dependencies.track
@@ -292,6 +299,86 @@ async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_f
     assert await _state(queue, waiting) == "unscheduled"
     await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
                      what="the waiting task scheduled")
+
+
+def _complete_while_inserted(server: Server, queue: taskcluster.aio.Queue, required: str
+                             ) -> Any:
+    """Make ``server``'s next insert of a task wait until its dependencies were read
+    beside it (``Dependencies.resolved_meanwhile``) and ``required`` was then completed
+    through ``queue``: the completion finds no task to tell, and the read saw nothing
+    resolved. Returns what puts both back."""
+    dependencies, tasks = server.services.dependencies, server.services.definitions.tasks
+    resolved_meanwhile, insert = dependencies.resolved_meanwhile, tasks.insert
+    read = asyncio.Event()
+
+    async def noted(*args: Any) -> bool:
+        try:
+            return await resolved_meanwhile(*args)
+        finally:
+            read.set()
+
+    async def held_up_insert(*args: Any, **kwargs: Any) -> Any:
+        tasks.insert = insert  # type: ignore[method-assign]
+        await asyncio.wait_for(read.wait(), 30)
+        await _run(queue, required)
+        return await insert(*args, **kwargs)
+
+    def restore() -> None:
+        dependencies.resolved_meanwhile = resolved_meanwhile  # type: ignore[method-assign]
+        tasks.insert = insert  # type: ignore[method-assign]
+
+    dependencies.resolved_meanwhile = noted  # type: ignore[method-assign]
+    tasks.insert = held_up_insert  # type: ignore[method-assign]
+    return restore
+
+
+async def test_a_dependency_completed_while_its_dependent_is_inserted_schedules_it(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """createTask of a task that waits reads its dependencies again while it inserts the
+    task, and once more after its answer (docs/concepts.md). A dependency that completes
+    after the first of those reads, before the task is stored, finds no task to tell: the
+    read after the answer schedules the task (no resolver runs here to do it)."""
+    server = await make_server(run_resolvers=False)
+    queue = _queue(server)
+    required = await _task(queue, "prov/deps-meanwhile")
+    restore = _complete_while_inserted(server, queue, required)
+    waiting = slugid()
+    try:
+        created = await queue.createTask(waiting, definition("prov/deps-meanwhile",
+                                                             dependencies=[required]))
+    finally:
+        restore()
+    assert created["status"]["state"] == "unscheduled"  # answered before that last read
+    await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
+                     what="the waiting task scheduled")
+    assert waiting in await _tips(http, server, "prov/deps-meanwhile")
+
+
+async def test_a_definition_that_dies_after_its_answer_before_its_last_read_is_finished(
+        make_server: ServerFactory) -> None:
+    """As above, but the defining process dies after its answer, before reading the
+    dependencies once more: its definition trigger stays, and the dependency resolver of
+    another replica schedules the task."""
+    dying, queue = await _dying_beside_a_survivor(make_server)
+    required = await _task(queue, "prov/deps-dying-after")
+    dependencies = dying.services.dependencies
+    recheck = dependencies.recheck
+
+    async def die(*args: Any) -> bool:
+        raise asyncio.CancelledError  # the process stops here
+
+    restore = _complete_while_inserted(dying, queue, required)
+    dependencies.recheck = die  # type: ignore[method-assign]
+    waiting = slugid()
+    try:
+        created = await _queue(dying).createTask(
+            waiting, definition("prov/deps-dying-after", dependencies=[required]))
+    finally:
+        restore()
+    assert created["status"]["state"] == "unscheduled"
+    await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
+                     what="the waiting task scheduled by the other replica's resolver")
+    dependencies.recheck = recheck  # type: ignore[method-assign]
 
 
 async def test_a_task_whose_dependency_is_resolved_is_stored_after_its_dependents_row(

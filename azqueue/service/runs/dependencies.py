@@ -16,18 +16,24 @@ does the work:
   then A's dependents are read.
 
 Whichever comes second sees the other. A resolution passed on before B is stored
-finds no B to tell, and B's second read sees it. Passing A's resolution on to B removes B's
-``wait:…:A`` row and reads B's remaining rows afterwards, so of several dependencies that
-resolve at once, the last to remove its row sees none left; scheduling B is a
-conditional change, so doing it twice does it once.
+finds no B to tell, and B's second read sees it. createTask sends that second read once
+it has answered, so that B waits on its answer's path only for a read of its
+dependencies sent with its insert, after its marks (``resolved_meanwhile``): a resolution written before that read was sent is
+passed on before the answer, as the second read would; one written later is seen by the
+second read, and until it is done B's definition trigger stays (see Durability).
+
+Passing A's resolution on to B removes B's ``wait:…:A`` row and reads B's remaining rows
+afterwards, so of several dependencies that resolve at once, the last to remove its row
+sees none left; scheduling B is a conditional change, so doing it twice does it once.
 
 Durability: before the resolution of a task with dependents is written, a trigger
 message goes into the internal queue ``<prefix>-dependencies``, invisible for the
 recovery delay, and is deleted once the resolution was passed on. If the process dies in
 between, the dependency resolver of any replica passes it on when the trigger reappears
 (and queues a tip again for a dependent this resolution scheduled, in case that was lost
-too). Defining a task that waits puts a trigger of its own before the task, removed after its
-dependencies were read again: if the createTask dies in between, the resolver reads them.
+too). Defining a task that waits puts a trigger of its own before the task, removed after
+its dependencies were read again: if the createTask dies in between (or that read fails),
+the resolver reads them.
 """
 
 from __future__ import annotations
@@ -172,6 +178,18 @@ class Dependencies:
             self.tasks.add_waits(task_id, definition_tag(definition), new.waiting),
             *(self.tasks.mark_has_dependents(d) for d in definition["dependencies"]
               if d in waiting and d not in new.marked and d != task_id)])
+
+    async def resolved_meanwhile(self, task: Task, waiting: list[str]) -> bool:
+        """Whether any of ``waiting`` (what the new task was found to wait for) satisfies
+        it now: read once its marks are written, while it is inserted. Passes nothing on,
+        as the task may not be stored yet: ``recheck`` does, once it is."""
+        requires = task.definition["requires"]
+
+        async def one(required: str) -> bool:
+            dependency = await self.tasks.find(required)
+            return dependency is not None and model.satisfies(dependency, requires)
+
+        return any(await gather_limited(one(d) for d in waiting if d != task.task_id))
 
     async def recheck(self, task: Task) -> bool:
         """After a waiting task is stored (or its createTask repeated): pass on what its

@@ -19,8 +19,9 @@ must precede what allows:
   dependencies (and whether it is stored already, and its group's records); then, if
   what it depends on is resolved, its tip and the task at once (two round trips; a
   member of a group writes its member row and tip first, three), else its definition
-  trigger, wait rows, marks and member row (``Dependencies.track``), the task with no
-  tip, and its dependencies read again (four).
+  trigger, wait rows, marks and member row (``Dependencies.track``), then the task with
+  no tip while its dependencies are read again (three; read once more after the answer,
+  ``Dependencies`` says why).
 
 The rows come before the task, so that a listing of its group or of a dependency's
 dependents misses no stored task. A definition its reads refuse takes back its trigger,
@@ -259,7 +260,10 @@ class Definitions:
                               early: _Early) -> dict[str, Any]:
         """A task that waits for dependencies: its definition trigger, wait rows, marks on
         what it waits for (``Dependencies.track``) and member row, then the task with no
-        tip, then its dependencies read again (``Dependencies.recheck``)."""
+        tip while its dependencies are read again (``Dependencies.resolved_meanwhile``).
+        If one of them resolved meanwhile, they are read again once the task is stored,
+        passing that on (``Dependencies.recheck``), before the answer; else after it
+        (``_recheck_soon``), for what resolved while the task was inserted."""
         defining, tracked, joined = await asyncio.gather(
             self.dependencies.begin_definition(task.task_id),
             self.dependencies.track(task.task_id, definition, new), self._add_to_group(task),
@@ -268,9 +272,23 @@ class Definitions:
             if isinstance(got, BaseException):
                 raise got
         assert isinstance(defining, Message)
-        stored, stored_at = await self._insert(task, definition, None, self._taking_back(early))
+        reading = asyncio.ensure_future(self.dependencies.resolved_meanwhile(task, new.waiting))
+        try:
+            stored, stored_at = await self._insert(task, definition, None,
+                                                   self._taking_back(early))
+        except BaseException:
+            reading.cancel()
+            await asyncio.gather(reading, return_exceptions=True)
+            raise
+        try:
+            meanwhile = await reading
+        except (errors.QueueError, errors.StorageError):
+            meanwhile = True  # not known: read again now that the task is stored
         if stored is None:
             return await self._answer(task, definition, early.written(None, stored_at), False)
+        if not meanwhile:
+            self._recheck_soon(task, defining)
+            return task.status()
         passed = await self.dependencies.recheck(task)
         self._drop_soon(defining)
         # A dependency resolved meanwhile may have changed it: read again.
@@ -366,6 +384,24 @@ class Definitions:
                          "resolver will", e)
 
         _finish_later(drop())
+
+    def _recheck_soon(self, task: Task, defining: Message) -> None:
+        """In the background, once a waiting task's createTask answered: its dependencies
+        read again, now that it is stored, passing on what resolved while it was inserted
+        (``Dependencies.recheck``), then its definition trigger deleted. Should the read
+        fail, or this process stop first, the dependency resolver reads them when the
+        trigger surfaces."""
+
+        async def recheck() -> None:
+            try:
+                await self.dependencies.recheck(task)
+            except (errors.QueueError, errors.StorageError) as e:
+                log.info("task %s: could not read its dependencies again (%s); the "
+                         "dependency resolver will", task.task_id, e)
+                return
+            self._drop_soon(defining)
+
+        _finish_later(recheck())
 
     async def _write_at_once(self, task: Task, definition: dict[str, Any], now: datetime,
                              inserting: asyncio.Future[Stored | None] | None,
