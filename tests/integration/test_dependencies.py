@@ -13,6 +13,7 @@ import pytest
 import taskcluster.aio
 from taskcluster.exceptions import TaskclusterRestFailure
 
+from azqueue import errors
 from azqueue.config import Client, StorageSettings
 from azqueue.devstorage import Azurite, free_port
 from azqueue.model import timeutil
@@ -301,12 +302,12 @@ async def test_a_definition_that_dies_before_reading_its_dependencies_again_is_f
                      what="the waiting task scheduled")
 
 
-def _complete_while_inserted(server: Server, queue: taskcluster.aio.Queue, required: str
-                             ) -> Any:
-    """Make ``server``'s next insert of a task wait until its dependencies were read
-    beside it (``Dependencies.resolved_meanwhile``) and ``required`` was then completed
-    through ``queue``: the completion finds no task to tell, and the read saw nothing
-    resolved. Returns what puts both back."""
+async def _created_as_its_dependency_completes(server: Server, queue: taskcluster.aio.Queue,
+                                               required: str, task_queue: str) -> str:
+    """createTask on ``server`` of a task waiting for ``required``, whose insert waits
+    until its dependencies were read beside it (``Dependencies.resolved_meanwhile``) and
+    ``required`` was then completed through ``queue``: the completion finds no task to
+    tell, and the read saw nothing resolved, so the answer says unscheduled. Its taskId."""
     dependencies, tasks = server.services.dependencies, server.services.definitions.tasks
     resolved_meanwhile, insert = dependencies.resolved_meanwhile, tasks.insert
     read = asyncio.Event()
@@ -323,13 +324,17 @@ def _complete_while_inserted(server: Server, queue: taskcluster.aio.Queue, requi
         await _run(queue, required)
         return await insert(*args, **kwargs)
 
-    def restore() -> None:
-        dependencies.resolved_meanwhile = resolved_meanwhile  # type: ignore[method-assign]
-        tasks.insert = insert  # type: ignore[method-assign]
-
     dependencies.resolved_meanwhile = noted  # type: ignore[method-assign]
     tasks.insert = held_up_insert  # type: ignore[method-assign]
-    return restore
+    waiting = slugid()
+    try:
+        created = await _queue(server).createTask(waiting, definition(
+            task_queue, dependencies=[required]))
+    finally:
+        dependencies.resolved_meanwhile = resolved_meanwhile  # type: ignore[method-assign]
+        tasks.insert = insert  # type: ignore[method-assign]
+    assert created["status"]["state"] == "unscheduled"  # answered before that last read
+    return waiting
 
 
 async def test_a_dependency_completed_while_its_dependent_is_inserted_schedules_it(
@@ -341,14 +346,8 @@ async def test_a_dependency_completed_while_its_dependent_is_inserted_schedules_
     server = await make_server(run_resolvers=False)
     queue = _queue(server)
     required = await _task(queue, "prov/deps-meanwhile")
-    restore = _complete_while_inserted(server, queue, required)
-    waiting = slugid()
-    try:
-        created = await queue.createTask(waiting, definition("prov/deps-meanwhile",
-                                                             dependencies=[required]))
-    finally:
-        restore()
-    assert created["status"]["state"] == "unscheduled"  # answered before that last read
+    waiting = await _created_as_its_dependency_completes(server, queue, required,
+                                                         "prov/deps-meanwhile")
     await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
                      what="the waiting task scheduled")
     assert waiting in await _tips(http, server, "prov/deps-meanwhile")
@@ -362,23 +361,40 @@ async def test_a_definition_that_dies_after_its_answer_before_its_last_read_is_f
     dying, queue = await _dying_beside_a_survivor(make_server)
     required = await _task(queue, "prov/deps-dying-after")
     dependencies = dying.services.dependencies
-    recheck = dependencies.recheck
 
     async def die(*args: Any) -> bool:
         raise asyncio.CancelledError  # the process stops here
 
-    restore = _complete_while_inserted(dying, queue, required)
     dependencies.recheck = die  # type: ignore[method-assign]
-    waiting = slugid()
-    try:
-        created = await _queue(dying).createTask(
-            waiting, definition("prov/deps-dying-after", dependencies=[required]))
-    finally:
-        restore()
-    assert created["status"]["state"] == "unscheduled"
+    waiting = await _created_as_its_dependency_completes(dying, queue, required,
+                                                         "prov/deps-dying-after")
     await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
                      what="the waiting task scheduled by the other replica's resolver")
-    dependencies.recheck = recheck  # type: ignore[method-assign]
+
+
+async def test_a_tip_the_read_after_the_answer_could_not_queue_is_queued_by_the_resolver(
+        make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
+    """As above, but the read after the answer schedules the task and its tip's put
+    fails: the task's definition trigger stays, and the dependency resolver of another
+    replica queues the tip (the tip repair would only in minutes)."""
+    dying, queue = await _dying_beside_a_survivor(make_server)
+    required = await _task(queue, "prov/deps-untipped")
+    pending = dying.services.definitions.tips.pending
+    put = pending.put
+
+    async def busy(*args: Any, **kwargs: Any) -> None:
+        raise errors.StorageUnavailable("Azure Storage stayed busy")
+
+    pending.put = busy  # type: ignore[method-assign]
+    try:
+        waiting = await _created_as_its_dependency_completes(dying, queue, required,
+                                                             "prov/deps-untipped")
+        await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
+                         what="the waiting task scheduled, its tip not queued")
+    finally:
+        pending.put = put  # type: ignore[method-assign]
+    await eventually(lambda: _tips(http, dying, "prov/deps-untipped"),
+                     lambda found: waiting in found, what="the tip queued by the resolver")
 
 
 async def test_a_task_whose_dependency_is_resolved_is_stored_after_its_dependents_row(

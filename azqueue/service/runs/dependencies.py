@@ -18,9 +18,12 @@ does the work:
 Whichever comes second sees the other. A resolution passed on before B is stored
 finds no B to tell, and B's second read sees it. createTask sends that second read once
 it has answered, so that B waits on its answer's path only for a read of its
-dependencies sent with its insert, after its marks (``resolved_meanwhile``): a resolution written before that read was sent is
-passed on before the answer, as the second read would; one written later is seen by the
-second read, and until it is done B's definition trigger stays (see Durability).
+dependencies sent with its insert, after its marks (``resolved_meanwhile``; up to
+``MAX_PARALLEL`` at once): a resolution that satisfies B and was written before that
+read is seen by it, and B reads its dependencies again, passing it on, before the
+answer; one written later is passed on by its own resolution if B is stored by then,
+else seen by the second read. Until that read is done, B's definition trigger stays
+(see Durability).
 
 Passing A's resolution on to B removes B's ``wait:…:A`` row and reads B's remaining rows
 afterwards, so of several dependencies that resolve at once, the last to remove its row
@@ -33,7 +36,7 @@ between, the dependency resolver of any replica passes it on when the trigger re
 (and queues a tip again for a dependent this resolution scheduled, in case that was lost
 too). Defining a task that waits puts a trigger of its own before the task, removed after
 its dependencies were read again: if the createTask dies in between (or that read fails),
-the resolver reads them.
+the resolver reads them, or, if that read had scheduled the task, queues its tip again.
 """
 
 from __future__ import annotations
@@ -284,6 +287,11 @@ class Dependencies:
         if task is not None and not task.runs:
             log.info("reading the dependencies of task %s again (recovered)", task.task_id)
             await self.recheck(task)
+        elif task is not None and len(task.runs) == 1 and \
+                task.runs[0].state is model.RunState.PENDING and self._schedule is not None:
+            # Scheduled by a read of its dependencies that may have stopped before its tip
+            # was queued (createTask's, after its answer): another tip, harmless if not.
+            await self._schedule(task.task_id, await self.tasks.load(task.task_id), True)
         await self.drop(message)
 
     @asynccontextmanager

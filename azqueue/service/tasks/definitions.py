@@ -373,24 +373,26 @@ class Definitions:
 
     def _drop_soon(self, defining: Message) -> None:
         """Delete a waiting task's definition trigger in the background, once its
-        dependencies were read again: should that fail, the dependency resolver reads
-        them once more when the trigger surfaces, and drops it."""
+        dependencies were read again (``_drop_definition``)."""
+        _finish_later(self._drop_definition(defining))
 
-        async def drop() -> None:
-            try:
-                await self.dependencies.drop(defining)
-            except (errors.QueueError, errors.StorageError) as e:
-                log.info("could not delete a definition trigger (%s); the dependency "
-                         "resolver will", e)
-
-        _finish_later(drop())
+    async def _drop_definition(self, defining: Message) -> None:
+        """Delete a waiting task's definition trigger: should that fail, the dependency
+        resolver reads its dependencies once more when the trigger surfaces, and drops
+        it."""
+        try:
+            await self.dependencies.drop(defining)
+        except (errors.QueueError, errors.StorageError) as e:
+            log.info("could not delete a definition trigger (%s); the dependency "
+                     "resolver will", e)
 
     def _recheck_soon(self, task: Task, defining: Message) -> None:
         """In the background, once a waiting task's createTask answered: its dependencies
         read again, now that it is stored, passing on what resolved while it was inserted
-        (``Dependencies.recheck``), then its definition trigger deleted. Should the read
-        fail, or this process stop first, the dependency resolver reads them when the
-        trigger surfaces."""
+        (``Dependencies.recheck``), then its definition trigger deleted; the replica's
+        close waits for it (``Dependencies.keep``). Should the read fail, or this process
+        stop first, the dependency resolver reads them when the trigger surfaces (and
+        queues a tip again if the task was scheduled meanwhile)."""
 
         async def recheck() -> None:
             try:
@@ -399,9 +401,14 @@ class Definitions:
                 log.info("task %s: could not read its dependencies again (%s); the "
                          "dependency resolver will", task.task_id, e)
                 return
-            self._drop_soon(defining)
+            except Exception:
+                log.exception("task %s: reading its dependencies again failed; the "
+                              "dependency resolver will", task.task_id)
+                return
+            await self._drop_definition(defining)
 
-        _finish_later(recheck())
+        self.dependencies.keep(asyncio.get_running_loop().create_task(
+            recheck(), context=contextvars.Context()))
 
     async def _write_at_once(self, task: Task, definition: dict[str, Any], now: datetime,
                              inserting: asyncio.Future[Stored | None] | None,
