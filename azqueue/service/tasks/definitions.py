@@ -78,6 +78,10 @@ EARLY_ROWS = MAX_PARALLEL
 
 _T = TypeVar("_T")
 
+# A task waiting for at most this many dependencies reads them beside its insert
+# (``_create_waiting``): a round trip's worth (``MAX_PARALLEL``).
+READ_BESIDE = MAX_PARALLEL
+
 # What createTask finishes after its task was stored, in the background: a tip whose queue
 # was being deleted, a deadline trigger that failed (``_queue_soon``, ``_trigger_soon``).
 _FINISHING: set[asyncio.Task[None]] = set()
@@ -263,7 +267,9 @@ class Definitions:
         tip while its dependencies are read again (``Dependencies.resolved_meanwhile``).
         If one of them resolved meanwhile, they are read again once the task is stored,
         passing that on (``Dependencies.recheck``), before the answer; else after it
-        (``_recheck_soon``), for what resolved while the task was inserted."""
+        (``_recheck_soon``), for what resolved while the task was inserted. A task
+        waiting for more than ``READ_BESIDE`` reads them only once the task is stored,
+        before the answer."""
         defining, tracked, joined = await asyncio.gather(
             self.dependencies.begin_definition(task.task_id),
             self.dependencies.track(task.task_id, definition, new), self._add_to_group(task),
@@ -272,7 +278,11 @@ class Definitions:
             if isinstance(got, BaseException):
                 raise got
         assert isinstance(defining, Message)
-        reading = asyncio.ensure_future(self.dependencies.resolved_meanwhile(task, new.waiting))
+        # Read beside the insert, and once more after the answer, only as many as one
+        # round trip reads: more are read once, after the insert, before the answer.
+        reading = asyncio.ensure_future(
+            self.dependencies.resolved_meanwhile(task, new.waiting)
+            if len(new.waiting) <= READ_BESIDE else _done(True))
         try:
             stored, stored_at = await self._insert(task, definition, None,
                                                    self._taking_back(early))
