@@ -21,7 +21,8 @@ must precede what allows:
   member of a group writes its member row and tip first, three), else its definition
   trigger, wait rows, marks and member row (``Dependencies.track``), then the task with
   no tip while its dependencies are read again (three; read once more after the answer,
-  ``Dependencies`` says why).
+  ``Dependencies`` says why; waiting for more than ``READ_BESIDE``, read once, after the
+  insert, before the answer).
 
 The rows come before the task, so that a listing of its group or of a dependency's
 dependents misses no stored task. A definition its reads refuse takes back its trigger,
@@ -278,7 +279,7 @@ class Definitions:
             if isinstance(got, BaseException):
                 raise got
         assert isinstance(defining, Message)
-        # Read beside the insert, and once more after the answer, only as many as one
+        # Read beside the insert (and again once the task is stored), only as many as one
         # round trip reads: more are read once, after the insert, before the answer.
         reading = asyncio.ensure_future(
             self.dependencies.resolved_meanwhile(task, new.waiting)
