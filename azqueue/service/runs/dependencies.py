@@ -18,13 +18,12 @@ does the work:
 Whichever comes second sees the other. A resolution passed on before B is stored
 finds no B to tell, and B's second read sees it. createTask sends that second read once
 it has answered, so that B waits on its answer's path only for a read of its
-dependencies sent with its insert, after its marks (``resolved_meanwhile``; a task that
-waits for more than a round trip reads (16) reads them once, after its insert, before
-its answer): a resolution that satisfies B and was written before that
-read is seen by it, and B reads its dependencies again, passing it on, before the
-answer; one written later is passed on by its own resolution if B is stored by then,
-else seen by the second read. Until that read is done, B's definition trigger stays
-(see Durability).
+dependencies sent with its insert, after its marks (``resolved_meanwhile``; a B that
+waits for more than 16, a round trip's reads, reads them once, after its insert, before
+its answer): a resolution that satisfies B and was written before that read is seen by
+it, and B reads its dependencies again, passing it on, before the answer; one written
+later is passed on by its own resolution if B is stored by then, else seen by the
+second read. Until that read is done, B's definition trigger stays (see Durability).
 
 Passing A's resolution on to B removes B's ``wait:…:A`` row and reads B's remaining rows
 afterwards, so of several dependencies that resolve at once, the last to remove its row
