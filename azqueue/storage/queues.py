@@ -308,9 +308,10 @@ class PendingQueues:
     async def put(self, task_queue_id: str, priority: Priority, text: str,
                   visible_in: timedelta = timedelta(0)) -> Message:
         """Put ``text`` in the task queue's queue at ``priority`` (hidden for
-        ``visible_in``), made first if this process does not know it exists. A queue deleted since this process made it or
-        learned it exists (an idle task queue's, by any replica: ``service.upkeep.idlequeues``)
-        answers 404: it is made again and the put tried again. One deleted moments ago
+        ``visible_in``), made first if this process does not know it exists. A queue
+        deleted since this process made it or learned it exists (an idle task queue's, by
+        any replica: ``service.upkeep.idlequeues``) answers 404: it is made again and the
+        put tried again. One deleted moments ago
         cannot be made yet (409 ``QueueBeingDeleted``): tried again, pausing, for up to
         ``BEING_DELETED_WAIT`` seconds or the time the request served has left, then
         QueueBeingDeleted (a ``StorageUnavailable``) is raised and nothing was put."""

@@ -350,7 +350,8 @@ async def test_a_rerun_that_failed_after_marking_its_task_unresolved_does_not_ho
                                                        storage_prefix))
     decision = slugid()
     consumer = await consume(f"primary.{decision}.#", exchanges=("task-group-resolved",))
-    failed, last = await _group_with_one_task_running(http, server.api, decision, "prov/rerunfailed")
+    failed, last = await _group_with_one_task_running(http, server.api, decision,
+                                                      "prov/rerunfailed")
     proxy.once("POST", "/$batch", "refused")  # the rerun's new run
     code, _ = await sas.post(http, f"{server.api}/task/{failed}/rerun")
     assert code == 500

@@ -215,9 +215,9 @@ async def test_through_throttling_and_lost_answers_every_dependent_runs_once_aft
     it are being created through two replicas, at 10 ms a storage round trip, with
     storage throttled and losing answers: the completion lands between the steps of
     those definitions (the windows of docs/concepts.md; one of them has its insert held
-    until the report is answered, after the read beside it). No 5xx and no time-out for any client; every
-    dependent is claimed once, completed once, and only after its dependency's report
-    was sent."""
+    until the report is answered, after the read beside it). No 5xx and no time-out for
+    any client; every dependent is claimed once, completed once, and only after its
+    dependency's report was sent."""
     settings = {"dependencies_recovery_delay": 2.0, "dependency_resolver_interval": 0.5}
     replicas = [await faulty_servers(**settings), await faulty_servers(**settings)]
     clients = Clients(http)
@@ -582,7 +582,8 @@ async def test_a_waiting_claim_work_caller_takes_the_tip_before_its_task_is_stor
     before the task is stored (here the task's insert is held back by storage); the
     claim is written once the insert is. Meanwhile the task is not there
     for readers (404: createTask has not answered). If the insert stores nothing because
-    the taskId belongs to another task (createTask answers 409), the tip is deleted, the caller gets no task, and the other task is untouched."""
+    the taskId belongs to another task (createTask answers 409), the tip is deleted, the
+    caller gets no task, and the other task is untouched."""
     server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=3.0)
     task_queue_id, task_id = "prov/handearly", slugid()
     if taken != "free":
