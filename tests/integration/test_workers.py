@@ -82,42 +82,73 @@ async def test_a_quarantined_worker_gets_no_work_from_claim_work_until_quarantin
     assert [c["status"]["taskId"] for c in claimed] == [second]
 
 
+async def _quarantined_caller_waiting(http: aiohttp.ClientSession, server: Server,
+                                      task_queue_id: str) -> asyncio.Task[list[Any]]:
+    """A claimWork call of worker w1, quarantined for an hour, waiting on ``server``."""
+    await _declare(http, server, task_queue_id, "w1")
+    await _quarantine(http, server, task_queue_id, "w1",
+                      datetime.now(UTC) + timedelta(hours=1))
+    waiting = asyncio.create_task(claim_work(http, server, task_queue_id, worker_id="w1"))
+    await callers_waiting(server, task_queue_id)
+    return waiting
+
+
+async def _claimed_at_first_try(http: aiohttp.ClientSession, server: Server,
+                                messages: list[sas.QueueMessage], task_id: str,
+                                waiting: asyncio.Task[list[Any]]) -> None:
+    """The tip given back, polled (``messages``), claims ``task_id`` for a SAS worker
+    (w2) at its first try; the quarantined caller got nothing."""
+    assert [(m.tip["taskId"], m.tip["runId"]) for m in messages] == [(task_id, 0)]
+    code, claim = await sas.claim(http, server.api, messages[0], worker_id="w2")
+    assert code == 200, claim
+    assert claim["status"]["taskId"] == task_id and claim["runId"] == 0, claim
+    assert await waiting == []
+
+
 async def test_a_task_created_while_a_quarantined_worker_waits_goes_to_others_at_once(
         make_server: ServerFactory, http: aiohttp.ClientSession) -> None:
     """A quarantined worker waits in claimWork on the replica where a task of its queue is
     created: the tip, put hidden as that caller's claim would hold it, is not claimed by
     it and is given back as run 0's, visible at once, and a SAS worker following the
     worker rules claims the task within seconds (the tip repair is ten minutes away).
-    The tip given back was never recorded (a tip a caller here takes needs no record):
-    its first claim may be refused, which queues the run a recorded tip at once."""
+    The tip was not recorded when it was handed over (a claimWork caller's claim needs no
+    record); given back, it is, so the SAS worker's first claim of it succeeds."""
     server = await make_server(claim_work_wait=3.0, claim_work_poll_interval=60.0,
                                tip_repair_delay=600.0)
     tq = "prov/quarantine-wait"
-    await _declare(http, server, tq, "w1")
-    await _quarantine(http, server, tq, "w1", datetime.now(UTC) + timedelta(hours=1))
-    waiting = asyncio.create_task(claim_work(http, server, tq, worker_id="w1"))
-    await callers_waiting(server, tq)
+    waiting = await _quarantined_caller_waiting(http, server, tq)
     task_id = await create(http, server.api, definition(tq))
 
     urls = await sas.poll_task_urls(http, server.api, "prov", "quarantine-wait")
     queue = urls["queues"][6]
+    messages = await eventually(lambda: sas.get_messages(http, queue["signedPollUrl"]),
+                                what="the tip given back, visible")
+    await _claimed_at_first_try(http, server, messages, task_id, waiting)
 
-    seen: list[dict[str, Any]] = []
 
-    async def claimed() -> dict[str, Any] | None:
-        for message in await sas.get_messages(http, queue["signedPollUrl"]):
-            seen.append(message.tip)
-            code, claim = await sas.claim(http, server.api, message, worker_id="w2")
-            if code == 200:
-                return claim
-            assert 400 <= code < 500, claim
-            await sas.delete_message(http, queue["signedDeleteUrl"], message)
-        return None
-
-    claim = await eventually(claimed, what="a SAS worker claims the task")
-    assert claim["status"]["taskId"] == task_id and claim["runId"] == 0, claim
-    assert [(t["taskId"], t["runId"]) for t in seen] == [(task_id, 0)] * len(seen), seen
-    assert await waiting == []
+async def test_a_tip_given_back_before_its_task_is_stored_is_recorded_once_it_is(
+        proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
+        http: aiohttp.ClientSession) -> None:
+    """As above, but the quarantined caller gives the tip back while storage still holds
+    the task's insert: the tip is recorded once the task is stored, and the SAS worker
+    that polled it meanwhile claims the task with it at its first try."""
+    server = await make_server(
+        storage=StorageSettings(proxy.connection_string(), storage_prefix),
+        claim_work_wait=3.0, claim_work_poll_interval=60.0, tip_repair_delay=600.0)
+    tq = "prov/quarantine-held"
+    waiting = await _quarantined_caller_waiting(http, server, tq)
+    urls = await sas.poll_task_urls(http, server.api, "prov", "quarantine-held")
+    insert = proxy.hold("POST", "/$batch")
+    creating = asyncio.create_task(create(http, server.api, definition(tq)))
+    try:
+        messages = await eventually(
+            lambda: sas.get_messages(http, urls["queues"][6]["signedPollUrl"]),
+            what="the tip given back, visible")
+        assert insert.reached.is_set() and not creating.done()
+    finally:
+        insert.release()
+    task_id = await creating
+    await _claimed_at_first_try(http, server, messages, task_id, waiting)
 
 
 async def test_a_quarantined_workers_sas_claim_is_403_and_its_tip_goes_to_others_at_once(

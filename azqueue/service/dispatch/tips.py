@@ -40,7 +40,8 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   another caller here, or it is made run 0's tip, visible, before createTask answers
   (``reveal``; if that fails, createTask fails, and its client's repeat puts another).
   A tip a caller was handed and does not claim (it went away, is quarantined) is given
-  back as run 0's (``give_back``). A claim there that storage fails gives the tip back
+  back as run 0's, and recorded on the task once it is stored if it was not
+  (``give_back``). A claim there that storage fails gives the tip back
   at once (before its write, as run 0's; after, once a fresh read shows the run
   unclaimed), as a claim whose write fails does. A tip put before a caller came is
   handed over as put, and the caller's claim rewrites it (below).
@@ -99,14 +100,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
-from typing import Protocol
+from typing import Any, Protocol
 
 from azqueue import errors
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.task import RunState, Task
+from azqueue.model import tip as signed
 from azqueue.model.tip import TipSigner
 from azqueue.service.dispatch.doorbell import Doorbell
 from azqueue.service.dispatch.waiting import Waiting
@@ -124,6 +126,11 @@ MAX_RECORDING = 64
 RECORD_BUDGET = 10.0
 # Writes of such a record tried, each on a fresh read after the task changed.
 RECORD_ATTEMPTS = 5
+# A tip given back before its task was stored is recorded once the task is: the task is
+# looked for this many times, the first pause this many seconds, each pause twice the one
+# before (about 8 s in all: an insert slowed down by storage, or refused).
+GIVEN_BACK_LOOKS = 6
+GIVEN_BACK_PAUSE = 0.25
 
 
 class Keep:
@@ -318,17 +325,23 @@ class Tips:
         ``MAX_RECORDING`` at once; beyond them the caller records before it answers, so
         a burst of createTasks is slowed down to what storage takes. ``close`` waits for
         them. Never raises: a failure is logged."""
+        await self._soon(self._record_logged(stored, message, run_id, recorded),
+                         f"{stored.task.task_id}/{run_id}")
+
+    async def _soon(self, job: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a record in the background (at most ``MAX_RECORDING`` at once; beyond them,
+        now), for ``close`` to wait for."""
         if len(self._recording) >= MAX_RECORDING:
-            await self._record_logged(stored, message, run_id, recorded)
+            await job
             return
-        job = asyncio.get_running_loop().create_task(
-            self._record_logged(stored, message, run_id, recorded),
-            name=f"{stored.task.task_id}/{run_id}", context=contextvars.Context())
-        self._recording.add(job)
-        job.add_done_callback(self._recording.discard)
+        task = asyncio.get_running_loop().create_task(job, name=name,
+                                                      context=contextvars.Context())
+        self._recording.add(task)
+        task.add_done_callback(self._recording.discard)
 
     async def _record_logged(self, stored: Stored, message: Message, run_id: int,
-                             recorded: Callable[[Stored, str], None]) -> None:
+                             recorded: Callable[[Stored, str], None], as_live: bool = True
+                             ) -> None:
         task_id = stored.task.task_id
         current = stored
         try:
@@ -338,7 +351,8 @@ class Tips:
                             message.message_id in current.tips:
                         return  # put in the queue of a priority the task has no more
                     now = await self.tasks.record_tip_at(
-                        current, message.message_id, live_record(current, message, run_id))
+                        current, message.message_id,
+                        live_record(current, message, run_id) if as_live else None)
                     if now is not None:
                         recorded(now, current.etag)
                         return
@@ -421,15 +435,25 @@ class Tips:
         except errors.EntityNotFound:  # no task was ever put there: empty
             return Received([], False)
 
-    async def give_back(self, task_queue_id: str, message: Message) -> None:
+    async def give_back(self, task_queue_id: str, message: Message,
+                        recorded: Callable[[Stored, str], None]) -> None:
         """A tip received for claimWork that nobody here claims: visible at once, and
         rung (a ``Prewritten`` as the tip it stands for). A failure is logged: it becomes
         visible by itself when its hold ends (a ``Prewritten``, when its claim's time is
-        over: its run, pending, gets a tip from the tip repair, ``repair``)."""
+        over: its run, pending, gets a tip from the tip repair, ``repair``).
+
+        A tip handed over as createTask put it (never received: ``dequeue_count`` 0) may
+        not be recorded, as a claimWork caller's claim needs no record: it is recorded
+        now if it is not (``_record_given_back``), so that a worker that polls it with
+        SAS can claim it."""
         try:
-            await self.queues.release(message.queue_name, message.message_id,
-                                      message.pop_receipt,
-                                      message.text if isinstance(message, Prewritten) else None)
+            receipt: str | None = await self.queues.update(
+                message.queue_name, message.message_id, message.pop_receipt, timedelta(0),
+                message.text if isinstance(message, Prewritten) else None)
+        except ReceiptLost:
+            receipt = None  # released, most likely: its new receipt is not known
+        except MessageGone:
+            return
         except errors.StorageError as e:
             log.warning("could not release message %s of %s: %s", message.message_id,
                         message.queue_name, e)
@@ -437,6 +461,40 @@ class Tips:
         priority = next((p for p in ORDER
                          if self.pending.name(task_queue_id, p) == message.queue_name), None)
         self.doorbell.visible(task_queue_id, priority)
+        if message.dequeue_count == 0:
+            await self._soon(self._record_given_back(message, receipt, recorded),
+                             f"given back {message.message_id}")
+
+    async def _record_given_back(self, message: Message, receipt: str | None,
+                                 recorded: Callable[[Stored, str], None]) -> None:
+        """Record a tip createTask handed over and a caller gave back, unless its task
+        records it already (one read; a write if not), after the caller's answer. A
+        worker presenting it before waits for the record (``claims``). A failure is
+        logged: such a worker's claim is then refused, and the run given a recorded tip,
+        as for a tip whose createTask died before recording it."""
+        try:
+            tip = signed.Tip.decode(message.text)  # put by createTask: a tip
+            for look in range(GIVEN_BACK_LOOKS):
+                try:
+                    stored = await self.tasks.load(tip.task_id)
+                    break
+                except errors.NotFound:  # given back while its task was being inserted
+                    if look < GIVEN_BACK_LOOKS - 1:
+                        await asyncio.sleep(GIVEN_BACK_PAUSE * 2 ** look)
+            else:
+                return  # never stored: its createTask was refused or failed
+        except ValueError:
+            return
+        except errors.StorageError as e:
+            log.warning("message %s: could not read its task to record it as given back "
+                        "(%s)", message.message_id, e)
+            return
+        if message.message_id in stored.tips:
+            return
+        # With its receipt unknown, it is recorded as one of the task's tips only, not as
+        # the live one (which the tip repair's look moves with its receipt).
+        await self._record_logged(stored, replace(message, pop_receipt=receipt or ""),
+                                  tip.run_id, recorded, as_live=receipt is not None)
 
     # -- claims ----------------------------------------------------------------------
 
