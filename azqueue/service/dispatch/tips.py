@@ -126,11 +126,19 @@ MAX_RECORDING = 64
 RECORD_BUDGET = 10.0
 # Writes of such a record tried, each on a fresh read after the task changed.
 RECORD_ATTEMPTS = 5
-# A tip given back before its task was stored is recorded once the task is: the task is
-# looked for this many times, the first pause this many seconds, each pause twice the one
-# before (about 8 s in all: an insert slowed down by storage, or refused).
-GIVEN_BACK_LOOKS = 6
-GIVEN_BACK_PAUSE = 0.25
+# How long a tip given back waits, at most, for the insert under way of its task.
+INSERT_WAIT = 60.0
+
+
+class Copies(Protocol):
+    """What a tip given back asks of this process's copies of the tasks it wrote
+    (``runs.cache.TaskCache``): the insert under way that put a tip, and the copy of a
+    task a record changed."""
+
+    def inserting(self, task_id: str, message_id: str
+                  ) -> tuple[Task, asyncio.Future[Stored | None]] | None: ...
+
+    def recorded(self, stored: Stored, was: str) -> None: ...
 
 
 class Keep:
@@ -192,7 +200,8 @@ class Prewritten(Message):
     lasts; a claim made within that time of its put holds it as put, with no rewrite
     (``Claims._rewrite_tip``), so it reappears no earlier than that claim's takenUntil; a
     later claim rewrites it as any tip (its receipt still holds: nobody else received
-    it). It is recorded as one of the task's tips, never as its live tip. ``put_at``:
+    it). It is recorded as one of the task's tips, never as its live tip (given back, it
+    is the run's tip as any other: ``give_back``). ``put_at``:
     when its put was answered, on the event loop's clock."""
 
     put_at: float = 0.0
@@ -368,7 +377,8 @@ class Tips:
             log.exception("task %s run %d: recording its tip failed", task_id, run_id)
 
     async def close(self) -> None:
-        """Wait for the tips still being recorded (at most ``RECORD_BUDGET`` each)."""
+        """Wait for the tips still being recorded (at most ``RECORD_BUDGET`` each, and a
+        tip given back the insert of its task, ``INSERT_WAIT``)."""
         if self._recording:
             await asyncio.gather(*self._recording, return_exceptions=True)
 
@@ -435,17 +445,16 @@ class Tips:
         except errors.EntityNotFound:  # no task was ever put there: empty
             return Received([], False)
 
-    async def give_back(self, task_queue_id: str, message: Message,
-                        recorded: Callable[[Stored, str], None]) -> None:
+    async def give_back(self, task_queue_id: str, message: Message, copies: Copies) -> None:
         """A tip received for claimWork that nobody here claims: visible at once, and
         rung (a ``Prewritten`` as the tip it stands for). A failure is logged: it becomes
         visible by itself when its hold ends (a ``Prewritten``, when its claim's time is
         over: its run, pending, gets a tip from the tip repair, ``repair``).
 
-        A tip handed over as createTask put it (never received: ``dequeue_count`` 0) may
-        not be recorded, as a claimWork caller's claim needs no record: it is recorded
-        now if it is not (``_record_given_back``), so that a worker that polls it with
-        SAS can claim it."""
+        A tip handed over as this process put it (never received: ``dequeue_count`` 0)
+        may not be recorded, as a claimWork caller's claim needs no record (createTask's,
+        put with the task's insert): it is recorded now if it is not
+        (``_record_given_back``), so that a worker that polls it with SAS can claim it."""
         try:
             receipt: str | None = await self.queues.update(
                 message.queue_name, message.message_id, message.pop_receipt, timedelta(0),
@@ -462,39 +471,42 @@ class Tips:
                          if self.pending.name(task_queue_id, p) == message.queue_name), None)
         self.doorbell.visible(task_queue_id, priority)
         if message.dequeue_count == 0:
-            await self._soon(self._record_given_back(message, receipt, recorded),
+            await self._soon(self._record_given_back(message, receipt, copies),
                              f"given back {message.message_id}")
 
     async def _record_given_back(self, message: Message, receipt: str | None,
-                                 recorded: Callable[[Stored, str], None]) -> None:
-        """Record a tip createTask handed over and a caller gave back, unless its task
-        records it already (one read; a write if not), after the caller's answer. A
-        worker presenting it before waits for the record (``claims``). A failure is
-        logged: such a worker's claim is then refused, and the run given a recorded tip,
-        as for a tip whose createTask died before recording it."""
+                                 copies: Copies) -> None:
+        """Record a tip this process put, handed over and was given back, after the
+        caller's answer: on the task its insert stored, once that insert is over if it is
+        still under way (a tip of an insert that stored nothing, the taskId another
+        task's, is not: ``Definitions._defined_before``); else on the task as read now.
+        Only a tip in the queue of the task's priority, not recorded yet, while the task
+        has room for records (``MAX_TIPS``). A worker presenting it before waits for the
+        record (``claims``). A failure is logged: such a worker's claim is then refused,
+        and the run given a recorded tip, as for a tip whose createTask died before
+        recording it."""
         try:
-            tip = signed.Tip.decode(message.text)  # put by createTask: a tip
-            for look in range(GIVEN_BACK_LOOKS):
-                try:
-                    stored = await self.tasks.load(tip.task_id)
-                    break
-                except errors.NotFound:  # given back while its task was being inserted
-                    if look < GIVEN_BACK_LOOKS - 1:
-                        await asyncio.sleep(GIVEN_BACK_PAUSE * 2 ** look)
-            else:
-                return  # never stored: its createTask was refused or failed
-        except ValueError:
-            return
-        except errors.StorageError as e:
+            tip = signed.Tip.decode(message.text)  # put by this process: a tip
+            inserting = copies.inserting(tip.task_id, message.message_id)
+            stored = await asyncio.wait_for(asyncio.shield(inserting[1]), INSERT_WAIT) \
+                if inserting is not None else await self.tasks.load(tip.task_id)
+            if stored is None or message.message_id in stored.tips or \
+                    len(stored.tips) >= MAX_TIPS or \
+                    message.queue_name != self.pending.name(stored.task.task_queue_id,
+                                                            stored.task.priority):
+                return
+            # With its receipt unknown, it is recorded as one of the task's tips only, not
+            # as the live one (which the tip repair's look moves with its receipt).
+            await self._record_logged(stored, replace(message, pop_receipt=receipt or ""),
+                                      tip.run_id, copies.recorded, as_live=receipt is not None)
+        except errors.NotFound:
+            pass  # its task is not stored: a claim of it is refused, and the tip deleted
+        except (errors.StorageError, TimeoutError) as e:
             log.warning("message %s: could not read its task to record it as given back "
-                        "(%s)", message.message_id, e)
-            return
-        if message.message_id in stored.tips:
-            return
-        # With its receipt unknown, it is recorded as one of the task's tips only, not as
-        # the live one (which the tip repair's look moves with its receipt).
-        await self._record_logged(stored, replace(message, pop_receipt=receipt or ""),
-                                  tip.run_id, recorded, as_live=receipt is not None)
+                        "(%s)", message.message_id, str(e) or "its insert took too long")
+        except Exception:
+            log.exception("message %s: recording it as given back failed",
+                          message.message_id)
 
     # -- claims ----------------------------------------------------------------------
 

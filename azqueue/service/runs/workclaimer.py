@@ -139,7 +139,7 @@ class WorkClaimer:
     async def _pass_on(self, task_queue_id: str, tq: WaitingQueue, message: Message) -> None:
         """A tip handed to a caller that no longer needs it: to another caller, or back."""
         if not tq.hand(message):
-            await self.tips.give_back(task_queue_id, message, self.claims.cache.recorded)
+            await self.tips.give_back(task_queue_id, message, self.claims.cache)
 
     # -- polling ---------------------------------------------------------------------
 
@@ -251,9 +251,9 @@ class WorkClaimer:
             # tip back (unless the claim decided what becomes of it) and go on.
             log.warning("claimWork could not claim %s/%d: %s", tip.task_id, tip.run_id, e)
             if not message_decided(e):
-                await self.tips.give_back(task_queue_id, message, self.claims.cache.recorded)
+                await self.tips.give_back(task_queue_id, message, self.claims.cache)
         except Exception as e:
             log.exception("claimWork could not claim %s/%d", tip.task_id, tip.run_id)
             if not message_decided(e):
-                await self.tips.give_back(task_queue_id, message, self.claims.cache.recorded)
+                await self.tips.give_back(task_queue_id, message, self.claims.cache)
         return None
