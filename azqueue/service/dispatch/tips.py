@@ -200,8 +200,8 @@ class Prewritten(Message):
     lasts; a claim made within that time of its put holds it as put, with no rewrite
     (``Claims._rewrite_tip``), so it reappears no earlier than that claim's takenUntil; a
     later claim rewrites it as any tip (its receipt still holds: nobody else received
-    it). It is recorded as one of the task's tips, never as its live tip (given back, it
-    is the run's tip as any other: ``give_back``). ``put_at``:
+    it). It is recorded as one of the task's tips, never as its live tip (given back with
+    no record, it is recorded as any tip then: ``give_back``). ``put_at``:
     when its put was answered, on the event loop's clock."""
 
     put_at: float = 0.0
@@ -357,7 +357,8 @@ class Tips:
             with retry.budget(RECORD_BUDGET):
                 for _ in range(RECORD_ATTEMPTS):
                     if current.task.priority != stored.task.priority or \
-                            message.message_id in current.tips:
+                            message.message_id in current.tips or \
+                            len(current.tips) >= MAX_TIPS:
                         return  # put in the queue of a priority the task has no more
                     now = await self.tasks.record_tip_at(
                         current, message.message_id,
@@ -377,8 +378,8 @@ class Tips:
             log.exception("task %s run %d: recording its tip failed", task_id, run_id)
 
     async def close(self) -> None:
-        """Wait for the tips still being recorded (at most ``RECORD_BUDGET`` each, and a
-        tip given back the insert of its task, ``INSERT_WAIT``)."""
+        """Wait for the tips still being recorded: at most ``RECORD_BUDGET`` each, and for
+        a tip given back, ``INSERT_WAIT`` more for the insert of its task."""
         if self._recording:
             await asyncio.gather(*self._recording, return_exceptions=True)
 
@@ -477,11 +478,12 @@ class Tips:
     async def _record_given_back(self, message: Message, receipt: str | None,
                                  copies: Copies) -> None:
         """Record a tip this process put, handed over and was given back, after the
-        caller's answer: on the task its insert stored, once that insert is over if it is
-        still under way (a tip of an insert that stored nothing, the taskId another
-        task's, is not: ``Definitions._defined_before``); else on the task as read now.
-        Only a tip in the queue of the task's priority, not recorded yet, while the task
-        has room for records (``MAX_TIPS``). A worker presenting it before waits for the
+        caller's answer, on its task: the one its insert stored, once that insert is over
+        if it is still under way; else (or if the insert's request failed) the task as
+        read now, which may be another createTask's of the same taskId (the tip is signed
+        for that taskId and task queue: a duplicate tip of that task, harmless). Only a
+        tip in the queue of the task's priority, not recorded yet, while the task has
+        room for records (``MAX_TIPS``). A worker presenting it before waits for the
         record (``claims``). A failure is logged: such a worker's claim is then refused,
         and the run given a recorded tip, as for a tip whose createTask died before
         recording it."""
@@ -489,8 +491,11 @@ class Tips:
             tip = signed.Tip.decode(message.text)  # put by this process: a tip
             inserting = copies.inserting(tip.task_id, message.message_id)
             stored = await asyncio.wait_for(asyncio.shield(inserting[1]), INSERT_WAIT) \
-                if inserting is not None else await self.tasks.load(tip.task_id)
-            if stored is None or message.message_id in stored.tips or \
+                if inserting is not None else None
+            if stored is None:
+                with retry.budget(RECORD_BUDGET):
+                    stored = await self.tasks.load(tip.task_id)
+            if message.message_id in stored.tips or \
                     len(stored.tips) >= MAX_TIPS or \
                     message.queue_name != self.pending.name(stored.task.task_queue_id,
                                                             stored.task.priority):
