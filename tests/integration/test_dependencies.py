@@ -350,7 +350,9 @@ async def test_a_dependency_completed_while_its_dependent_is_inserted_schedules_
                                                          "prov/deps-meanwhile")
     await eventually(lambda: _state(queue, waiting), lambda state: state == "pending",
                      what="the waiting task scheduled")
-    assert waiting in await _tips(http, server, "prov/deps-meanwhile")
+    # Its tip is put once its pending run is stored, a moment after.
+    await eventually(lambda: _tips(http, server, "prov/deps-meanwhile"),
+                     lambda tips: waiting in tips, what="the waiting task's tip queued")
 
 
 async def test_a_definition_that_dies_after_its_answer_before_its_last_read_is_finished(
