@@ -373,7 +373,7 @@ def owners(tasks: TaskStore, group_store: GroupStore) -> GroupOwners:
     return GroupOwners(tasks=tasks, groups=group_store)
 
 
-@component(start=Definitions.setup)
+@component(start=Definitions.setup, stop=Definitions.close)
 def definitions(settings: Settings, tasks: TaskStore,
                 group_store: GroupStore, owners: GroupOwners,
                 triggers: DeadlineTriggers, dependencies: Dependencies, tips: Tips,

@@ -8,6 +8,7 @@ import secrets
 from datetime import UTC, datetime, timedelta
 
 import aiohttp
+import pytest
 
 from azqueue.config import StorageSettings
 from azqueue.model.priority import ORDER
@@ -152,18 +153,25 @@ async def test_a_task_whose_queue_is_being_deleted_waits_for_it_and_is_claimed(
     assert await _claim_work(http, server, task_queue_id) == [task_id]
 
 
+@pytest.mark.parametrize("then", ["claimed", "the replica closes"])
 async def test_a_task_whose_queue_is_deleted_longer_than_its_request_can_wait_is_stored_and_claimed(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
-        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+        http: aiohttp.ClientSession, storage: StorageInspector, then: str) -> None:
     # createTask does not fail for it: the task is stored, and its tip queued once the
     # queue can be made again (the tip repair, three minutes on, would come too late
-    # for this test).
+    # for this test); a replica that closes right after the answer queues it before it
+    # stops.
     server = await make_server(storage=StorageSettings(proxy.connection_string(),
                                                        storage_prefix), request_budget=2.0)
     task_queue_id = f"idle/q{secrets.token_hex(6)}"
     await _run(http, server, task_queue_id)
     await _deleted_moments_ago(proxy, storage, task_queue_id, refusals=5)
     task_id = await create(http, server.api, definition(task_queue_id))
-    await eventually(lambda: _claim_work(http, server, task_queue_id),
-                     lambda claimed: claimed == [task_id], what="the task claimed")
+    if then == "claimed":
+        await eventually(lambda: _claim_work(http, server, task_queue_id),
+                         lambda claimed: claimed == [task_id], what="the task claimed")
+    else:
+        await server.services.definitions.close()
+        assert await storage.message_count(storage.pending_queue(task_queue_id)) == 1
+        assert (await storage.stored(task_id)).live_tip is not None
     assert proxy.counts["queue being deleted"] == 6

@@ -44,7 +44,7 @@ import asyncio
 import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
 
@@ -83,16 +83,8 @@ _T = TypeVar("_T")
 # (``_create_waiting``): a round trip's worth (``MAX_PARALLEL``).
 READ_BESIDE = MAX_PARALLEL
 
-# What createTask finishes after its task was stored, in the background: a tip whose queue
-# was being deleted, a deadline trigger that failed (``_queue_soon``, ``_trigger_soon``).
-_FINISHING: set[asyncio.Task[None]] = set()
-
-
-def _finish_later(job: Coroutine[Any, Any, None]) -> None:
-    """Run ``job`` in the background, outside the request's context and time."""
-    task = asyncio.get_running_loop().create_task(job, context=contextvars.Context())
-    _FINISHING.add(task)
-    task.add_done_callback(_FINISHING.discard)
+# How long closing waits for what createTask finishes in the background (``close``).
+CLOSE_WAIT = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,11 +141,29 @@ class Definitions:
     outbox: EventOutbox
     workerinfo: WorkerInfo
     claim_timeout: timedelta
+    # What createTask finishes after its task was stored, in the background: a tip whose
+    # queue was being deleted, a deadline trigger that failed, a definition trigger's
+    # delete (``_queue_soon``, ``_trigger_soon``, ``_drop_soon``).
+    _finishing: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def setup(self) -> None:
         """Create the tasks and groups tables (idempotent)."""
         await self.tasks.ensure()
         await self.groups.ensure()
+
+    def _finish_later(self, job: Coroutine[Any, Any, None]) -> None:
+        """Run ``job`` in the background, outside the request's context and time, for
+        ``close`` to wait for."""
+        task = asyncio.get_running_loop().create_task(job, context=contextvars.Context())
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
+
+    async def close(self) -> None:
+        """Wait for what createTask finishes in the background (at most ``CLOSE_WAIT``):
+        what is left then is repaired (the tip repair, the dependency resolver) or, for a
+        deadline trigger, put again by the client's repeat of its failed createTask."""
+        if self._finishing:
+            await asyncio.wait(self._finishing, timeout=CLOSE_WAIT)
 
     async def create_task(self, task_id: str, body: dict[str, Any],
                           authorize: Callable[[dict[str, Any]], None] = lambda d: None
@@ -385,7 +395,7 @@ class Definitions:
     def _drop_soon(self, defining: Message) -> None:
         """Delete a waiting task's definition trigger in the background, once its
         dependencies were read again (``_drop_definition``)."""
-        _finish_later(self._drop_definition(defining))
+        self._finish_later(self._drop_definition(defining))
 
     async def _drop_definition(self, defining: Message) -> None:
         """Delete a waiting task's definition trigger: should that fail, the dependency
@@ -520,7 +530,7 @@ class Definitions:
                 log.warning("task %s: stored without its deadline trigger, which could not be "
                             "put again (%s): its createTask must be repeated", task.task_id, e)
 
-        _finish_later(put())
+        self._finish_later(put())
 
     def _queue_soon(self, stored: Stored, run_id: int) -> None:
         """Queue the tip of ``stored``'s pending run ``run_id``, whose queue Azure was still
@@ -537,7 +547,7 @@ class Definitions:
                 log.warning("task %s: could not queue the tip of run %d (%s); the tip repair "
                             "will", stored.task.task_id, run_id, e)
 
-        _finish_later(queue())
+        self._finish_later(queue())
 
     async def _stored_or_new(self, task_id: str, definition: dict[str, Any]
                              ) -> Stored | NewTask:
