@@ -744,6 +744,36 @@ async def test_a_tip_handed_before_its_task_was_stored_comes_back_when_its_claim
                      what="no message left in the caller's queue")
 
 
+async def test_a_tip_whose_handed_claim_failed_is_recorded_for_a_sas_worker(
+        faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
+        http: aiohttp.ClientSession, storage: StorageInspector) -> None:
+    """As above, but the caller's wait is over when storage refuses its claim's write: the
+    tip, which was handed over as put with the insert (not recorded: a claimWork claim
+    needs no record), is given back as run 0's and recorded, and a SAS worker that polls
+    it claims the task at its first try."""
+    wait = 1.0
+    server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=wait,
+                                  tip_repair_delay=600.0)
+    task_queue_id, task_id = "prov/restored", slugid()
+    waiting = await _caller_waiting(http, server, task_queue_id)
+    proxy.once("PUT", f"/{storage.table_name('tasks')}(PartitionKey='{task_id}'", "refused")
+    async with _created_while_handed(http, server, proxy, storage, task_queue_id,
+                                     task_id) as creating:
+        await asyncio.sleep(wait)  # the caller's wait is over before its claim is
+    code, created = await creating
+    assert code == 200, created
+    code, answer = await waiting
+    assert (code, answer["tasks"]) == (200, []), answer
+    assert proxy.counts["table refused"] == 1
+    urls = await sas.poll_task_urls(http, server.api, *task_queue_id.split("/"))
+    [message] = await eventually(
+        lambda: sas.get_messages(http, urls["queues"][6]["signedPollUrl"]),
+        what="the tip given back, visible")
+    code, claim = await sas.claim(http, server.api, message, worker_id="sas")
+    assert code == 200, claim
+    assert (claim["status"]["taskId"], claim["runId"]) == (task_id, 0), claim
+
+
 async def test_a_create_task_whose_client_gave_up_still_stores_the_task_with_its_tip(
         faulty_servers: Callable[..., Awaitable[Server]], proxy: FaultProxy,
         http: aiohttp.ClientSession) -> None:

@@ -477,8 +477,9 @@ class Tips:
 
     async def _record_given_back(self, message: Message, receipt: str | None,
                                  copies: Copies) -> None:
-        """Record a tip this process put, handed over and was given back, after the
-        caller's answer, on its task: the one its insert stored, once that insert is over
+        """Record a tip given back (``give_back``: one this process put, handed over; or
+        ``restore``: one a claim here failed to hold), after the caller's answer, on its
+        task: the one its insert stored, once that insert is over
         if it is still under way; else (or if the insert's request failed) the task as
         read now, which may be another createTask's of the same taskId (the tip is signed
         for that taskId and task queue: a duplicate tip of that task, harmless). Only a
@@ -547,19 +548,31 @@ class Tips:
         # told apart from a retry of this claim (``Claims._repeated_claim``).
         return HeldMessage(run_id, queue_name, message_id, receipt)
 
-    async def restore(self, task: Task, hold: HeldMessage) -> None:
+    async def restore(self, task: Task, hold: HeldMessage, copies: Copies) -> None:
         """Give a rewritten tip back as run ``hold.run_id``'s, visible at once: its claim
-        wrote nothing. A failure is logged: the tip reappears at takenUntil regardless."""
+        wrote nothing. It is recorded on the task if it was not (``_record_given_back``:
+        a tip createTask handed to a claimWork caller here, whose claim failed), so that
+        a worker that polls it with SAS can claim it. A failure is logged: the tip
+        reappears at takenUntil regardless."""
         text = self.signer.tip(task.task_queue_id, task.task_id, hold.run_id).encode()
         try:
-            await self.queues.release(hold.queue_name, hold.message_id, hold.pop_receipt,
-                                      text=text)
-            self.visible(task)
+            receipt: str | None = await self.queues.update(
+                hold.queue_name, hold.message_id, hold.pop_receipt, timedelta(0), text)
+        except ReceiptLost:
+            receipt = None  # restored, most likely: its new receipt is not known
+        except MessageGone:
+            return
         except errors.StorageError as e:
             log.warning("could not give task %s run %d its tip back: %s", task.task_id,
                         hold.run_id, e)
+            return
         except Exception:
             log.exception("could not give task %s run %d its tip back", task.task_id, hold.run_id)
+            return
+        self.visible(task)
+        restored = Message(hold.queue_name, hold.message_id, receipt or "", text, 0)
+        await self._soon(self._record_given_back(restored, receipt, copies),
+                         f"restored {hold.message_id}")
 
     async def return_presented(self, task: Task, message_id: str, receipt: str) -> None:
         """Make a tip of ``task`` a worker presented and may not claim (quarantined)

@@ -210,7 +210,7 @@ class Claims:
             # that is safe: the run's tip if the task is there and pending, else a tip of
             # no task or a stale one, which a claim refuses and its worker deletes.
             if movable:
-                await self.tips.restore(task, movable)
+                await self.tips.restore(task, movable, self.cache)
             raise
         change = await self._write_claim(request, stored, hold, True)
         return await self._answer_written(request, change, hold)
@@ -427,10 +427,10 @@ class Claims:
                 fresh = None
             if fresh is not None and not model.is_claimed_by(fresh.task, hold.run_id,
                                                              worker_group, worker_id):
-                await self.tips.restore(task, hold)
+                await self.tips.restore(task, hold, self.cache)
                 return
         elif not isinstance(error, asyncio.CancelledError):
-            await self.tips.restore(task, hold)  # refused before anything was written
+            await self.tips.restore(task, hold, self.cache)  # refused before anything was written
             return
         self.index.claimed(task_id, hold.run_id, now + self.claim_timeout, task.task_queue_id,
                            hold.queue_name)
