@@ -751,7 +751,7 @@ async def test_a_tip_whose_handed_claim_failed_is_recorded_for_a_sas_worker(
     tip, which was handed over as put with the insert (not recorded: a claimWork claim
     needs no record), is given back as run 0's and recorded, and a SAS worker that polls
     it claims the task at its first try."""
-    wait = 1.0
+    wait = 3.0
     server = await faulty_servers(claim_work_poll_interval=60.0, claim_work_wait=wait,
                                   tip_repair_delay=600.0)
     task_queue_id, task_id = "prov/restored", slugid()

@@ -43,7 +43,8 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   back as run 0's, and recorded on the task once it is stored if it was not
   (``give_back``). A claim there that storage fails gives the tip back
   at once (before its write, as run 0's; after, once a fresh read shows the run
-  unclaimed), as a claim whose write fails does. A tip put before a caller came is
+  unclaimed), as a claim whose write fails does, and records it if it was not
+  (``restore``). A tip put before a caller came is
   handed over as put, and the caller's claim rewrites it (below).
   What a request that dies part-way leaves without a tip, the task's deadline trigger
   (``triggers``, first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
@@ -200,8 +201,9 @@ class Prewritten(Message):
     lasts; a claim made within that time of its put holds it as put, with no rewrite
     (``Claims._rewrite_tip``), so it reappears no earlier than that claim's takenUntil; a
     later claim rewrites it as any tip (its receipt still holds: nobody else received
-    it). It is recorded as one of the task's tips, never as its live tip (given back with
-    no record, it is recorded as any tip then: ``give_back``). ``put_at``:
+    it). The insert records it as one of the task's tips, never as its live tip (given
+    back unrecorded, it is recorded as any tip then, live if its receipt is known:
+    ``give_back``, ``restore``). ``put_at``:
     when its put was answered, on the event loop's clock."""
 
     put_at: float = 0.0
