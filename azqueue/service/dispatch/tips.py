@@ -41,11 +41,10 @@ Azure queue invariants (what must exist for which state, and why extra is harmle
   (``reveal``; if that fails, createTask fails, and its client's repeat puts another).
   A tip a caller was handed and does not claim (it went away, is quarantined) is given
   back as run 0's, and recorded on the task once it is stored if it was not
-  (``give_back``). A claim there that storage fails gives the tip back
-  at once (before its write, as run 0's; after, once a fresh read shows the run
-  unclaimed), as a claim whose write fails does, and records it if it was not
-  (``restore``). A tip put before a caller came is
-  handed over as put, and the caller's claim rewrites it (below).
+  (``give_back``). A claim there that storage fails gives the tip back at once (before
+  its write, as run 0's; after, once a fresh read shows the run unclaimed), as a claim
+  whose write fails does, and records it if it was not (``restore``). A tip put before
+  a caller came is handed over as put, and the caller's claim rewrites it (below).
   What a request that dies part-way leaves without a tip, the task's deadline trigger
   (``triggers``, first visible ``tip_repair_delay`` after createTask) repairs: see ``repair``.
 * A **running** run ``r`` claimed with a tip owns that message, rewritten to
@@ -107,9 +106,9 @@ from datetime import timedelta
 from typing import Any, Protocol
 
 from azqueue import errors
+from azqueue.model import tip as signed
 from azqueue.model.priority import ORDER, Priority
 from azqueue.model.task import RunState, Task
-from azqueue.model import tip as signed
 from azqueue.model.tip import TipSigner
 from azqueue.service.dispatch.doorbell import Doorbell
 from azqueue.service.dispatch.waiting import Waiting
@@ -481,17 +480,16 @@ class Tips:
                                  copies: Copies) -> None:
         """Record a tip given back (``give_back``: one this process put, handed over; or
         ``restore``: one a claim here failed to hold), after the caller's answer, on its
-        task: the one its insert stored, once that insert is over
-        if it is still under way; else (or if the insert's request failed) the task as
-        read now, which may be another createTask's of the same taskId (the tip is signed
-        for that taskId and task queue: a duplicate tip of that task, harmless). Only a
-        tip in the queue of the task's priority, not recorded yet, while the task has
-        room for records (``MAX_TIPS``). A worker presenting it before waits for the
-        record (``claims``). A failure is logged: such a worker's claim is then refused,
-        and the run given a recorded tip, as for a tip whose createTask died before
-        recording it."""
+        task: the one its insert stored, once that insert is over if it is still under
+        way; else (or if the insert's request failed) the task as read now, which may be
+        another createTask's of the same taskId (the tip is signed for that taskId and
+        task queue: a duplicate tip of that task, harmless). Only a tip in the queue of
+        the task's priority, not recorded yet, while the task has room for records
+        (``MAX_TIPS``). A worker presenting it before waits for the record (``claims``).
+        A failure is logged: such a worker's claim is then refused, and the run given a
+        recorded tip, as for a tip whose createTask died before recording it."""
         try:
-            tip = signed.Tip.decode(message.text)  # put by this process: a tip
+            tip = signed.Tip.decode(message.text)  # signed by a replica: a tip
             inserting = copies.inserting(tip.task_id, message.message_id)
             stored = await asyncio.wait_for(asyncio.shield(inserting[1]), INSERT_WAIT) \
                 if inserting is not None else None
