@@ -154,7 +154,7 @@ async def test_a_task_whose_queue_is_being_deleted_waits_for_it_and_is_claimed(
 
 
 @pytest.mark.parametrize("then", ["claimed", "the replica closes"])
-async def test_a_task_whose_queue_is_deleted_longer_than_its_request_can_wait_is_stored_and_claimed(
+async def test_a_task_whose_queue_is_deleted_longer_than_its_request_can_wait_gets_its_tip(
         proxy: FaultProxy, make_server: ServerFactory, storage_prefix: str,
         http: aiohttp.ClientSession, storage: StorageInspector, then: str) -> None:
     # createTask does not fail for it: the task is stored, and its tip queued once the
