@@ -311,10 +311,10 @@ class PendingQueues:
         ``visible_in``), made first if this process does not know it exists. A queue
         deleted since this process made it or learned it exists (an idle task queue's, by
         any replica: ``service.upkeep.idlequeues``) answers 404: it is made again and the
-        put tried again. One deleted moments ago
-        cannot be made yet (409 ``QueueBeingDeleted``): tried again, pausing, for up to
-        ``BEING_DELETED_WAIT`` seconds or the time the request served has left, then
-        QueueBeingDeleted (a ``StorageUnavailable``) is raised and nothing was put."""
+        put tried again. One deleted moments ago cannot be made yet (409
+        ``QueueBeingDeleted``): tried again, pausing, for up to ``BEING_DELETED_WAIT``
+        seconds or the time the request served has left, then QueueBeingDeleted (a
+        ``StorageUnavailable``) is raised and nothing was put."""
         loop = asyncio.get_running_loop()
         give_up = loop.time() + BEING_DELETED_WAIT
         pause = FIRST_PAUSE

@@ -142,8 +142,9 @@ class Definitions:
     workerinfo: WorkerInfo
     claim_timeout: timedelta
     # What createTask finishes after its task was stored, in the background: a tip whose
-    # queue was being deleted, a deadline trigger that failed, a definition trigger's
-    # delete (``_queue_soon``, ``_trigger_soon``, ``_drop_soon``).
+    # queue was being deleted, a deadline trigger that failed, a waiting task's last read
+    # of its dependencies and its definition trigger's delete (``_queue_soon``,
+    # ``_trigger_soon``, ``_recheck_soon``, ``_drop_soon``).
     _finishing: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def setup(self) -> None:
@@ -411,9 +412,9 @@ class Definitions:
         """In the background, once a waiting task's createTask answered: its dependencies
         read again, now that it is stored, passing on what resolved while it was inserted
         (``Dependencies.recheck``), then its definition trigger deleted; the replica's
-        close waits for it (``Dependencies.keep``). Should the read fail, or this process
-        stop first, the dependency resolver reads them when the trigger surfaces (and
-        queues a tip again if the task was scheduled meanwhile)."""
+        close waits for it (``close``). Should the read fail, or this process stop first,
+        the dependency resolver reads them when the trigger surfaces (and queues a tip
+        again if the task was scheduled meanwhile)."""
 
         async def recheck() -> None:
             try:
@@ -428,8 +429,7 @@ class Definitions:
                 return
             await self._drop_definition(defining)
 
-        self.dependencies.keep(asyncio.get_running_loop().create_task(
-            recheck(), context=contextvars.Context()))
+        self._finish_later(recheck())
 
     async def _write_at_once(self, task: Task, definition: dict[str, Any], now: datetime,
                              inserting: asyncio.Future[Stored | None] | None,
